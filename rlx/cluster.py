@@ -1,0 +1,20 @@
+"""The `cluster` config group's schema: where processes run and how the trainer is split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ClusterConfig:
+    """Machines, placement and Megatron parallel sizes."""
+
+    num_nodes: int = 1
+    gpus_per_node: int = 0  # 0: CPU (gloo); trainer processes = num_trainer_procs
+    num_trainer_procs: int = 1  # trainer ranks on CPU; on GPU it is num_nodes * gpus_per_node (split) 
+    colocate: bool = False  # engines and trainer share GPUs, alternating
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join one
+    ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
+    torch_threads: int = 1  # intra-op threads per trainer process on CPU

@@ -1,0 +1,68 @@
+"""Tiny random-initialised models written as real HF checkpoint directories.
+
+A tiny model is what the embedded default and the tests train: `config.json`,
+`model.safetensors`, and a `tokenizer.json` built with the `tokenizers` library over the toy
+vocabulary. Everything downstream loads it exactly as it would load a downloaded checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rlx.data.toy import EOS, PAD, VOCAB
+
+
+def cache_dir() -> Path:
+    """Where tiny checkpoints are written on first use (`RLX_CACHE`, default ~/.cache/rlx)."""
+    return Path(os.environ.get("RLX_CACHE", Path.home() / ".cache" / "rlx"))
+
+
+def write_word_tokenizer(path: Path, vocab: list[str] = VOCAB) -> None:
+    """Save a whitespace-split word-level tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+    fast.save_pretrained(str(path))
+
+
+def write_tiny_checkpoint(hf_config, path: Path, seed: int = 0) -> Path:
+    """Write a random model for `hf_config` (a transformers PretrainedConfig) to `path`.
+
+    Written to a temporary sibling first and renamed, so a crash never leaves half a checkpoint.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        model.save_pretrained(str(staging))
+        write_word_tokenizer(staging)
+        try:
+            staging.rename(path)
+        except OSError:  # another process won the race; its checkpoint is identical
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def tiny_checkpoint_path(name: str, hf_config) -> Path:
+    """Cache path of a tiny model, keyed by its architecture so a reshape gets a new directory."""
+    digest = hashlib.sha1(json.dumps(hf_config.to_dict(), sort_keys=True, default=str).encode())
+    return cache_dir() / "models" / f"{name}-{digest.hexdigest()[:10]}"

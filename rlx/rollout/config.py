@@ -1,0 +1,26 @@
+"""The `rollout` config group's schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout engines, sampling, batch and group sizes, reward."""
+
+    _target_: str = "rlx.rollout.local.LocalEngine"  # engine class run by each engine actor
+    num_engines: int = 1  # >= 2 puts the engines behind sglang-router
+    batch_size: int = 32  # prompts per rollout step
+    n_samples_per_prompt: int = 8  # group size
+    max_response_len: int = 4  # max new tokens per sample
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    stop_token_ids: list[int] = field(default_factory=list)  # besides the tokenizer's EOS
+    reward_fn: str = "rlx.reward.toy.position_match"  # _target_ path: (sample) -> float
+    max_concurrency: int = 512  # in-flight HTTP requests from the driver
+    engine_threads: int = 1  # torch threads per local engine process
+    engine_args: dict[str, Any] = field(default_factory=dict)  # passed to the engine unchanged
+    router_args: dict[str, Any] = field(default_factory=dict)  # passed to sglang-router unchanged
