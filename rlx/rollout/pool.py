@@ -1,0 +1,149 @@
+"""The pool of rollout engines the loop talks to: generation, rewards, weight updates.
+
+Engines run as Ray actors (each serving SGLang's HTTP API); with two or more, requests go
+through the real sglang-router. The pool only speaks HTTP to them, so local and SGLang
+engines are driven by the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+
+import ray
+
+from rlx.reward import load_reward_fn
+from rlx.rollout.client import EngineClient
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.engine_actor import EngineActor
+from rlx.rollout.router import Router
+from rlx.sample import Sample, Status
+
+log = logging.getLogger(__name__)
+
+_FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+class RolloutPool:
+    """`generate` expands prompts into groups and fills responses, logprobs, rewards, status."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: str, tokenizer, *, seed: int, num_gpus_per_engine: float = 0):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reward_fn = load_reward_fn(cfg.reward_fn)
+        self.actors = [
+            ray.remote(num_cpus=0, num_gpus=num_gpus_per_engine)(EngineActor).remote(cfg, model_path, seed=seed + i)
+            for i in range(cfg.num_engines)
+        ]
+        self.router: Router | None = None
+        self._loop = asyncio.new_event_loop()
+        self.engine_urls = ray.get([a.url.remote() for a in self.actors])
+        if len(self.engine_urls) >= 2:
+            self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args))
+            self.router.start()
+        self.url = self.router.url if self.router else self.engine_urls[0]
+        self.client = EngineClient(self.url)
+        self.engine_clients = [EngineClient(u) for u in self.engine_urls]
+        self.sampling_params = {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "top_k": cfg.top_k,
+            "max_new_tokens": cfg.max_response_len,
+            "stop_token_ids": list(cfg.stop_token_ids),
+            "skip_special_tokens": True,
+        }
+
+    def _run(self, coro):
+        return self._loop.run_until_complete(coro)
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def generate(self, prompts: list[Sample], version: int) -> tuple[list[Sample], dict[str, float]]:
+        """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards."""
+        start = time.perf_counter()
+        samples = []
+        for g, prompt in enumerate(prompts):
+            for i in range(self.cfg.n_samples_per_prompt):
+                s = copy.copy(prompt)
+                s.metadata = dict(prompt.metadata)
+                s.group, s.index = g, i
+                samples.append(s)
+        semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
+        self._run(asyncio.gather(*(self._generate_one(s, semaphore, version) for s in samples)))
+        for s in samples:
+            self._reward(s)
+        elapsed = time.perf_counter() - start
+        return samples, self._metrics(samples, elapsed)
+
+    async def _generate_one(self, s: Sample, semaphore: asyncio.Semaphore, version: int) -> None:
+        async with semaphore:
+            try:
+                out = await self.client.generate(s.prompt_ids, self.sampling_params, return_logprob=True)
+            except Exception as e:  # one failed request fails one sample, not the run
+                s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
+                return
+        meta = out["meta_info"]
+        token_logprobs = meta.get("output_token_logprobs") or []
+        s.response_ids = [int(t) for _, t, *_ in token_logprobs] if token_logprobs else list(out["output_ids"])
+        s.rollout_logprobs = [float(lp) for lp, *_ in token_logprobs]
+        s.loss_mask = [1] * len(s.response_ids)
+        s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        finish = meta.get("finish_reason") or {}
+        s.status = _FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+        weight_version = meta.get("weight_version")
+        s.version = int(weight_version) if weight_version not in (None, "", "default") else version
+
+    def _reward(self, s: Sample) -> None:
+        if s.status in (Status.FAILED, Status.ABORTED):
+            s.reward = 0.0
+            return
+        try:
+            s.reward = float(self.reward_fn(s))
+        except Exception as e:
+            s.reward, s.status, s.status_reason = 0.0, Status.FAILED, f"reward_fn raised {type(e).__name__}: {e}"
+
+    @staticmethod
+    def _metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
+        n = len(samples)
+        num_tokens = sum(s.response_len for s in samples)
+        count = {st: sum(s.status == st for s in samples) for st in Status}
+        return {
+            "rollout/reward_mean": sum(s.reward for s in samples) / n,
+            "rollout/response_len_mean": num_tokens / n,
+            "rollout/truncated_frac": count[Status.TRUNCATED] / n,
+            "rollout/failed_frac": (count[Status.FAILED] + count[Status.ABORTED]) / n,
+            "rollout/num_tokens": float(num_tokens),
+            "time/rollout_s": elapsed,
+            "perf/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
+        }
+
+    # ---- weights and lifecycle ---------------------------------------------------------------
+
+    def update_weights(self, path: str, version: int) -> None:
+        """Every engine loads the HF weight shards at `path` and then serves `version`."""
+
+        async def update_all():
+            return await asyncio.gather(
+                *(c.update_weights_from_disk(path, weight_version=str(version)) for c in self.engine_clients)
+            )
+
+        for url, result in zip(self.engine_urls, self._run(update_all())):
+            if not result.get("success", False):
+                raise RuntimeError(f"engine {url} failed to load weights from {path}: {result.get('message')}")
+        served = self._run(asyncio.gather(*(c.get_weight_version() for c in self.engine_clients)))
+        if any(v != str(version) for v in served):
+            raise RuntimeError(f"engines serve versions {served} after updating to {version}")
+
+    def shutdown(self) -> None:
+        try:
+            if self.router:
+                self.router.stop()
+            for c in [self.client, *self.engine_clients]:
+                self._run(c.aclose())
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+            self._loop.close()

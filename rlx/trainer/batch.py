@@ -1,0 +1,71 @@
+"""Turning samples into padded micro-batch tensors for the trainer.
+
+Shapes: B samples, L prompt+response tokens (right-padded), T response tokens (right-padded).
+Right padding keeps causal attention exact for the real tokens, so no attention mask is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlx.sample import Sample
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch; response tensors are aligned so column t is response token t."""
+
+    tokens_BL: torch.Tensor  # prompt + response ids, right-padded with 0
+    position_ids_BL: torch.Tensor
+    prompt_len_B: torch.Tensor
+    response_len_B: torch.Tensor
+    mask_BT: torch.Tensor  # float: 1 for response tokens that count in the loss
+    extras: dict[str, torch.Tensor]  # per-token fields [B, T], e.g. adv, rollout_logp, old_logp
+
+    @property
+    def num_samples(self) -> int:
+        return self.tokens_BL.shape[0]
+
+
+def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch.float32) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        row_t = torch.as_tensor(row, dtype=dtype)
+        out[i, : len(row_t)] = row_t
+    return out
+
+
+def make_micro_batch(samples: list[Sample], extras: dict[str, list]) -> MicroBatch:
+    """Pad `samples` (and per-sample per-token `extras`, aligned with samples) into tensors."""
+    width_L = max(len(s.prompt_ids) + s.response_len for s in samples)
+    width_T = max(max(s.response_len for s in samples), 1)
+    tokens_BL = pad_2d([s.tokens for s in samples], width_L, torch.long)
+    masks = [s.loss_mask if s.loss_mask else [1] * s.response_len for s in samples]
+    return MicroBatch(
+        tokens_BL=tokens_BL,
+        position_ids_BL=torch.arange(width_L).unsqueeze(0).expand_as(tokens_BL).contiguous(),
+        prompt_len_B=torch.tensor([len(s.prompt_ids) for s in samples]),
+        response_len_B=torch.tensor([s.response_len for s in samples]),
+        mask_BT=pad_2d(masks, width_T),
+        extras={k: pad_2d(v, width_T) for k, v in extras.items()},
+    )
+
+
+def response_slice(values_BL: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """Gather per-position values predicting each response token: [B, L-1] -> [B, T].
+
+    Position p's output predicts token p + 1, so response token t (at absolute position
+    prompt_len + t) is predicted at prompt_len + t - 1.
+    """
+    width_T = mb.mask_BT.shape[1]
+    index_BT = (mb.prompt_len_B.unsqueeze(1) - 1 + torch.arange(width_T).unsqueeze(0)).clamp(
+        max=values_BL.shape[1] - 1
+    )
+    return values_BL.gather(1, index_BT.to(values_BL.device))
+
+
+def split(items: list, size: int) -> list[list]:
+    """Consecutive chunks of `size` (the last may be shorter)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,46 @@
+"""The trainer ranks as Ray actors, driven together."""
+
+from __future__ import annotations
+
+import socket
+
+import ray
+
+from rlx.trainer.megatron import MegatronTrainer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TrainerGroup:
+    """`num_procs` MegatronTrainer actors forming one torch.distributed world."""
+
+    def __init__(self, cfg, *, num_procs: int, num_gpus_per_proc: float = 0):
+        port = free_port()
+        actor_cls = ray.remote(num_cpus=0, num_gpus=num_gpus_per_proc)(MegatronTrainer)
+        self.actors = [
+            actor_cls.remote(
+                cfg.model, cfg.algo, cfg.train, cfg.cluster,
+                rank=rank, world_size=num_procs, master_addr="127.0.0.1", master_port=port,
+                seed=cfg.run.seed, temperature=cfg.rollout.temperature,
+            )  # fmt: skip
+            for rank in range(num_procs)
+        ]
+
+    def train(self, samples, advantages) -> dict[str, float]:
+        # One copy in the object store, shared by every rank.
+        samples_ref, advantages_ref = ray.put(samples), ray.put(advantages)
+        return ray.get([a.train.remote(samples_ref, advantages_ref) for a in self.actors])[0]
+
+    def export_weights(self, out_dir: str) -> str:
+        return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]
+
+    def shutdown(self) -> None:
+        try:
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        finally:
+            for a in self.actors:
+                ray.kill(a)

@@ -1,0 +1,248 @@
+"""The policy trainer on megatron-core: one instance per rank (a Ray actor in a run).
+
+The driver hands every rank the whole rollout batch; each data-parallel rank trains on its
+own shard. Losses are normalised by counts over the whole global batch, so gradients summed
+over micro-batches and averaged by DDP over data-parallel ranks equal the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from rlx.algo.config import AlgoConfig
+from rlx.cluster import ClusterConfig
+from rlx.config import build
+from rlx.models.config import ModelConfig
+from rlx.sample import Sample
+from rlx.trainer.batch import MicroBatch, make_micro_batch, response_slice, split
+from rlx.trainer.logprobs import logprobs_and_entropy
+from rlx.trainer.parallel import destroy_distributed, init_distributed
+from rlx.trainer.weights import write_weight_shards
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class MegatronTrainer:
+    """Builds the policy (and reference) model, computes log-probs, trains, exports weights."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        algo_cfg: AlgoConfig,
+        train_cfg,
+        cluster_cfg: ClusterConfig,
+        *,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        seed: int,
+        temperature: float = 1.0,
+    ):
+        from megatron.core import parallel_state
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        torch.set_num_threads(max(1, cluster_cfg.torch_threads))
+        self.rank = rank
+        self.train_cfg = train_cfg
+        self.temperature = temperature
+        self.device = init_distributed(
+            rank, world_size, master_addr, master_port,
+            tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size, seed=seed,
+        )  # fmt: skip
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.algo = build(algo_cfg)
+        self.family = build(model_cfg)
+        hf_dir = self.family.checkpoint_dir()
+        params_dtype = _DTYPES[train_cfg.precision]
+
+        model = self.family.build_model(params_dtype=params_dtype)
+        self.family.load_hf_weights(model, hf_dir)
+        tf_config = model.config
+        self.model = DistributedDataParallel(
+            config=tf_config,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+            module=model,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=train_cfg.lr,
+                min_lr=train_cfg.min_lr,
+                weight_decay=train_cfg.weight_decay,
+                adam_beta1=train_cfg.adam_beta1,
+                adam_beta2=train_cfg.adam_beta2,
+                adam_eps=train_cfg.adam_eps,
+                clip_grad=train_cfg.clip_grad,
+                bf16=train_cfg.precision == "bf16",
+                fp16=train_cfg.precision == "fp16",
+                params_dtype=params_dtype,
+            ),
+            [self.model],
+        )
+        # What Megatron-LM's training loop wires up: grad sync at the end of the last micro-batch.
+        tf_config.finalize_model_grads_func = finalize_model_grads
+        tf_config.no_sync_func = self.model.no_sync
+        tf_config.grad_scale_func = self.optimizer.scale_loss
+        self.fwd_bwd = get_forward_backward_func()
+
+        self.ref_model = None
+        if self.algo.needs_ref:
+            self.ref_model = self.family.build_model(params_dtype=params_dtype)
+            self.family.load_hf_weights(self.ref_model, hf_dir)
+            self.ref_model.eval()
+        self.num_updates = 0
+
+    # ---- forward passes -------------------------------------------------------------------
+
+    def _forward_step(self, mode: str, num_microbatches: int, data_iterator: Iterator, model):
+        mb: MicroBatch = next(data_iterator)
+        logits_BLV = model(input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=None)
+        return logits_BLV, partial(self._loss, mode, num_microbatches, mb)
+
+    def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BLV: torch.Tensor):
+        logp_BL, entropy_BL = logprobs_and_entropy(
+            logits_BLV[:, :-1], mb.tokens_BL[:, 1:], temperature=self.temperature, with_entropy=mode == "train"
+        )
+        logp_BT = response_slice(logp_BL, mb)
+        if mode == "logprob":
+            return logp_BT.sum() * 0.0, {"logp": logp_BT.detach()}
+        batch = {
+            "logp": logp_BT,
+            "old_logp": mb.extras["old_logp"],
+            "adv": mb.extras["adv"],
+            "mask": mb.mask_BT,
+            "entropy": response_slice(entropy_BL, mb),
+        }
+        if "ref_logp" in mb.extras:
+            batch["ref_logp"] = mb.extras["ref_logp"]
+        loss, metrics = self.algo.loss(batch, self._num_global_tokens, self._num_global_samples)
+        metrics = {k: v.detach().float() for k, v in metrics.items()}
+        # Megatron divides each micro-batch loss by num_microbatches and DDP averages over DP
+        # ranks; the loss is already normalised over the global batch, so undo both.
+        return loss * (num_microbatches * self.dp_size), metrics
+
+    def _run(self, model, mbs: list[MicroBatch], mode: str) -> list[dict]:
+        return self.fwd_bwd(
+            forward_step_func=partial(self._forward_step, mode, len(mbs)),
+            data_iterator=iter(mbs),
+            model=[model],
+            num_microbatches=len(mbs),
+            seq_length=max(mb.tokens_BL.shape[1] for mb in mbs),
+            micro_batch_size=self.train_cfg.micro_batch_size,
+            forward_only=mode == "logprob",
+        )
+
+    @torch.no_grad()
+    def _logprobs(self, model, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-sample response log-probs [response_len] under `model`."""
+        out = []
+        for chunk in split(samples, self.train_cfg.micro_batch_size):
+            (result,) = self._run(model, [make_micro_batch(chunk, {})], "logprob")
+            out += [row[: s.response_len] for row, s in zip(result["logp"], chunk)]
+        return out
+
+    # ---- training ---------------------------------------------------------------------------
+
+    def train(self, samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:
+        """Train `num_steps_per_rollout` optimizer steps on one rollout batch; return metrics."""
+        start = time.perf_counter()
+        cfg = self.train_cfg
+        steps = split(list(zip(samples, advantages)), cfg.global_batch_size)
+        local_steps = [step[self.dp_rank :: self.dp_size] for step in steps]
+        local = [pair for step in local_steps for pair in step]
+
+        self.model.eval()
+        old_logp = dict(zip((id(s) for s, _ in local), self._logprobs(self.model, [s for s, _ in local])))
+        ref_logp = {}
+        if self.ref_model is not None:
+            ref_logp = dict(zip((id(s) for s, _ in local), self._logprobs(self.ref_model, [s for s, _ in local])))
+        metrics = self._logprob_gap(local, old_logp)
+
+        self.model.train()
+        sums: dict[str, torch.Tensor] = {}
+        grad_norms = []
+        for step, local_step in zip(steps, local_steps):
+            self._num_global_tokens = sum(sum(s.loss_mask) if s.loss_mask else s.response_len for s, _ in step)
+            self._num_global_samples = len(step)
+            mbs = [self._micro_batch(chunk, old_logp, ref_logp) for chunk in split(local_step, cfg.micro_batch_size)]
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            for result in self._run(self.model, mbs, "train"):
+                for k, v in result.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            _, grad_norm, _ = self.optimizer.step()
+            grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
+            self.num_updates += 1
+        for k, v in self._dp_sum(sums).items():
+            metrics[f"train/{k}"] = v / len(steps)
+        metrics["train/loss"] = metrics.get("train/loss", metrics.get("train/pg_loss", 0.0))
+        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["time/train_s"] = time.perf_counter() - start
+        return metrics
+
+    def _micro_batch(self, chunk, old_logp, ref_logp) -> MicroBatch:
+        extras = {"adv": [a for _, a in chunk], "old_logp": [old_logp[id(s)] for s, _ in chunk]}
+        if ref_logp:
+            extras["ref_logp"] = [ref_logp[id(s)] for s, _ in chunk]
+        return make_micro_batch([s for s, _ in chunk], extras)
+
+    def _logprob_gap(self, local, old_logp) -> dict[str, float]:
+        """Mean |trainer logprob - rollout logprob| over response tokens, before the update."""
+        gap_sum = count = 0.0
+        for s, _ in local:
+            if len(s.rollout_logprobs) == s.response_len:
+                gap_sum += float((old_logp[id(s)] - torch.tensor(s.rollout_logprobs)).abs().sum())
+                count += s.response_len
+        totals = self._dp_sum({"gap_sum": gap_sum, "count": count})
+        return {"train/logprob_abs_diff": totals["gap_sum"] / max(totals["count"], 1.0)}
+
+    def _dp_sum(self, values: dict[str, float | torch.Tensor]) -> dict[str, float]:
+        """Sum scalars over data-parallel ranks."""
+        from megatron.core import parallel_state
+
+        if not values:
+            return {}
+        keys = sorted(values)
+        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        if self.dp_size > 1:
+            torch.distributed.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+        return dict(zip(keys, flat.tolist()))
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    def export_weights(self, out_dir: str, bucket_bytes: int = 256 << 20) -> str | None:
+        """Write HF-named weights as safetensors shards of at most `bucket_bytes` into `out_dir`.
+
+        A collective over the model-parallel group; global rank 0 writes and returns the path.
+        """
+        named = self.family.export_hf_weights(self.model.module)
+        if self.rank != 0:
+            for _ in named:  # every rank takes part in the gathers
+                pass
+            return None
+        write_weight_shards(named, Path(out_dir), bucket_bytes)
+        return out_dir
+
+    def shutdown(self) -> None:
+        destroy_distributed()
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,37 @@
+"""Padding samples into micro-batches and aligning per-position outputs with response tokens."""
+
+import torch
+
+from rlx.sample import Sample
+from rlx.trainer.batch import make_micro_batch, response_slice, split
+
+
+def _samples():
+    return [
+        Sample(prompt="a", prompt_ids=[5, 6], response_ids=[7, 8, 1], loss_mask=[1, 0, 1]),
+        Sample(prompt="b", prompt_ids=[9, 10, 11], response_ids=[3]),
+    ]
+
+
+def test_micro_batch_pads_right_and_aligns_extras():
+    mb = make_micro_batch(_samples(), {"adv": [[0.5, 0.5, 0.5], [-1.0]]})
+    assert mb.tokens_BL.tolist() == [[5, 6, 7, 8, 1], [9, 10, 11, 3, 0]]
+    assert mb.position_ids_BL.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
+    assert mb.prompt_len_B.tolist() == [2, 3]
+    assert mb.response_len_B.tolist() == [3, 1]
+    assert mb.mask_BT.tolist() == [[1, 0, 1], [1, 0, 0]]  # empty loss_mask means every token counts
+    assert mb.extras["adv"].tolist() == [[0.5, 0.5, 0.5], [-1.0, 0.0, 0.0]]
+
+
+def test_response_slice_takes_the_position_before_each_response_token():
+    mb = make_micro_batch(_samples(), {})
+    # values at position p stand for "prediction of token p+1"; encode p as 10*row + p
+    values_BL = torch.tensor([[0.0, 1, 2, 3], [10.0, 11, 12, 13]])
+    out = response_slice(values_BL, mb)
+    # sample 0: prompt_len 2 -> response tokens predicted at positions 1, 2, 3
+    # sample 1: prompt_len 3 -> response token 0 predicted at 2; padded columns clamp (masked out)
+    assert out.tolist() == [[1.0, 2.0, 3.0], [12.0, 13.0, 13.0]]
+
+
+def test_split_keeps_order_and_remainder():
+    assert split(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
