@@ -1,0 +1,65 @@
+"""The `Algorithm` seam: advantages from rewarded samples, a loss from a micro-batch."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rlx.algo.config import AlgoConfig
+from rlx.sample import Sample
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """Advantage estimator + policy loss + KL terms; pure tensor code, no model, no processes.
+
+    Built as `Cls(cfg.algo)` with the class named by `cfg.algo._target_` (the config object,
+    dataclass or DictConfig, is passed whole; its fields are read as attributes).
+
+    Contract:
+
+    `advantages(samples) -> list[Tensor]`
+        `samples` is a rollout batch ordered by (group, index): every group's samples are
+        contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must have a
+        `reward`; a `None` reward raises `ValueError` naming the sample. Returns one float32
+        tensor of shape [sample.response_len] per sample, in the same order. Advantages are
+        given for every response token; the trainer applies `loss_mask`.
+
+    `loss(mb, num_global_tokens, num_global_samples) -> (loss, metrics)`
+        `mb` holds right-padded [B, T] tensors over response tokens of one micro-batch:
+            "logp"      current policy log-probs (requires grad)
+            "old_logp"  log-probs of the policy that started this rollout's updates (no grad)
+            "ref_logp"  reference-model log-probs; present when `needs_ref`, else may be absent
+            "adv"       advantages
+            "mask"      float 0/1: tokens that count (loss mask and padding)
+            "entropy"   per-token entropy of the current policy
+        `num_global_tokens` is the number of masked tokens and `num_global_samples` the number
+        of samples of the whole global batch (all micro-batches of one optimizer step).
+        The returned scalar is this micro-batch's share of the global-batch loss, so the
+        trainer calls backward on each and sums gradients, with no rescaling. Total loss is
+            pg_loss + kl_loss_coef * kl - entropy_coef * entropy
+        `metrics` are detached scalars normalised the same way (summing over micro-batches
+        gives the batch value): "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", and "kl" when
+        `needs_ref`.
+
+    `needs_ref`
+        True when the loss needs "ref_logp" (a KL loss), so the trainer computes it.
+    """
+
+    def __init__(self, cfg: AlgoConfig) -> None: ...
+
+    def advantages(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-token advantages, one tensor of length `response_len` per sample."""
+        ...
+
+    def loss(
+        self, mb: dict[str, torch.Tensor], num_global_tokens: int, num_global_samples: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's globally normalised loss and detached metrics."""
+        ...
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether `loss` reads "ref_logp"."""
+        ...

@@ -1,0 +1,155 @@
+"""Advantage, KL and policy-loss building blocks as pure tensor functions.
+
+Every algorithm (GRPO, GSPO, PPO, REINFORCE++) composes these; none of them touches a
+model, a config tree or a process group, so each is tested on hand-computed numbers.
+
+Shape legend (suffixes on tensor names):
+    B  samples in a micro-batch
+    T  response tokens (right-padded to the longest response of the micro-batch)
+    G  prompt groups
+    N  samples per group (rollout.n_samples_per_prompt)
+
+Token-level tensors cover response tokens only. `mask_BT` is float 0/1 and marks the tokens
+that count in the loss. Masked-out values never reach a result (even inf), but callers should
+fill padding with finite numbers (0) so that no NaN can appear in the backward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAgg = Literal["token_mean", "sample_mean"]
+LOSS_AGGREGATIONS: tuple[str, ...] = ("token_mean", "sample_mean")
+
+# exp() of a log-ratio beyond this overflows float32 soon after; clamping before exp keeps
+# both the value and the backward pass finite (verl clamps at the same bound).
+MAX_LOG_RATIO = 20.0
+# low_var_kl's per-token bound, as in verl and slime: one wild token cannot dominate the KL.
+LOW_VAR_KL_BOUND = 10.0
+
+
+def group_normalized_advantages(
+    rewards_GN: torch.Tensor, normalize_std: bool, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO's outcome advantage: each reward minus its group's mean, optionally over its std.
+
+    The std is the unbiased (Bessel-corrected, N - 1) sample std, i.e. `torch.std`'s default,
+    because that is what the GRPO reference systems compute (verl, slime, TRL all call
+    `torch.std`); using it keeps rlx's advantages number-for-number comparable with theirs.
+    (The population std would scale every advantage by sqrt(N / (N - 1)).)
+
+    `eps` is added to the std, not max'ed with it, as those systems do: a group whose rewards
+    are all equal is centred to exact zeros, and 0 / eps stays 0 instead of NaN. A group of one
+    sample has no defined std; its centred reward is already 0, so it is left undivided.
+    With `normalize_std=False` this is Dr. GRPO's mean-centred advantage.
+    """
+    if not rewards_GN.is_floating_point():
+        rewards_GN = rewards_GN.float()
+    centred_GN = rewards_GN - rewards_GN.mean(dim=1, keepdim=True)
+    if not normalize_std or rewards_GN.shape[1] < 2:
+        return centred_GN
+    std_G1 = rewards_GN.std(dim=1, keepdim=True, correction=1)
+    return centred_GN / (std_G1 + eps)
+
+
+def _kl_k1(log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    # log_ratio = ref - logp, so k1 = logp - ref
+    return -log_ratio_BT
+
+
+def _kl_k2(log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio_BT.square()
+
+
+def _kl_k3(log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    return log_ratio_BT.exp() - log_ratio_BT - 1.0
+
+
+def _kl_low_var(log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    log_ratio_BT = log_ratio_BT.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return _kl_k3(log_ratio_BT).clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
+
+
+# Schulman's estimators of KL(policy || ref) from samples of the policy; r = ref / policy.
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": _kl_k1,  # logp - ref: unbiased, high variance, can be negative per token
+    "k2": _kl_k2,  # 0.5 * (logp - ref)^2: biased, low variance, >= 0
+    "k3": _kl_k3,  # r - log r - 1: unbiased, low variance, >= 0
+    "low_var_kl": _kl_low_var,  # k3 clamped to [-10, 10] (verl / slime)
+}
+
+
+def kl_estimate(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: KLKind | str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) of the given `kind` (see KL_ESTIMATORS)."""
+    try:
+        estimator = KL_ESTIMATORS[kind]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected one of {sorted(KL_ESTIMATORS)}") from None
+    return estimator(ref_logp_BT - logp_BT)
+
+
+def clipped_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token: -min(r * A, clip(r, 1 - eps, 1 + eps_high) * A).
+
+    r = exp(logp - old_logp). `eps_clip_high` (None: `eps_clip`) widens only the upper bound,
+    DAPO's clip-higher, so low-probability tokens with positive advantage can still grow.
+
+    Returns `(loss_BT, clipfrac_BT, approx_kl_BT)`:
+      loss_BT       differentiable w.r.t. `logp_BT`;
+      clipfrac_BT   1.0 where the clipped term was chosen (so the token has no gradient);
+      approx_kl_BT  k1 estimate of KL(old || policy), old_logp - logp, detached (`ppo_kl`).
+    """
+    if eps_clip_high is None:
+        eps_clip_high = eps_clip
+    log_ratio_BT = (logp_BT - old_logp_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio_BT = log_ratio_BT.exp()
+    unclipped_BT = -ratio_BT * adv_BT
+    clipped_BT = -ratio_BT.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * adv_BT
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    # strictly greater: at the clip boundary both terms agree and the gradient is still live
+    clipfrac_BT = (clipped_BT > unclipped_BT).to(logp_BT.dtype).detach()
+    approx_kl_BT = (old_logp_BT - logp_BT).detach()
+    return loss_BT, clipfrac_BT, approx_kl_BT
+
+
+def aggregate(
+    values_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    mode: LossAgg | str,
+    num_global_tokens: int,
+    num_global_samples: int,
+) -> torch.Tensor:
+    """Reduce per-token values of one micro-batch to a scalar, normalised by GLOBAL counts.
+
+    Dividing by the counts of the whole global batch (not this micro-batch's) makes the sum
+    over micro-batches equal the value on the global batch, so the trainer just accumulates
+    gradients and metrics, however the batch was split and padded.
+
+    token_mean:  sum of masked values / `num_global_tokens` (masked tokens in the global batch);
+                 every token weighs the same, so long responses weigh more (DAPO).
+    sample_mean: each sample's mean over its own masked tokens, summed, / `num_global_samples`
+                 (samples in the global batch); every sample weighs the same (original GRPO).
+                 A sample with no masked token contributes 0 but still counts as a sample.
+    """
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")
+    # where(), not a product: padding may hold inf/NaN, and inf * 0 is NaN
+    masked_BT = torch.where(mask_BT.bool(), values_BT, torch.zeros_like(values_BT))
+    if mode == "token_mean":
+        if num_global_tokens <= 0:
+            raise ValueError(f"num_global_tokens must be positive, got {num_global_tokens}")
+        return masked_BT.sum() / num_global_tokens
+    if num_global_samples <= 0:
+        raise ValueError(f"num_global_samples must be positive, got {num_global_samples}")
+    num_tokens_B = mask_BT.sum(dim=1).clamp(min=1)
+    return (masked_BT.sum(dim=1) / num_tokens_B).sum() / num_global_samples
