@@ -80,6 +80,7 @@ class GRPO:
             kl = agg(kl_estimate(mb["logp"], mb["ref_logp"], cfg.kl_loss_type))
             loss = loss + cfg.kl_loss_coef * kl
             metrics["kl"] = kl.detach()
+        metrics["loss"] = loss.detach()
         return loss, metrics
 
 

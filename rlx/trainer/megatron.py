@@ -192,7 +192,6 @@ class MegatronTrainer:
             self.num_updates += 1
         for k, v in self._dp_sum(sums).items():
             metrics[f"train/{k}"] = v / len(steps)
-        metrics["train/loss"] = metrics.get("train/loss", metrics.get("train/pg_loss", 0.0))
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["time/train_s"] = time.perf_counter() - start

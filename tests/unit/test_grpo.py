@@ -264,6 +264,7 @@ def test_loss_with_kl_and_entropy_terms():
     assert algo.needs_ref
     loss, metrics = algo.loss(mb, num_global_tokens=3, num_global_samples=2)
     assert_close(loss, -0.0153534)
+    assert_close(metrics["loss"], -0.0153534)
     assert_close(metrics["pg_loss"], -0.0666667)
     assert_close(metrics["pg_clipfrac"], 0.3333333)
     assert_close(metrics["ppo_kl"], -0.1351550)
