@@ -11,7 +11,7 @@ class ClusterConfig:
 
     num_nodes: int = 1
     gpus_per_node: int = 0  # 0: CPU (gloo); trainer processes = num_trainer_procs
-    num_trainer_procs: int = 1  # trainer ranks on CPU; on GPU it is num_nodes * gpus_per_node (split) 
+    num_trainer_procs: int = 1  # trainer ranks (one per GPU on GPU machines); DP = procs / (TP * PP)
     colocate: bool = False  # engines and trainer share GPUs, alternating
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
+
+from rlx.data.config import DataConfig
+from rlx.data.source import PromptSource
+from rlx.errors import ConfigError
 
 PAD = "<pad>"
 EOS = "<eos>"
 DIGITS = [str(d) for d in range(10)]
 VOCAB: list[str] = [PAD, EOS, *DIGITS, "=", "+", "-", "?"]
+TASKS = ("reverse", "copy")  # the kinds ToyTask knows
 
 
 @dataclass
@@ -34,4 +40,32 @@ class ToyTask:
     def rows(self, num_rows: int, seed: int) -> list[dict[str, str]]:
         """`num_rows` prompt/label rows, deterministic in `seed`."""
         rng = random.Random(seed)
-        return [dict(zip(("prompt", "label"), self.make(rng))) for _ in range(num_rows)]
+        return [dict(zip(("prompt", "label"), self.make(rng), strict=True)) for _ in range(num_rows)]
+
+
+class ToySource(PromptSource):
+    """The DataSource contract (see `rlx.data.source.DataSource`) over generated `ToyTask` rows.
+
+    `data.toy_num_rows` rows of `data.toy_task` with `data.toy_num_digits` digits, generated
+    from the run's seed; epochs, shuffling and resume behave exactly as for JSONL files.
+    """
+
+    def __init__(self, cfg: DataConfig, tokenizer: Any, *, seed: int, max_prompt_len: int):
+        super().__init__(cfg, tokenizer, seed=seed, max_prompt_len=max_prompt_len)
+        errors = self.config_errors(cfg)
+        if errors:
+            raise ConfigError("\n".join(errors))
+        for i, row in enumerate(ToyTask(cfg.toy_task, cfg.toy_num_digits).rows(cfg.toy_num_rows, seed)):
+            self._add(f"toy {cfg.toy_task} row {i}", row["prompt"], row["label"])
+        self._finish(f"toy {cfg.toy_task}")
+
+    @classmethod
+    def config_errors(cls, cfg: DataConfig) -> list[str]:
+        errors = []
+        if cfg.toy_task not in TASKS:
+            errors.append(f"data.toy_task={cfg.toy_task!r} is not one of {list(TASKS)}")
+        if cfg.toy_num_digits < 1:
+            errors.append(f"data.toy_num_digits={cfg.toy_num_digits} must be >= 1")
+        if cfg.toy_num_rows < 1:
+            errors.append(f"data.toy_num_rows={cfg.toy_num_rows} must be >= 1")
+        return errors

@@ -10,7 +10,7 @@ from typing import Any
 class RolloutConfig:
     """Rollout engines, sampling, batch and group sizes, reward."""
 
-    _target_: str = "rlx.rollout.local.LocalEngine"  # engine class run by each engine actor
+    _target_: str = "rlx.rollout.servers.LocalServer"  # engine launcher run by each engine actor
     num_engines: int = 1  # >= 2 puts the engines behind sglang-router
     batch_size: int = 32  # prompts per rollout step
     n_samples_per_prompt: int = 8  # group size

@@ -1,0 +1,282 @@
+"""Cross-group config rules, checked before Ray starts or any model is built.
+
+Hydra's typed schemas already reject unknown keys and wrong types at compose time; these are
+the rules a single field's type cannot express. Every violation is collected, then one
+ConfigError lists them all, each naming the keys, their values and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.utils import _locate  # what hydra.utils.get_class uses, minus its error logging
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlx.config.schema import RlxConfig
+from rlx.data.source import ON_BAD_SAMPLE
+from rlx.errors import ConfigError
+from rlx.reward import load_reward_fn
+
+TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
+DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo class may say otherwise
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "algo.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
+    "algo.loss_agg": ("token_mean", "sample_mean"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+    "data.on_bad_sample": ON_BAD_SAMPLE,
+}
+
+_POSITIVE = "> 0"
+_AT_LEAST_1 = ">= 1"
+_NON_NEGATIVE = ">= 0"
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    _POSITIVE: lambda v: v > 0,
+    _AT_LEAST_1: lambda v: v >= 1,
+    _NON_NEGATIVE: lambda v: v >= 0,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "-1 (off) or >= 1": lambda v: v == -1 or v >= 1,
+}
+# key -> requirement (a key of _CHECKS); None values are allowed where the schema allows them.
+RANGES: dict[str, str] = {
+    "rollout.temperature": _NON_NEGATIVE,
+    "rollout.top_p": "in (0, 1]",
+    "rollout.top_k": "-1 (off) or >= 1",
+    "rollout.batch_size": _AT_LEAST_1,
+    "rollout.max_response_len": _AT_LEAST_1,
+    "rollout.num_engines": _AT_LEAST_1,
+    "rollout.max_concurrency": _AT_LEAST_1,
+    "rollout.engine_threads": _AT_LEAST_1,
+    "algo.eps_clip": _POSITIVE,
+    "algo.eps_clip_high": _POSITIVE,
+    "algo.kl_loss_coef": _NON_NEGATIVE,
+    "train.lr": _POSITIVE,
+    "train.min_lr": _NON_NEGATIVE,
+    "train.lr_warmup_steps": _NON_NEGATIVE,
+    "train.weight_decay": _NON_NEGATIVE,
+    "train.adam_beta1": "in [0, 1)",
+    "train.adam_beta2": "in [0, 1)",
+    "train.adam_eps": _POSITIVE,
+    "train.clip_grad": _NON_NEGATIVE,
+    "train.global_batch_size": _AT_LEAST_1,
+    "train.micro_batch_size": _AT_LEAST_1,
+    "train.num_steps_per_rollout": _AT_LEAST_1,
+    "run.num_rollout": _NON_NEGATIVE,
+    "run.save_interval": _NON_NEGATIVE,
+    "run.eval_interval": _NON_NEGATIVE,
+    "cluster.num_nodes": _AT_LEAST_1,
+    "cluster.gpus_per_node": _NON_NEGATIVE,
+    "cluster.num_trainer_procs": _AT_LEAST_1,
+    "cluster.tensor_parallel_size": _AT_LEAST_1,
+    "cluster.pipeline_parallel_size": _AT_LEAST_1,
+    "cluster.torch_threads": _AT_LEAST_1,
+    "model.num_layers": _AT_LEAST_1,
+    "model.hidden_size": _AT_LEAST_1,
+    "model.num_attention_heads": _AT_LEAST_1,
+    "model.vocab_size": _AT_LEAST_1,
+    "model.max_position_embeddings": _AT_LEAST_1,
+    "data.max_prompt_len": _AT_LEAST_1,
+}
+
+Classes = dict[str, Any]  # group -> the class its `_target_` names (None if it did not import)
+
+
+def validate(cfg: DictConfig | RlxConfig) -> None:
+    """Raise one ConfigError listing every rule `cfg` breaks; return None if it breaks none."""
+    if isinstance(cfg, DictConfig):
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:  # `???` in a config file: the other rules need every value
+            raise ConfigError(
+                _listing([f"{key} is required (it is ??? in the config); set {key}=..." for key in missing])
+            )
+        try:
+            cfg = OmegaConf.to_object(cfg)
+        except OmegaConfBaseException as e:
+            raise ConfigError(str(e)) from e
+    classes: Classes = {}
+    errors = _targets(cfg, classes)
+    for rule in (_choices, _ranges, _batch_sizes, _parallel_sizes, _group_size, _lengths, _checkpoint):
+        errors += rule(cfg, classes)
+    if errors:
+        raise ConfigError(_listing(errors))
+
+
+def _listing(errors: list[str]) -> str:
+    items = "\n".join("  - " + e.replace("\n", "\n    ") for e in errors)
+    return f"invalid config ({len(errors)} problem{'s' * (len(errors) > 1)}):\n{items}"
+
+
+def _get(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """Every `_target_` imports and is a class; the reward fn imports; components' own checks."""
+    errors = []
+    for group in TARGET_KEYS:
+        target = getattr(cfg, group)._target_
+        try:
+            cls = _locate(target)
+        except Exception as e:  # any failure to import is the same user error
+            errors.append(f"{group}._target_={target!r} cannot be imported: {e}")
+            continue
+        if not isinstance(cls, type):
+            errors.append(f"{group}._target_={target!r} is a {type(cls).__name__}, not a class")
+            continue
+        classes[group] = cls
+    try:
+        load_reward_fn(cfg.rollout.reward_fn)
+    except ConfigError as e:
+        errors.append(str(e))
+    # A component may own rules about its own section (e.g. JsonlSource needs data.prompt_path).
+    if check := getattr(classes.get("data"), "config_errors", None):
+        errors += check(cfg.data)
+    return errors
+
+
+def _choices(cfg: RlxConfig, classes: Classes) -> list[str]:
+    return [
+        f"{key}={_get(cfg, key)!r} is not one of {list(allowed)}; set {key}={allowed[0]}, say"
+        for key, allowed in CHOICES.items()
+        if _get(cfg, key) not in allowed
+    ]
+
+
+def _ranges(cfg: RlxConfig, classes: Classes) -> list[str]:
+    errors = []
+    for key, requirement in RANGES.items():
+        value = _get(cfg, key)
+        if value is not None and not _CHECKS[requirement](value):
+            errors.append(f"{key}={value!r} must be {requirement}; set it to a value {requirement}")
+    return errors
+
+
+def _positive(cfg: RlxConfig, *keys: str) -> bool:
+    """The arithmetic rules need these >= 1 (`_ranges` reports them when they are not)."""
+    return all(_get(cfg, key) >= 1 for key in keys)
+
+
+def _batch_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
+    r, t = cfg.rollout, cfg.train
+    keys = (
+        "rollout.batch_size",
+        "rollout.n_samples_per_prompt",
+        "train.global_batch_size",
+        "train.num_steps_per_rollout",
+    )
+    if not _positive(cfg, *keys):
+        return []
+    produced = r.batch_size * r.n_samples_per_prompt
+    consumed = t.global_batch_size * t.num_steps_per_rollout
+    if produced == consumed:
+        return []
+    fixes = []
+    if produced % t.num_steps_per_rollout == 0:
+        fixes.append(f"train.global_batch_size={produced // t.num_steps_per_rollout}")
+    if consumed % r.n_samples_per_prompt == 0:
+        fixes.append(f"rollout.batch_size={consumed // r.n_samples_per_prompt}")
+    fix = " or ".join(fixes) or "sizes that satisfy it"
+    return [
+        "rollout.batch_size × rollout.n_samples_per_prompt must equal "
+        "train.global_batch_size × train.num_steps_per_rollout (each rollout batch is trained on "
+        f"exactly once), but rollout.batch_size={r.batch_size} × rollout.n_samples_per_prompt="
+        f"{r.n_samples_per_prompt} = {produced} and train.global_batch_size={t.global_batch_size} × "
+        f"train.num_steps_per_rollout={t.num_steps_per_rollout} = {consumed}; set {fix}"
+    ]
+
+
+def _parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
+    c, t = cfg.cluster, cfg.train
+    keys = ("cluster.num_trainer_procs", "cluster.tensor_parallel_size", "cluster.pipeline_parallel_size")
+    if not _positive(cfg, *keys, "cluster.num_nodes", "train.global_batch_size", "train.micro_batch_size"):
+        return []
+    errors = []
+    if c.gpus_per_node > 0 and c.num_trainer_procs > c.num_nodes * c.gpus_per_node:
+        errors.append(
+            f"cluster.num_trainer_procs={c.num_trainer_procs} is more than the cluster's GPUs "
+            f"(cluster.num_nodes={c.num_nodes} × cluster.gpus_per_node={c.gpus_per_node}); "
+            f"set cluster.num_trainer_procs <= {c.num_nodes * c.gpus_per_node}"
+        )
+    model_parallel = c.tensor_parallel_size * c.pipeline_parallel_size
+    if c.num_trainer_procs % model_parallel:
+        return errors + [
+            f"cluster.num_trainer_procs={c.num_trainer_procs} is not divisible by "
+            f"cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
+            f"{c.pipeline_parallel_size} = {model_parallel} (the data-parallel size is their quotient); "
+            f"set cluster.num_trainer_procs to a multiple of {model_parallel}"
+        ]
+    dp = c.num_trainer_procs // model_parallel
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        per_rank = t.global_batch_size // dp if t.global_batch_size % dp == 0 else 0
+        fits = [m for m in range(min(t.micro_batch_size, per_rank), 0, -1) if per_rank % m == 0]
+        fix = (
+            f"set train.micro_batch_size={fits[0]}"
+            if fits
+            else f"make train.global_batch_size a multiple of {dp}"
+        )
+        errors.append(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by train.micro_batch_size="
+            f"{t.micro_batch_size} × data-parallel size {dp} (cluster.num_trainer_procs={c.num_trainer_procs} / "
+            f"(cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
+            f"{c.pipeline_parallel_size})) = {t.micro_batch_size * dp}; {fix}"
+        )
+    return errors
+
+
+def _group_size(cfg: RlxConfig, classes: Classes) -> list[str]:
+    # The algorithm class says how many samples per prompt it needs (GRPO-style group
+    # normalisation: 2), so no rule here names an algorithm.
+    need = getattr(classes.get("algo"), "min_group_size", DEFAULT_MIN_GROUP_SIZE)
+    n = cfg.rollout.n_samples_per_prompt
+    if n >= need:
+        return []
+    return [
+        f"rollout.n_samples_per_prompt={n} is too small for algo._target_={cfg.algo._target_!r}, "
+        f"which normalises rewards within each prompt's group and needs >= {need} samples per prompt; "
+        f"set rollout.n_samples_per_prompt={max(need, 8)}, say"
+    ]
+
+
+def _lengths(cfg: RlxConfig, classes: Classes) -> list[str]:
+    context, response = cfg.model.max_position_embeddings, cfg.rollout.max_response_len
+    prompt = cfg.data.max_prompt_len
+    if response >= context:
+        return [
+            f"rollout.max_response_len={response} must be < model.max_position_embeddings={context} "
+            f"(the prompt needs room too); lower rollout.max_response_len"
+        ]
+    if prompt is not None and prompt + response > context:
+        return [
+            f"data.max_prompt_len={prompt} + rollout.max_response_len={response} = {prompt + response} exceeds "
+            f"model.max_position_embeddings={context}; set data.max_prompt_len={context - response} "
+            "(or null for that default)"
+        ]
+    return []
+
+
+def _checkpoint(cfg: RlxConfig, classes: Classes) -> list[str]:
+    path = cfg.model.hf_checkpoint
+    if path is None:
+        if cfg.model.tiny:
+            return []
+        return [
+            "model.hf_checkpoint is not set and model.tiny=false; set model.hf_checkpoint=/path/to/hf_model_dir"
+        ]
+    where = Path(to_absolute_path(str(Path(path).expanduser())))
+    if not where.is_dir():
+        return [
+            f"model.hf_checkpoint={path!r} is not a directory ({where}); point it at an HF model directory"
+        ]
+    if not (where / "config.json").is_file():
+        return [
+            f"model.hf_checkpoint={path!r} has no config.json ({where}); point it at an HF model "
+            "directory (config.json, *.safetensors, tokenizer files)"
+        ]
+    return []

@@ -1,0 +1,15 @@
+"""Errors that are the user's to fix: the launcher prints them as one clean message, no traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A user's mistake (config, data, paths); its message says what is wrong and how to fix it."""
+
+
+class ConfigError(UserError):
+    """The composed config is invalid: unknown or mistyped keys, broken cross-group rules."""
+
+
+class DataError(UserError):
+    """A data file is missing or has bad rows; the message names the file, line and key."""

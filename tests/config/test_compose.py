@@ -1,0 +1,182 @@
+"""Every shipped config composes and validates; every rule fails with a message naming its keys. CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlx.algo.config import AlgoConfig
+from rlx.config import CONF_DIR, build, compose, to_object
+from rlx.config.schema import RlxConfig
+from rlx.config.validate import validate
+from rlx.errors import ConfigError
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("hydra"))
+OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "3 7 1 =", "label": "1 7 3"}) + "\n")
+    return path
+
+
+def needs(group: str, option: str, prompts) -> list[str]:
+    """Overrides an option cannot do without (the values it leaves ??? by design)."""
+    return [f"data.prompt_path={prompts}"] if (group, option) == ("data", "jsonl") else []
+
+
+def test_default_composes_to_the_embedded_job():
+    cfg = compose()
+    rc = to_object(cfg)
+    assert isinstance(rc, RlxConfig)
+    assert (rc.model.name, rc.model.num_layers, rc.model.hidden_size) == ("tiny_qwen3", 2, 64)
+    assert rc.algo._target_ == "rlx.algo.grpo.GRPO"
+    assert (rc.rollout.batch_size, rc.rollout.n_samples_per_prompt, rc.rollout.max_response_len) == (32, 8, 4)
+    assert (rc.train.global_batch_size, rc.train.micro_batch_size, rc.train.lr) == (256, 64, 2e-3)
+    assert rc.data._target_ == "rlx.data.toy.ToySource"
+
+
+def test_every_group_has_options():
+    assert set(GROUPS) >= {"model", "algo", "cluster", "rollout", "data"}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_shipped_option_composes_and_validates(group, option, prompts):
+    cfg = compose([f"{group}={option}", *needs(group, option, prompts)])
+    validate(to_object(cfg))  # the dataclass form validates too
+
+
+def test_global_batch_size_follows_the_rollout_batch_in_sweeps():
+    assert compose(["rollout.n_samples_per_prompt=4"]).train.global_batch_size == 32 * 4
+    assert compose(["train.global_batch_size=128", "rollout.batch_size=16"]).train.global_batch_size == 128
+
+
+def test_build_passes_the_dataclass():
+    algo = build(compose().algo)
+    assert type(algo).__name__ == "GRPO"
+    assert isinstance(algo.cfg, AlgoConfig)
+
+
+def test_misspelled_key_fails_naming_it():
+    with pytest.raises(ConfigError, match=r"rollout\.batch_szie"):
+        compose(["rollout.batch_szie=4"])
+
+
+def test_wrong_type_fails_naming_the_key():
+    with pytest.raises(ConfigError, match=r"(?s)train\.lr=abc.*full_key: train\.lr"):
+        compose(["train.lr=abc"])
+
+
+def test_unknown_option_fails_listing_the_options():
+    with pytest.raises(ConfigError, match=r"(?s)model/nope.*tiny_qwen3"):
+        compose(["model=nope"])
+
+
+def test_broken_batch_equation_names_all_four_keys_and_the_fix():
+    with pytest.raises(ConfigError) as e:
+        compose(["train.global_batch_size=128"])
+    msg = str(e.value)
+    for part in (
+        "rollout.batch_size=32",
+        "rollout.n_samples_per_prompt=8",
+        "train.global_batch_size=128",
+        "train.num_steps_per_rollout=1",
+        "set train.global_batch_size=256 or rollout.batch_size=16",
+    ):
+        assert part in msg
+
+
+# (overrides, fragments the one message must contain) for each other rule
+FAILURES = {
+    "micro batch x DP": (
+        ["cluster.num_trainer_procs=2", "train.micro_batch_size=256"],
+        [
+            "train.global_batch_size=256",
+            "train.micro_batch_size=256",
+            "data-parallel size 2",
+            "set train.micro_batch_size=128",
+        ],
+    ),
+    "procs vs TP x PP": (
+        ["cluster.num_trainer_procs=3", "cluster.tensor_parallel_size=2"],
+        [
+            "cluster.num_trainer_procs=3",
+            "cluster.tensor_parallel_size=2",
+            "cluster.pipeline_parallel_size=1",
+            "multiple of 2",
+        ],
+    ),
+    "procs vs GPUs": (
+        ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=4"],
+        ["cluster.gpus_per_node=2", "<= 2"],
+    ),
+    "kl_loss_type": (["algo.kl_loss_type=k4"], ["algo.kl_loss_type='k4'", "low_var_kl"]),
+    "loss_agg": (["algo.loss_agg=seq_mean"], ["algo.loss_agg='seq_mean'", "token_mean", "sample_mean"]),
+    "precision": (["train.precision=fp8"], ["train.precision='fp8'", "bf16"]),
+    "on_bad_sample": (["data.on_bad_sample=ignore"], ["data.on_bad_sample='ignore'", "skip"]),
+    "temperature": (["rollout.temperature=-0.5"], ["rollout.temperature=-0.5", ">= 0"]),
+    "top_p zero": (["rollout.top_p=0"], ["rollout.top_p=0.0", "in (0, 1]"]),
+    "top_p above 1": (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "in (0, 1]"]),
+    "eps_clip": (["algo.eps_clip=0"], ["algo.eps_clip=0.0", "> 0"]),
+    "lr": (["train.lr=-1e-3"], ["train.lr=-0.001", "> 0"]),
+    "group size": (
+        ["rollout.n_samples_per_prompt=1", "train.global_batch_size=32"],
+        ["rollout.n_samples_per_prompt=1", "needs >= 2"],
+    ),
+    "response vs context": (
+        ["rollout.max_response_len=64"],
+        ["rollout.max_response_len=64", "model.max_position_embeddings=64"],
+    ),
+    "prompt + response vs context": (
+        ["data.max_prompt_len=62"],
+        ["data.max_prompt_len=62", "rollout.max_response_len=4", "set data.max_prompt_len=60"],
+    ),
+    "checkpoint not a dir": (
+        ["model.hf_checkpoint=/no/such/dir"],
+        ["model.hf_checkpoint='/no/such/dir'", "not a directory"],
+    ),
+    "checkpoint without config.json": (
+        ["model.hf_checkpoint={tmp}"],
+        ["model.hf_checkpoint=", "no config.json"],
+    ),
+    "no checkpoint and not tiny": (
+        ["model.tiny=false"],
+        ["model.hf_checkpoint is not set", "model.tiny=false"],
+    ),
+    "target does not import": (
+        ["algo._target_=rlx.algo.nope.Nope"],
+        ["algo._target_='rlx.algo.nope.Nope'", "cannot be imported"],
+    ),
+    "target is not a class": (
+        ["data._target_=rlx.reward.toy.exact_match"],
+        ["data._target_=", "not a class"],
+    ),
+    "reward_fn does not import": (
+        ["rollout.reward_fn=rlx.reward.toy.nope"],
+        ["rollout.reward_fn='rlx.reward.toy.nope'"],
+    ),
+    "jsonl without prompt_path": (["data=jsonl"], ["data.prompt_path is not set", "set data.prompt_path="]),
+    "jsonl prompt_path missing": (
+        ["data=jsonl", "data.prompt_path=/no/such.jsonl"],
+        ["data.prompt_path='/no/such.jsonl'", "no such file"],
+    ),
+    "toy task": (["data.toy_task=sort"], ["data.toy_task='sort'", "reverse"]),
+}
+
+
+@pytest.mark.parametrize("overrides, fragments", FAILURES.values(), ids=FAILURES.keys())
+def test_each_rule_fails_naming_its_keys(overrides, fragments, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        compose([o.format(tmp=tmp_path) for o in overrides])
+    for fragment in fragments:
+        assert fragment in str(e.value)
+
+
+def test_all_violations_are_reported_together():
+    with pytest.raises(ConfigError, match=r"invalid config \(3 problems\)") as e:
+        compose(["algo.eps_clip=0", "train.lr=0", "train.precision=fp8"])
+    for key in ("algo.eps_clip=0.0", "train.lr=0.0", "train.precision='fp8'"):
+        assert key in str(e.value)
