@@ -1,0 +1,1 @@
+"""Boundary modules for third-party quirks, one per dependency (see STYLE.md)."""

@@ -1,0 +1,63 @@
+"""Process-group and megatron parallel-state set-up for one trainer rank, on CPU or GPU."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    tp: int = 1,
+    pp: int = 1,
+    seed: int = 0,
+) -> torch.device:
+    """Join the default process group and initialise megatron's parallel state and RNG.
+
+    Without a GPU the CPU boundary (`rlx.compat.megatron_cpu`) is applied first and the group
+    uses gloo; with one, the rank takes GPU `LOCAL_RANK` (else `rank % device_count`) and NCCL.
+    Data parallelism is what is left of `world_size` after `tp * pp`. Returns the device that
+    this rank's tensors live on.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from rlx.compat import megatron_cpu
+
+    if world_size % (tp * pp) != 0:
+        raise ValueError(f"world_size={world_size} is not divisible by tp*pp={tp}*{pp}")
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        megatron_cpu.apply()
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # Seeds the tensor-parallel RNG tracker too; on CPU this is the CPU generator (see boundary).
+    model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+    return device
+
+
+def destroy_distributed() -> None:
+    """Tear down megatron's parallel state and the default process group (safe to call twice)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

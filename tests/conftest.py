@@ -1,0 +1,52 @@
+"""Fixtures shared by every test tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_QWEN3 = dict(
+    vocab_size=16,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+
+
+def tiny_qwen3_config():
+    """The tiny Qwen3 architecture the rollout tests load (vocabulary = the toy tasks' 16 words)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**TINY_QWEN3)
+
+
+def write_tiny_qwen3(path: Path, seed: int = 0) -> Path:
+    """A random tiny Qwen3 HF checkpoint directory at `path`, initialised from `seed`."""
+    from rlx.models.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tiny_qwen3_config(), path, seed=seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen3 HF checkpoint (config.json, model.safetensors, tokenizer.json), seed 0."""
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3") / "m", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_factory(tmp_path_factory):
+    """`make(seed)`: the tiny Qwen3 checkpoint initialised from `seed` (written once per session)."""
+    root = tmp_path_factory.mktemp("tiny_qwen3_seeds")
+
+    def make(seed: int) -> Path:
+        return write_tiny_qwen3(root / f"seed{seed}", seed=seed)
+
+    return make
