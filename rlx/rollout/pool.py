@@ -29,12 +29,16 @@ _FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort":
 class RolloutPool:
     """`generate` expands prompts into groups and fills responses, logprobs, rewards, status."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, tokenizer, *, seed: int, num_gpus_per_engine: float = 0):
+    def __init__(
+        self, cfg: RolloutConfig, model_path: str, tokenizer, *, seed: int, num_gpus_per_engine: float = 0
+    ):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.reward_fn = load_reward_fn(cfg.reward_fn)
         self.actors = [
-            ray.remote(num_cpus=0, num_gpus=num_gpus_per_engine)(EngineActor).remote(cfg, model_path, seed=seed + i)
+            ray.remote(num_cpus=0, num_gpus=num_gpus_per_engine)(EngineActor).remote(
+                cfg, model_path, seed=seed + i
+            )
             for i in range(cfg.num_engines)
         ]
         self.router: Router | None = None
@@ -70,12 +74,15 @@ class RolloutPool:
                 s.metadata = dict(prompt.metadata)
                 s.group, s.index = g, i
                 samples.append(s)
-        semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
-        self._run(asyncio.gather(*(self._generate_one(s, semaphore, version) for s in samples)))
+        self._run(self._generate_all(samples, version))
         for s in samples:
             self._reward(s)
         elapsed = time.perf_counter() - start
         return samples, self._metrics(samples, elapsed)
+
+    async def _generate_all(self, samples: list[Sample], version: int) -> None:
+        semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
+        await asyncio.gather(*(self._generate_one(s, semaphore, version) for s in samples))
 
     async def _generate_one(self, s: Sample, semaphore: asyncio.Semaphore, version: int) -> None:
         async with semaphore:
@@ -86,7 +93,9 @@ class RolloutPool:
                 return
         meta = out["meta_info"]
         token_logprobs = meta.get("output_token_logprobs") or []
-        s.response_ids = [int(t) for _, t, *_ in token_logprobs] if token_logprobs else list(out["output_ids"])
+        s.response_ids = (
+            [int(t) for _, t, *_ in token_logprobs] if token_logprobs else list(out["output_ids"])
+        )
         s.rollout_logprobs = [float(lp) for lp, *_ in token_logprobs]
         s.loss_mask = [1] * len(s.response_ids)
         s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
@@ -102,7 +111,11 @@ class RolloutPool:
         try:
             s.reward = float(self.reward_fn(s))
         except Exception as e:
-            s.reward, s.status, s.status_reason = 0.0, Status.FAILED, f"reward_fn raised {type(e).__name__}: {e}"
+            s.reward, s.status, s.status_reason = (
+                0.0,
+                Status.FAILED,
+                f"reward_fn raised {type(e).__name__}: {e}",
+            )
 
     @staticmethod
     def _metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
@@ -124,17 +137,21 @@ class RolloutPool:
     def update_weights(self, path: str, version: int) -> None:
         """Every engine loads the HF weight shards at `path` and then serves `version`."""
 
-        async def update_all():
-            return await asyncio.gather(
-                *(c.update_weights_from_disk(path, weight_version=str(version)) for c in self.engine_clients)
-            )
-
-        for url, result in zip(self.engine_urls, self._run(update_all())):
+        for url, result in zip(
+            self.engine_urls,
+            self._run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
+        ):
             if not result.get("success", False):
-                raise RuntimeError(f"engine {url} failed to load weights from {path}: {result.get('message')}")
-        served = self._run(asyncio.gather(*(c.get_weight_version() for c in self.engine_clients)))
+                raise RuntimeError(
+                    f"engine {url} failed to load weights from {path}: {result.get('message')}"
+                )
+        served = self._run(self._on_engines("get_weight_version"))
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
+
+    async def _on_engines(self, method: str, *args, **kwargs) -> list:
+        """Call one client method on every engine at once."""
+        return await asyncio.gather(*(getattr(c, method)(*args, **kwargs) for c in self.engine_clients))
 
     def shutdown(self) -> None:
         try:

@@ -1,0 +1,186 @@
+"""Async client for SGLang's native HTTP API: a real SGLang server, sglang-router, or rlx's own.
+
+Only endpoints and JSON shapes SGLang itself defines are used, with fallbacks where SGLang
+renamed them (`/get_weight_version` is gone after 0.5.x: the version is then read from
+`/model_info`), so the same client drives every engine the rollout pool can have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+# Failures of the connection itself (server restarting, keep-alive race); the request never ran
+# or its answer was lost, so sending it again is safe for every endpoint used here.
+TRANSIENT_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.PoolTimeout,
+)
+TRANSIENT_STATUS = {502, 503, 504}  # the router's "no worker available yet" and proxies
+
+
+class EngineError(RuntimeError):
+    """An engine answered with an error status; `status_code` and the server's message are kept."""
+
+    def __init__(self, status_code: int, message: str, url: str):
+        super().__init__(f"{url} answered {status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+
+
+class EngineClient:
+    """One SGLang-API endpoint (an engine or the router), over a pooled `httpx.AsyncClient`.
+
+    Transient connection errors and 502/503/504 answers are retried `max_retries` times with
+    exponential backoff; everything else is raised as `EngineError` or the httpx error.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        *,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        max_connections: int = 1024,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            trust_env=False,
+        )  # engines are on loopback or the cluster network, never behind a proxy
+
+    async def _request(
+        self, method: str, path: str, *, ok_statuses: tuple[int, ...] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """Send with bounded retries; return a 2xx response (or one of `ok_statuses`), else raise."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except TRANSIENT_ERRORS as exc:
+                if attempt == self.max_retries:
+                    raise
+                logger.debug("%s %s%s failed (%r); retrying", method, self.base_url, path, exc)
+            else:
+                if response.is_success or response.status_code in ok_statuses:
+                    return response
+                if response.status_code not in TRANSIENT_STATUS or attempt == self.max_retries:
+                    raise EngineError(response.status_code, _error_message(response), self.base_url + path)
+            await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> dict[str, Any]:
+        """POST /generate for one prompt; the raw SGLang response (`text`, `output_ids`, `meta_info`)."""
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            payload["rid"] = rid
+        return (await self._request("POST", "/generate", json=payload)).json()
+
+    async def health(self) -> bool:
+        """True if GET /health answers 200 (no retries: this is the probe)."""
+        try:
+            return (await self._http.get("/health", timeout=10.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def wait_healthy(self, timeout_s: float = 300.0, interval_s: float = 0.5) -> None:
+        """Poll /health until it answers 200; TimeoutError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.base_url}/health did not answer 200 within {timeout_s:.0f} s")
+            await asyncio.sleep(interval_s)
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """POST /update_weights_from_disk; SGLang's {"success", "message", ...}, failures included.
+
+        `extra` carries SGLang's other fields (`abort_all_requests`, `load_format`, ...).
+        """
+        payload = {"model_path": str(model_path), **extra}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        response = await self._request("POST", "/update_weights_from_disk", json=payload, ok_statuses=(400,))
+        return response.json()
+
+    async def get_weight_version(self) -> str:
+        """GET /get_weight_version, or `weight_version` of the model info where that is gone."""
+        response = await self._request("GET", "/get_weight_version", ok_statuses=(404,))
+        if response.status_code == 404:
+            return str((await self.get_model_info())["weight_version"])
+        return str(response.json()["weight_version"])
+
+    async def flush_cache(self) -> bool:
+        """POST /flush_cache; False when SGLang refuses (requests still running)."""
+        response = await self._request("POST", "/flush_cache", ok_statuses=(400,))
+        return response.is_success
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        """POST /abort_request: the request `rid` (and those it prefixes), or all of them."""
+        await self._request("POST", "/abort_request", json={"rid": rid or "", "abort_all": abort_all})
+
+    async def get_model_info(self) -> dict[str, Any]:
+        """GET /get_model_info (the name sglang-router serves), else /model_info (newer SGLang)."""
+        response = await self._request("GET", "/get_model_info", ok_statuses=(404,))
+        if response.status_code == 404:
+            response = await self._request("GET", "/model_info")
+        return response.json()
+
+    async def get_server_info(self) -> dict[str, Any]:
+        """GET /get_server_info, else /server_info (newer SGLang)."""
+        response = await self._request("GET", "/get_server_info", ok_statuses=(404,))
+        if response.status_code == 404:
+            response = await self._request("GET", "/server_info")
+        return response.json()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _error_message(response: httpx.Response) -> str:
+    """SGLang's error bodies: {"error": {"message"}}, {"message"}, FastAPI's {"detail"}, or text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)[:500]

@@ -1,0 +1,528 @@
+"""SGLang's native HTTP API in front of a `LocalEngine`, so rlx talks to it as to SGLang.
+
+Endpoints, request and response JSON follow sglang 0.5.4 (`sglang/srt/entrypoints/http_server.py`,
+`sglang/srt/managers/io_struct.py`, `tokenizer_manager.py::_handle_batch_output`), the release
+sglang-router 0.3.2 ships with; `/model_info` and `/server_info` are the newer names of the same.
+
+A scheduler thread owns the engine and runs "waves": requests that arrive while a wave runs
+(or within `batch_wait_s` of the first) form the next engine batch. Weight updates run on the
+same thread between waves, so no request ever sees half-loaded weights.
+
+(Over 400 lines: scheduler, endpoints and CLI share private state; Scheduler could move to its own module.)
+
+Run as a child process with sglang.launch_server's flag names:
+    python -m rlx.rollout.http_server --model-path DIR --host 127.0.0.1 --port 30000 --random-seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import logging
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+import rlx
+from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, SamplingParams, abort_reason
+from rlx.rollout.sglang import build_response, error_body, model_info_body, parse_generate
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A request waiting for, or in, a wave; `future` resolves to (output, weight_version)."""
+
+    request: GenerateRequest
+    counted: bool = True  # health checks are not counted, as in SGLang
+    aborted: bool = False
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class Scheduler:
+    """Runs the engine on one thread, one wave (engine batch) at a time."""
+
+    def __init__(self, engine: LocalEngine, max_batch_size: int, batch_wait_s: float = 0.005):
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.num_requests_total = 0  # finished counted requests
+        self.num_running = 0
+        self.last_gen_throughput = 0.0  # tokens/s of the last wave
+        self._queue: queue.Queue = queue.Queue()
+        self._backlog: list[Any] = []  # what ended a gathering (a call or _STOP), handled next
+        self._live: set[_Pending] = set()
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="rlx-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort everything in flight and end the thread; later requests are answered as aborted."""
+        with self._lock:
+            self._stopped = True
+        self.abort(abort_all=True)
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def submit(self, requests: list[GenerateRequest], counted: bool = True) -> list[_Pending]:
+        pendings = [_Pending(r, counted) for r in requests]
+        with self._lock:
+            stopped = self._stopped
+            if not stopped:
+                self._live.update(pendings)
+                for pending in pendings:
+                    self._queue.put(pending)
+        for pending in pendings if stopped else []:
+            self._finish(
+                pending, GenerateOutput(pending.request.rid, [], [], abort_reason("Server shut down"))
+            )
+        return pendings
+
+    def call(self, fn) -> concurrent.futures.Future:
+        """Run `fn()` on the scheduler thread after the requests queued before it."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._stopped:
+                future.set_exception(RuntimeError("server shut down"))
+            else:
+                self._queue.put((fn, future))
+        return future
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> int:
+        """SGLang's rule: `rid` must name a live request; every rid it prefixes is aborted."""
+        with self._lock:
+            live = list(self._live)
+        if not abort_all and all(p.request.rid != rid for p in live):
+            return 0
+        hits = [p for p in live if abort_all or p.request.rid.startswith(rid)]
+        for pending in hits:
+            pending.aborted = True
+        return len(hits)
+
+    def num_waiting(self) -> int:
+        with self._lock:
+            return max(len(self._live) - self.num_running, 0)
+
+    def num_tokens(self) -> int:
+        """Prompt tokens of the requests queued or running (the load sglang-router balances on)."""
+        with self._lock:
+            return sum(len(p.request.input_ids) for p in self._live)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._backlog.pop(0) if self._backlog else self._queue.get()
+            if item is _STOP:
+                break
+            if isinstance(item, tuple):
+                fn, future = item
+                try:
+                    future.set_result(fn())
+                except Exception as exc:  # reported to the caller, the scheduler keeps running
+                    future.set_exception(exc)
+                continue
+            self._run_wave(self._gather(item))
+        self._drain()
+
+    def _gather(self, first: _Pending) -> list[_Pending]:
+        wave, deadline = [first], time.monotonic() + self.batch_wait_s
+        while len(wave) < self.max_batch_size:
+            try:
+                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                break
+            if not isinstance(item, _Pending):
+                self._backlog.append(item)
+                break
+            wave.append(item)
+        return wave
+
+    def _run_wave(self, wave: list[_Pending]) -> None:
+        for pending in (p for p in wave if p.aborted):  # never started: SGLang's queued abort
+            self._finish(
+                pending, GenerateOutput(pending.request.rid, [], [], abort_reason("Abort before prefill"))
+            )
+        wave = [p for p in wave if not p.aborted]
+        if not wave:
+            return
+        self.num_running = len(wave)
+        start = time.perf_counter()
+        try:
+            outputs = self.engine.generate([p.request for p in wave], lambda i: wave[i].aborted)
+        except Exception as exc:  # an engine bug fails this wave's requests, not the server
+            logger.exception("wave of %d requests failed", len(wave))
+            for pending in wave:
+                self._finish(pending, exc)
+            return
+        finally:
+            self.num_running = 0
+        num_tokens = sum(len(o.output_ids) for o in outputs)
+        self.last_gen_throughput = num_tokens / max(time.perf_counter() - start, 1e-9)
+        for pending, output in zip(wave, outputs, strict=True):
+            self._finish(pending, output)
+
+    def _finish(self, pending: _Pending, result: GenerateOutput | Exception) -> None:
+        with self._lock:
+            self._live.discard(pending)
+        if isinstance(result, Exception):
+            pending.future.set_exception(result)
+            return
+        if pending.counted:
+            self.num_requests_total += 1
+        pending.future.set_result((result, self.engine.weight_version))
+
+    def _drain(self) -> None:
+        for item in [*self._backlog, *iter_queue(self._queue)]:
+            if isinstance(item, _Pending):
+                self._finish(item, GenerateOutput(item.request.rid, [], [], abort_reason("Server shut down")))
+            elif isinstance(item, tuple):
+                item[1].set_exception(RuntimeError("server shut down"))
+
+
+def iter_queue(q: queue.Queue):
+    """Everything currently in `q`, without blocking."""
+    while True:
+        try:
+            yield q.get_nowait()
+        except queue.Empty:
+            return
+
+
+class EngineServer:
+    """SGLang-compatible HTTP server for a `LocalEngine`, on a background thread.
+
+    `start()` returns once the port is bound and serving (`port=0` picks a free one); `url`
+    is then valid. A plain class: the Ray actor that hosts an engine wraps it.
+    """
+
+    def __init__(
+        self,
+        engine: LocalEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_batch_size: int | None = None,
+        batch_wait_s: float = 0.005,
+    ):
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.scheduler = Scheduler(engine, max_batch_size or engine.max_batch_size, batch_wait_s)
+        self.app = build_app(self)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> EngineServer:
+        """Bind, start the scheduler and the HTTP thread; return once requests are served."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(2048)
+        self.port = sock.getsockname()[1]
+        self.scheduler.start()
+        # "error": sglang-router's start-up probe for a gRPC worker makes uvicorn warn about HTTP/2.
+        config = uvicorn.Config(
+            self.app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=f"rlx-http-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"engine HTTP server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Abort in-flight requests (they answer with finish_reason abort), then shut down."""
+        self.scheduler.stop()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self._server = self._thread = None
+
+    def server_args(self) -> dict[str, Any]:
+        """The launch configuration reported by /get_server_info (SGLang's ServerArgs names)."""
+        engine = self.engine
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.tokenizer_path,
+            "served_model_name": engine.served_model_name,
+            "host": self.host,
+            "port": self.port,
+            "dtype": engine.dtype,
+            "random_seed": engine.seed,
+            "context_length": engine.context_length,
+            "max_running_requests": self.scheduler.max_batch_size,
+            "tp_size": 1,
+            "dp_size": 1,
+            "skip_tokenizer_init": False,
+            "weight_version": engine.weight_version,
+        }
+
+    def internal_state(self) -> dict[str, Any]:
+        """Live scheduler state (SGLang's `internal_states` entry) plus rlx's request counter."""
+        return {
+            "num_requests_total": self.scheduler.num_requests_total,
+            "num_running_reqs": self.scheduler.num_running,
+            "num_waiting_reqs": self.scheduler.num_waiting(),
+            "last_gen_throughput": self.scheduler.last_gen_throughput,
+            "weight_version": self.engine.weight_version,
+        }
+
+
+def error_response(message: str, status_code: int = 400) -> JSONResponse:
+    return JSONResponse(error_body(message), status_code=status_code)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object; ValueError (-> 400) if it is not one."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise ValueError(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ValueError("the JSON body must be an object")
+    return body
+
+
+async def _await_result(pending: _Pending, request: Request):
+    """Wait for a result; abort it if the client goes away (as SGLang does)."""
+    future = asyncio.wrap_future(pending.future)
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=1.0)
+        if done:
+            return future.result()
+        if await request.is_disconnected():
+            pending.aborted = True
+
+
+routes = APIRouter()
+
+
+def _server(request: Request) -> EngineServer:
+    return request.app.state.server
+
+
+@routes.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request):
+    """SGLang's /generate: single or batch, input_ids or text; SSE with one event if `stream`."""
+    body, engine, scheduler = await _json_body(request), _server(request).engine, _server(request).scheduler
+    try:
+        items, single = parse_generate(body, engine)
+    except (ValueError, TypeError) as exc:
+        return error_response(str(exc))
+    start = time.perf_counter()
+    pendings = scheduler.submit([item["request"] for item in items])
+    try:
+        results = await asyncio.gather(*(_await_result(p, request) for p in pendings))
+    except Exception as exc:
+        return error_response(f"generation failed: {exc}", 500)
+    latency = time.perf_counter() - start
+    text_in_logprobs = bool(body.get("return_text_in_logprobs"))
+    outs = [
+        build_response(engine, item, output, version, latency, text_in_logprobs)
+        for item, (output, version) in zip(items, results, strict=True)
+    ]
+    if body.get("stream"):  # the whole result as one event: a client reading SSE still works
+        events = [f"data: {json.dumps(o if single else {**o, 'index': i})}\n\n" for i, o in enumerate(outs)]
+        return StreamingResponse(iter([*events, "data: [DONE]\n\n"]), media_type="text/event-stream")
+    return JSONResponse(outs[0] if single else outs)
+
+
+@routes.get("/health")
+async def health(request: Request):
+    return Response(status_code=200 if _server(request).scheduler.alive() else 503)
+
+
+@routes.get("/health_generate")
+async def health_generate(request: Request):
+    """One greedy token through the scheduler, as SGLang's health check does."""
+    probe = GenerateRequest(
+        [0], SamplingParams(max_new_tokens=1, temperature=0.0), f"HEALTH_CHECK_{uuid.uuid4().hex}"
+    )
+    (pending,) = _server(request).scheduler.submit([probe], counted=False)
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(pending.future), timeout=20)
+    except Exception:
+        pending.aborted = True
+        return Response(status_code=503)
+    return Response(status_code=200)
+
+
+@routes.get("/get_model_info")
+@routes.get("/model_info")
+async def model_info(request: Request):
+    return model_info_body(_server(request).engine)
+
+
+@routes.get("/get_server_info")
+@routes.get("/server_info")
+async def server_info(request: Request):
+    server = _server(request)
+    return {
+        **server.server_args(),
+        "internal_states": [server.internal_state()],
+        "version": f"rlx-{rlx.__version__}",
+    }
+
+
+@routes.get("/get_load")
+async def get_load(request: Request):
+    scheduler = _server(request).scheduler
+    waiting, running, num_tokens = scheduler.num_waiting(), scheduler.num_running, scheduler.num_tokens()
+    return [
+        {"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": num_tokens}
+    ]
+
+
+@routes.get("/get_weight_version")
+async def get_weight_version(request: Request):
+    return {"weight_version": _server(request).engine.weight_version}
+
+
+@routes.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache():
+    """No prefix cache to flush; answered as SGLang does."""
+    message = "Cache flushed.\nPlease check backend logs for more details. "
+    return Response(
+        message + "(When there are running or waiting requests, the operation will not be performed.)\n"
+    )
+
+
+@routes.post("/abort_request")
+async def abort_request(request: Request):
+    body = await _json_body(request)
+    _server(request).scheduler.abort(str(body.get("rid") or ""), bool(body.get("abort_all", False)))
+    return Response(status_code=200)
+
+
+@routes.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request):
+    """Load new weights between waves (requests in flight finish first, unless abort_all_requests)."""
+    body, engine, scheduler = await _json_body(request), _server(request).engine, _server(request).scheduler
+    path, version = body.get("model_path"), body.get("weight_version")
+    if body.get("abort_all_requests"):
+        scheduler.abort(abort_all=True)
+    try:
+        await asyncio.wrap_future(scheduler.call(lambda: engine.load_weights_from_disk(path, version)))
+    except Exception as exc:
+        failure = {"success": False, "message": f"Failed to update weights: {exc}.", "num_paused_requests": 0}
+        return JSONResponse(failure, status_code=400)
+    message = "Succeeded to update model weights."
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return {"success": True, "message": message, "num_paused_requests": 0}
+
+
+@routes.post("/update_weight_version")
+async def update_weight_version(request: Request):
+    body, engine, scheduler = await _json_body(request), _server(request).engine, _server(request).scheduler
+    if body.get("new_version") is None:
+        raise ValueError("new_version is required")
+    if body.get("abort_all_requests", True):
+        scheduler.abort(abort_all=True)
+    version = str(body["new_version"])
+    await asyncio.wrap_future(scheduler.call(lambda: setattr(engine, "weight_version", version)))
+    return {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+
+
+@routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
+@routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+async def memory_occupation():
+    """A CPU engine has no device memory to give back; colocated callers get SGLang's 200."""
+    return Response(status_code=200)
+
+
+async def _bad_request(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(str(exc))
+
+
+def build_app(server: EngineServer) -> FastAPI:
+    """A FastAPI app with SGLang's native endpoints, serving `server`."""
+    app = FastAPI()
+    app.state.server = server
+    app.include_router(routes)
+    app.add_exception_handler(ValueError, _bad_request)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI with sglang.launch_server's flag names; unknown SGLang flags are accepted and ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )  # an unknown SGLang flag must not match ours by prefix
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--random-seed", type=int, default=0)
+    parser.add_argument("--max-running-requests", type=int, default=256)
+    parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--tokenizer-path")
+    parser.add_argument("--context-length", type=int)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--log-level", default="warning")
+    args, unknown = parser.parse_known_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    if unknown:
+        logger.info("ignoring SGLang flags the local engine has no use for: %s", unknown)
+    engine_args = {
+        k: v
+        for k, v in {
+            "tokenizer_path": args.tokenizer_path,
+            "context_length": args.context_length,
+            "served_model_name": args.served_model_name,
+            "weight_version": args.weight_version,
+        }.items()
+        if v is not None
+    }
+    engine = LocalEngine(
+        args.model_path,
+        dtype=args.dtype,
+        seed=args.random_seed,
+        max_batch_size=args.max_running_requests,
+        num_threads=args.num_threads,
+        **engine_args,
+    )
+    server = EngineServer(engine, args.host, args.port).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"rlx engine serving {args.model_path} on {server.url}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

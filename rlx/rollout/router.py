@@ -1,0 +1,83 @@
+"""The real sglang-router (`python -m sglang_router.launch_router`) as a child process.
+
+It spreads /generate over the engines' URLs; rlx's local engines and SGLang servers speak the
+same API, so the router cannot tell them apart. `rollout.router_args` become its `--flags`
+unchanged (see `python -m sglang_router.launch_router --help`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rlx.rollout.sglang import ChildProcess, cli_flags, free_port
+
+
+class Router:
+    """sglang-router over `worker_urls`; `start()` returns once the router's /health answers 200.
+
+    `policy` is one of the router's: random, round_robin, cache_aware, power_of_two. Round robin
+    suits single-turn rollouts (every engine gets an equal share); use cache_aware for multi-turn
+    sessions, where prefix affinity pays.
+    """
+
+    def __init__(
+        self,
+        worker_urls: list[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: str = "round_robin",
+        extra_args: dict[str, Any] | None = None,
+        startup_timeout_s: float = 120.0,
+    ):
+        if not worker_urls:
+            raise ValueError("Router needs at least one worker URL")
+        self.worker_urls = list(worker_urls)
+        self.host = host
+        self.port = port or free_port(host)
+        args = {"log_level": "warn", **(extra_args or {})}
+        for key in ("host", "port", "worker_urls", "policy"):  # owned by this class
+            if key in args:
+                raise ValueError(f"router arg {key!r} is set by Router's own parameters")
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            policy,
+            *cli_flags(args),
+        ]
+        self._child = ChildProcess(cmd, self.url, name="sglang-router", startup_timeout_s=startup_timeout_s)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def cmd(self) -> list[str]:
+        return self._child.cmd
+
+    def start(self) -> Router:
+        """Launch the router; raise (with its output tail) if /health is not 200 in time."""
+        self._child.start()
+        return self
+
+    def running(self) -> bool:
+        return self._child.running()
+
+    def stop(self) -> None:
+        """Terminate the router, kill it if it lingers; safe to call twice."""
+        self._child.stop()
+
+    def __enter__(self) -> Router:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
