@@ -7,7 +7,7 @@ class UserError(Exception):
     """A user's mistake (config, data, paths); its message says what is wrong and how to fix it."""
 
 
-class ConfigError(UserError):
+class ConfigError(UserError, ValueError):
     """The composed config is invalid: unknown or mistyped keys, broken cross-group rules."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from rlx.errors import ConfigError
 from rlx.models.bridge import WeightBridge
 from rlx.models.config import ModelConfig
 
@@ -78,16 +79,16 @@ class ModelFamily:
         if self.cfg.hf_checkpoint:
             path = Path(self.cfg.hf_checkpoint).expanduser()
             if not (path / "config.json").is_file():
-                raise ValueError(f"model.hf_checkpoint={self.cfg.hf_checkpoint}: no config.json at {path}")
+                raise ConfigError(f"model.hf_checkpoint={self.cfg.hf_checkpoint}: no config.json at {path}")
             return path
         if not self.cfg.tiny:
-            raise ValueError("model.hf_checkpoint is required when model.tiny is false")
+            raise ConfigError("model.hf_checkpoint is required when model.tiny is false")
         hf_config = self.hf_config()
         path = tiny_checkpoint_path(self.cfg.name, hf_config)
         return write_tiny_checkpoint(hf_config, path, seed=self.cfg.init_seed)
 
     def check_hf_config(self, hf_dir: str | Path) -> None:
-        """Raise ValueError listing every shape key where config.json disagrees with `model.*`."""
+        """Raise ConfigError listing every shape key where config.json disagrees with `model.*`."""
         hf = json.loads((Path(hf_dir) / "config.json").read_text())
         problems = []
         if self.hf_model_type and hf.get("model_type") != self.hf_model_type:
@@ -102,7 +103,7 @@ class ModelFamily:
             elif not _same(ours, theirs):
                 problems.append(f"model.{key}={ours} but config.json has {theirs}")
         if problems:
-            raise ValueError(
+            raise ConfigError(
                 f"{Path(hf_dir) / 'config.json'} does not match the model config:\n  " + "\n  ".join(problems)
             )
 

@@ -82,25 +82,36 @@ class RolloutPool:
 
     async def _generate_all(self, samples: list[Sample], version: int) -> None:
         semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
-        await asyncio.gather(*(self._generate_one(s, semaphore, version) for s in samples))
+        groups: dict[int, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group, []).append(s)
+        await asyncio.gather(*(self._generate_group(g, semaphore, version) for g in groups.values()))
 
-    async def _generate_one(self, s: Sample, semaphore: asyncio.Semaphore, version: int) -> None:
+    async def _generate_group(self, group: list[Sample], semaphore: asyncio.Semaphore, version: int) -> None:
         async with semaphore:
             try:
-                out = await self.client.generate(s.prompt_ids, self.sampling_params, return_logprob=True)
-            except Exception as e:  # one failed request fails one sample, not the run
-                s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
+                outs = await self.client.generate_batch([s.prompt_ids for s in group], self.sampling_params)
+            except Exception as e:  # a failed request fails its group, not the run
+                for s in group:
+                    s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
                 return
-        meta = out["meta_info"]
+        for s, out in zip(group, outs, strict=True):
+            self._fill(s, out, version)
+
+    def _fill(self, s: Sample, out: dict, version: int) -> None:
+        """Copy one SGLang /generate response into the sample."""
+        meta = out.get("meta_info", {})
         token_logprobs = meta.get("output_token_logprobs") or []
-        s.response_ids = (
-            [int(t) for _, t, *_ in token_logprobs] if token_logprobs else list(out["output_ids"])
-        )
+        # SGLang omits output_ids (and logprobs) for a request aborted before it started
+        s.response_ids = [int(t) for _, t, *_ in token_logprobs] or list(out.get("output_ids") or [])
         s.rollout_logprobs = [float(lp) for lp, *_ in token_logprobs]
         s.loss_mask = [1] * len(s.response_ids)
         s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         finish = meta.get("finish_reason") or {}
         s.status = _FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+        if s.status is Status.ABORTED or not s.response_ids:
+            s.status = Status.ABORTED if s.status is Status.ABORTED else Status.FAILED
+            s.status_reason = str(finish.get("message", "empty response"))
         weight_version = meta.get("weight_version")
         s.version = int(weight_version) if weight_version not in (None, "", "default") else version
 

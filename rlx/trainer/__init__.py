@@ -1,0 +1,7 @@
+"""The Megatron-core trainer."""
+
+import warnings
+
+# megatron-core warns at import of every module that falls back from Transformer Engine / Apex
+# to torch; rlx runs without them on purpose, so the warnings are noise on every rank.
+warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex|APEX|full scope is deprecated).*")

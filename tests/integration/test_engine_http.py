@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import aiohttp
 import httpx
 import pytest
 import torch
@@ -230,31 +231,39 @@ def test_client_against_server(server, tiny_qwen3_dir):
 
 
 def test_client_retries_and_falls_back_to_model_info():
+    from aiohttp import web
+
     calls = {"/generate": 0}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/generate":
-            calls[path] += 1
-            if calls[path] < 3:  # the router's "no worker available" while engines come up
-                return httpx.Response(503, json={"error": {"message": "busy"}})
-            return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {}})
-        if path == "/get_weight_version":  # removed in newer SGLang
-            return httpx.Response(404, json={"detail": "Not Found"})
-        if path == "/get_model_info":
-            return httpx.Response(200, json={"weight_version": "3"})
-        return httpx.Response(500)
+    async def generate(request):
+        calls["/generate"] += 1
+        if calls["/generate"] < 3:  # the router's "no worker available" while engines come up
+            return web.json_response({"error": {"message": "busy"}}, status=503)
+        return web.json_response({"text": "", "output_ids": [], "meta_info": {}})
+
+    async def model_info(request):
+        return web.json_response({"weight_version": "3"})
 
     async def drive():
-        client = EngineClient("http://engine", max_retries=3, retry_backoff_s=0.001)
-        client._http = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
+        # a real HTTP server on loopback that answers like an older router / newer SGLang:
+        # no /get_weight_version (404), the version only in the model info
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        app.router.add_get("/get_model_info", model_info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        client = EngineClient(f"http://127.0.0.1:{port}", max_retries=3, retry_backoff_s=0.001)
         assert (await client.generate([1], {}))["output_ids"] == []
         assert calls["/generate"] == 3
         assert await client.get_weight_version() == "3"
         await client.aclose()
+        await runner.cleanup()
         dead = EngineClient("http://127.0.0.1:9", max_retries=1, retry_backoff_s=0.001)
         assert await dead.health() is False
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(aiohttp.ClientConnectionError):
             await dead.generate([1], {})
         with pytest.raises(TimeoutError):
             await dead.wait_healthy(0.2, interval_s=0.05)
