@@ -16,8 +16,12 @@ from rlx.errors import UserError
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from rlx.runtime import run
 
+    if cfg.run.output_dir is None:
+        cfg.run.output_dir = HydraConfig.get().runtime.output_dir
     try:
         run(cfg)
     except UserError as e:

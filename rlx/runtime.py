@@ -25,7 +25,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     """Run `cfg.run.num_rollout` synchronous RL steps; return the per-step metrics."""
     validate(cfg)
     rc = to_object(cfg)
-    out = Path(rc.run.output_dir).resolve()  # Ray workers do not share the driver's working directory
+    out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out / "config.yaml", resolve=True)
 
@@ -74,6 +74,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         if tracker is not None:
             tracker.close()
         ray.shutdown()
+        shutil.rmtree(out / "weight_sync", ignore_errors=True)  # transient: only engines read it
     return history
 
 

@@ -17,7 +17,7 @@ class RunConfig:
 
     seed: int = 1
     num_rollout: int = 80  # rollout steps (generate -> train -> sync)
-    output_dir: str = "."  # run directory (Hydra's run dir by default)
+    output_dir: str | None = None  # run directory; None: Hydra's run dir under launch.py, else the cwd
     save_interval: int = 0  # checkpoint every N steps (0: only at the end, when save is on)
     save: bool = False  # write Megatron checkpoints
     eval_interval: int = 0  # 0: no evaluation
