@@ -1,8 +1,8 @@
 """Train a model with RL: `python launch.py` runs the embedded default (tiny Qwen3, GRPO, CPU).
 
-    python launch.py                                   # tiny model, toy task, ~2 minutes on 2 CPU cores
-    python launch.py run.num_rollout=20 rollout.num_engines=2
-    python launch.py -m algo.eps_clip=0.1,0.2          # multirun sweep
+python launch.py                                   # tiny model, toy task, ~2 minutes on 2 CPU cores
+python launch.py run.num_rollout=20 rollout.num_engines=2
+python launch.py -m algo.eps_clip=0.1,0.2          # multirun sweep
 """
 
 import sys

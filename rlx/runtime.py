@@ -36,7 +36,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     tokenizer = _load_tokenizer(hf_dir)
     max_prompt_len = rc.data.max_prompt_len or rc.model.max_position_embeddings - rc.rollout.max_response_len
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
-    algo = build(rc.algo)
+    build(rc.algo)  # an algorithm that rejects its options does so here, before Ray starts
 
     _start_ray(rc.cluster)
     trainer = pool = tracker = None
@@ -47,11 +47,17 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync_dir = out / "weight_sync"
         version = 0
-        bar = tqdm(range(rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress, dynamic_ncols=True)
+        bar = tqdm(
+            range(rc.run.num_rollout),
+            desc="rlx",
+            unit="step",
+            disable=not rc.run.progress,
+            dynamic_ncols=True,
+        )
         for step in bar:
             step_start = time.perf_counter()
             samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version)
-            metrics |= trainer.train(samples, algo.advantages(samples))
+            metrics |= trainer.train(samples)  # log-probs, advantages, optimizer steps
 
             sync_start = time.perf_counter()
             version += 1

@@ -27,7 +27,9 @@ class Tracker:
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, dump_rollouts: bool = True):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.dir / "metrics.jsonl", "a", buffering=1)  # line-buffered: a crash loses no step
+        self._jsonl = open(
+            self.dir / "metrics.jsonl", "a", buffering=1
+        )  # line-buffered: a crash loses no step
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -19,10 +19,13 @@ class Algorithm(Protocol):
 
     Contract:
 
-    `advantages(samples) -> list[Tensor]`
-        `samples` is a rollout batch ordered by (group, index): every group's samples are
-        contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must have a
-        `reward`; a `None` reward raises `ValueError` naming the sample. Returns one float32
+    `advantages(samples, logprobs) -> list[Tensor]`
+        `samples` is a whole rollout batch ordered by (group, index): every group's samples
+        are contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must
+        have a `reward`; a `None` reward raises `ValueError` naming the sample. `logprobs`
+        maps "old_logp" (always) and "ref_logp" (when `needs_ref`) to one [response_len]
+        tensor per sample, computed by the trainer before any update of this rollout, for
+        estimators that shape rewards with them (KL in the reward). Returns one float32
         tensor of shape [sample.response_len] per sample, in the same order. Advantages are
         given for every response token; the trainer applies `loss_mask`.
 
@@ -31,6 +34,7 @@ class Algorithm(Protocol):
             "logp"      current policy log-probs (requires grad)
             "old_logp"  log-probs of the policy that started this rollout's updates (no grad)
             "ref_logp"  reference-model log-probs; present when `needs_ref`, else may be absent
+            "rollout_logp" the rollout engine's log-probs of the same tokens (no grad)
             "adv"       advantages
             "mask"      float 0/1: tokens that count (loss mask and padding)
             "entropy"   per-token entropy of the current policy
@@ -44,12 +48,14 @@ class Algorithm(Protocol):
         `needs_ref`.
 
     `needs_ref`
-        True when the loss needs "ref_logp" (a KL loss), so the trainer computes it.
+        True when the loss or the advantages need "ref_logp", so the trainer computes it.
     """
 
     def __init__(self, cfg: AlgoConfig) -> None: ...
 
-    def advantages(self, samples: list[Sample]) -> list[torch.Tensor]:
+    def advantages(
+        self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]]
+    ) -> list[torch.Tensor]:
         """Per-token advantages, one tensor of length `response_len` per sample."""
         ...
 

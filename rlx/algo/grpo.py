@@ -40,8 +40,11 @@ class GRPO:
     def needs_ref(self) -> bool:
         return self.cfg.use_kl_loss
 
-    def advantages(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Each sample's group-normalised reward, repeated over its response tokens."""
+    def advantages(
+        self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]] | None = None
+    ) -> list[torch.Tensor]:
+        """Each sample's group-normalised reward, repeated over its response tokens (GRPO's
+        outcome advantage does not use `logprobs`)."""
         adv_per_sample: list[torch.Tensor] = []
         for group in _contiguous_groups(samples):
             rewards_1N = torch.tensor([[_reward(s) for s in group]], dtype=torch.float64)

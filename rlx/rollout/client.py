@@ -88,7 +88,9 @@ class EngineClient:
             body = text
         return Reply(response.status, body)
 
-    async def _request(self, method: str, path: str, *, ok_statuses: tuple[int, ...] = (), **kwargs: Any) -> Reply:
+    async def _request(
+        self, method: str, path: str, *, ok_statuses: tuple[int, ...] = (), **kwargs: Any
+    ) -> Reply:
         """Send with bounded retries; return a 2xx answer (or one of `ok_statuses`), else raise."""
         for attempt in range(self.max_retries + 1):
             try:
@@ -164,7 +166,9 @@ class EngineClient:
         payload = {"model_path": str(model_path), **extra}
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
-        return (await self._request("POST", "/update_weights_from_disk", json=payload, ok_statuses=(400,))).body
+        return (
+            await self._request("POST", "/update_weights_from_disk", json=payload, ok_statuses=(400,))
+        ).body
 
     async def get_weight_version(self) -> str:
         """GET /get_weight_version, or `weight_version` of the model info where that is gone."""

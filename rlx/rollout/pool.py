@@ -151,6 +151,7 @@ class RolloutPool:
         for url, result in zip(
             self.engine_urls,
             self._run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
+            strict=True,
         ):
             if not result.get("success", False):
                 raise RuntimeError(

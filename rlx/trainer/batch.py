@@ -28,6 +28,13 @@ class MicroBatch:
     def num_samples(self) -> int:
         return self.tokens_BL.shape[0]
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch on `device` (the model's)."""
+        return MicroBatch(
+            **{k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)},
+            extras={k: v.to(device) for k, v in self.extras.items()},
+        )
+
 
 def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch.float32) -> torch.Tensor:
     out = torch.zeros(len(rows), width, dtype=dtype)

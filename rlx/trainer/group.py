@@ -23,17 +23,23 @@ class TrainerGroup:
         actor_cls = ray.remote(num_cpus=0, num_gpus=num_gpus_per_proc)(MegatronTrainer)
         self.actors = [
             actor_cls.remote(
-                cfg.model, cfg.algo, cfg.train, cfg.cluster,
-                rank=rank, world_size=num_procs, master_addr="127.0.0.1", master_port=port,
-                seed=cfg.run.seed, temperature=cfg.rollout.temperature,
+                cfg.model,
+                cfg.algo,
+                cfg.train,
+                cfg.cluster,
+                rank=rank,
+                world_size=num_procs,
+                master_addr="127.0.0.1",
+                master_port=port,
+                seed=cfg.run.seed,
+                temperature=cfg.rollout.temperature,
             )  # fmt: skip
             for rank in range(num_procs)
         ]
 
-    def train(self, samples, advantages) -> dict[str, float]:
-        # One copy in the object store, shared by every rank.
-        samples_ref, advantages_ref = ray.put(samples), ray.put(advantages)
-        return ray.get([a.train.remote(samples_ref, advantages_ref) for a in self.actors])[0]
+    def train(self, samples) -> dict[str, float]:
+        samples_ref = ray.put(samples)  # one copy in the object store, shared by every rank
+        return ray.get([a.train.remote(samples_ref) for a in self.actors])[0]
 
     def export_weights(self, out_dir: str) -> str:
         return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]

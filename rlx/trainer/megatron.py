@@ -77,7 +77,9 @@ class MegatronTrainer:
         tf_config = model.config
         self.model = DistributedDataParallel(
             config=tf_config,
-            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, use_distributed_optimizer=False
+            ),
             module=model,
         )
         self.optimizer = get_megatron_optimizer(
@@ -118,7 +120,10 @@ class MegatronTrainer:
 
     def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BLV: torch.Tensor):
         logp_BL, entropy_BL = logprobs_and_entropy(
-            logits_BLV[:, :-1], mb.tokens_BL[:, 1:], temperature=self.temperature, with_entropy=mode == "train"
+            logits_BLV[:, :-1],
+            mb.tokens_BL[:, 1:],
+            temperature=self.temperature,
+            with_entropy=mode == "train",
         )
         logp_BT = response_slice(logp_BL, mb)
         if mode == "logprob":
@@ -130,8 +135,7 @@ class MegatronTrainer:
             "mask": mb.mask_BT,
             "entropy": response_slice(entropy_BL, mb),
         }
-        if "ref_logp" in mb.extras:
-            batch["ref_logp"] = mb.extras["ref_logp"]
+        batch |= {k: mb.extras[k] for k in ("ref_logp", "rollout_logp") if k in mb.extras}
         loss, metrics = self.algo.loss(batch, self._num_global_tokens, self._num_global_samples)
         metrics = {k: v.detach().float() for k, v in metrics.items()}
         # Megatron divides each micro-batch loss by num_microbatches and DDP averages over DP
@@ -154,39 +158,43 @@ class MegatronTrainer:
         """Per-sample response log-probs [response_len] under `model`."""
         out = []
         for chunk in split(samples, self.train_cfg.micro_batch_size):
-            (result,) = self._run(model, [make_micro_batch(chunk, {})], "logprob")
-            out += [row[: s.response_len] for row, s in zip(result["logp"], chunk)]
+            (result,) = self._run(model, [make_micro_batch(chunk, {}).to(self.device)], "logprob")
+            out += [row[: s.response_len].cpu() for row, s in zip(result["logp"], chunk, strict=True)]
         return out
 
     # ---- training ---------------------------------------------------------------------------
 
-    def train(self, samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:
-        """Train `num_steps_per_rollout` optimizer steps on one rollout batch; return metrics."""
+    def train(self, samples: list[Sample]) -> dict[str, float]:
+        """Log-probs, advantages, then `num_steps_per_rollout` optimizer steps on one rollout batch."""
         start = time.perf_counter()
         cfg = self.train_cfg
-        steps = split(list(zip(samples, advantages)), cfg.global_batch_size)
-        local_steps = [step[self.dp_rank :: self.dp_size] for step in steps]
-        local = [pair for step in local_steps for pair in step]
+        steps = split(list(range(len(samples))), cfg.global_batch_size)
+        local = [i for step in steps for i in step[self.dp_rank :: self.dp_size]]
 
         self.model.eval()
-        old_logp = dict(zip((id(s) for s, _ in local), self._logprobs(self.model, [s for s, _ in local])))
-        ref_logp = {}
+        logprobs = {
+            "old_logp": self._gather_dp(local, self._logprobs(self.model, [samples[i] for i in local]))
+        }
         if self.ref_model is not None:
-            ref_logp = dict(zip((id(s) for s, _ in local), self._logprobs(self.ref_model, [s for s, _ in local])))
-        metrics = self._logprob_gap(local, old_logp)
+            logprobs["ref_logp"] = self._gather_dp(
+                local, self._logprobs(self.ref_model, [samples[i] for i in local])
+            )
+        advantages = self.algo.advantages(samples, logprobs)
+        metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(samples, advantages)
 
         self.model.train()
-        sums: dict[str, torch.Tensor] = {}
+        sums: dict[str, float] = {}
         grad_norms = []
-        for step, local_step in zip(steps, local_steps):
-            self._num_global_tokens = sum(sum(s.loss_mask) if s.loss_mask else s.response_len for s, _ in step)
+        for step in steps:
+            self._num_global_tokens = sum(_num_loss_tokens(samples[i]) for i in step)
             self._num_global_samples = len(step)
-            mbs = [self._micro_batch(chunk, old_logp, ref_logp) for chunk in split(local_step, cfg.micro_batch_size)]
+            chunks = split(step[self.dp_rank :: self.dp_size], cfg.micro_batch_size)
+            mbs = [self._micro_batch(samples, chunk, advantages, logprobs) for chunk in chunks]
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             for result in self._run(self.model, mbs, "train"):
                 for k, v in result.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                    sums[k] = sums.get(k, 0.0) + float(v)
             _, grad_norm, _ = self.optimizer.step()
             grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
             self.num_updates += 1
@@ -197,21 +205,36 @@ class MegatronTrainer:
         metrics["time/train_s"] = time.perf_counter() - start
         return metrics
 
-    def _micro_batch(self, chunk, old_logp, ref_logp) -> MicroBatch:
-        extras = {"adv": [a for _, a in chunk], "old_logp": [old_logp[id(s)] for s, _ in chunk]}
-        if ref_logp:
-            extras["ref_logp"] = [ref_logp[id(s)] for s, _ in chunk]
-        return make_micro_batch([s for s, _ in chunk], extras)
+    def _micro_batch(self, samples, chunk, advantages, logprobs) -> MicroBatch:
+        extras = {"adv": [advantages[i] for i in chunk]}
+        extras |= {key: [values[i] for i in chunk] for key, values in logprobs.items()}
+        if all(len(samples[i].rollout_logprobs) == samples[i].response_len for i in chunk):
+            extras["rollout_logp"] = [samples[i].rollout_logprobs for i in chunk]
+        return make_micro_batch([samples[i] for i in chunk], extras).to(self.device)
 
-    def _logprob_gap(self, local, old_logp) -> dict[str, float]:
+    def _gather_dp(self, local: list[int], values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every DP rank's per-sample tensors, put back in batch order (index -> tensor)."""
+        from megatron.core import parallel_state
+
+        pairs = list(zip(local, [v.cpu() for v in values], strict=True))
+        if self.dp_size > 1:
+            gathered: list = [None] * self.dp_size
+            torch.distributed.all_gather_object(
+                gathered, pairs, group=parallel_state.get_data_parallel_group_gloo()
+            )
+            pairs = [pair for part in gathered for pair in part]
+        by_index = dict(pairs)
+        return [by_index[i] for i in range(len(by_index))]
+
+    @staticmethod
+    def _logprob_gap(samples: list[Sample], old_logp: list[torch.Tensor]) -> dict[str, float]:
         """Mean |trainer logprob - rollout logprob| over response tokens, before the update."""
         gap_sum = count = 0.0
-        for s, _ in local:
+        for s, logp in zip(samples, old_logp, strict=True):
             if len(s.rollout_logprobs) == s.response_len:
-                gap_sum += float((old_logp[id(s)] - torch.tensor(s.rollout_logprobs)).abs().sum())
+                gap_sum += float((logp - torch.tensor(s.rollout_logprobs)).abs().sum())
                 count += s.response_len
-        totals = self._dp_sum({"gap_sum": gap_sum, "count": count})
-        return {"train/logprob_abs_diff": totals["gap_sum"] / max(totals["count"], 1.0)}
+        return {"train/logprob_abs_diff": gap_sum / max(count, 1.0)}
 
     def _dp_sum(self, values: dict[str, float | torch.Tensor]) -> dict[str, float]:
         """Sum scalars over data-parallel ranks."""
@@ -223,7 +246,7 @@ class MegatronTrainer:
         flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
         if self.dp_size > 1:
             torch.distributed.all_reduce(flat, group=parallel_state.get_data_parallel_group())
-        return dict(zip(keys, flat.tolist()))
+        return dict(zip(keys, flat.tolist(), strict=True))
 
     # ---- weights ----------------------------------------------------------------------------
 
@@ -245,3 +268,20 @@ class MegatronTrainer:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def _num_loss_tokens(s: Sample) -> int:
+    return sum(s.loss_mask) if s.loss_mask else s.response_len
+
+
+def _advantage_stats(samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:
+    """Mean, std and extremes of the advantages over loss tokens (what the policy is pushed by)."""
+    values = [a[: s.response_len][torch.tensor(s.loss_mask or [1] * s.response_len, dtype=torch.bool)]
+              for s, a in zip(samples, advantages, strict=True)]  # fmt: skip
+    flat = torch.cat(values) if values else torch.zeros(1)
+    return {
+        "train/adv_mean": float(flat.mean()),
+        "train/adv_std": float(flat.std()) if flat.numel() > 1 else 0.0,
+        "train/adv_max": float(flat.max()),
+        "train/adv_min": float(flat.min()),
+    }

@@ -46,7 +46,15 @@ def test_short_run_writes_every_output(tmp_path):
         rows = _rows(tmp_path / "rollouts" / f"step_{step:06d}.jsonl")
         assert len(rows) == 8 * 4
         for row in rows:
-            assert {"prompt_ids", "response_ids", "rollout_logprobs", "reward", "status", "version", "label"} <= set(row)
+            assert {
+                "prompt_ids",
+                "response_ids",
+                "rollout_logprobs",
+                "reward",
+                "status",
+                "version",
+                "label",
+            } <= set(row)
             assert len(row["rollout_logprobs"]) == len(row["response_ids"]) >= 1
             assert 0.0 <= row["reward"] <= 1.0
             # the engines served the weights exported after `step` updates

@@ -48,7 +48,12 @@ def test_bad_input_fails_fast_with_a_clean_message(tmp_path):
 
     equation = launch(tmp_path, "train.global_batch_size=100")
     assert equation.returncode != 0 and "Traceback" not in equation.stderr
-    for key in ("rollout.batch_size", "rollout.n_samples_per_prompt", "train.global_batch_size", "train.num_steps_per_rollout"):
+    for key in (
+        "rollout.batch_size",
+        "rollout.n_samples_per_prompt",
+        "train.global_batch_size",
+        "train.num_steps_per_rollout",
+    ):
         assert key in equation.stderr
 
 

@@ -41,7 +41,11 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
     try:
         assert pool.router is not None and pool.url == pool.router.url
         prompts = [
-            Sample(prompt=f"{d} {d} {d} =", prompt_ids=tokenizer(f"{d} {d} {d} =")["input_ids"], label=f"{d} {d} {d}")
+            Sample(
+                prompt=f"{d} {d} {d} =",
+                prompt_ids=tokenizer(f"{d} {d} {d} =")["input_ids"],
+                label=f"{d} {d} {d}",
+            )
             for d in range(8)
         ]
         samples, metrics = pool.generate(prompts, version=0)
@@ -61,7 +65,9 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
         other = write_tiny_qwen3(tmp_path / "other", seed=1)
         from safetensors.torch import load_file
 
-        write_weight_shards(load_file(other / "model.safetensors").items(), tmp_path / "v1", bucket_bytes=64 << 10)
+        write_weight_shards(
+            load_file(other / "model.safetensors").items(), tmp_path / "v1", bucket_bytes=64 << 10
+        )
         pool.update_weights(str(tmp_path / "v1"), version=1)
         samples, _ = pool.generate(prompts[:2], version=1)
         assert {s.version for s in samples} == {1}

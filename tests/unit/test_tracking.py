@@ -10,8 +10,16 @@ def test_tracker_writes_every_sink(tmp_path):
     tracker = Tracker(tmp_path)
     line = tracker.log(0, {"rollout/reward_mean": 0.25, "train/loss": -0.5, "time/rollout_s": 1.5})
     tracker.log(1, {"rollout/reward_mean": 0.5})
-    s = Sample(prompt="1 2 =", prompt_ids=[3, 4, 12], label="2 1", response_ids=[4, 3, 1],
-               rollout_logprobs=[-0.1, -0.2, -0.3], reward=1.0, status=Status.COMPLETED, version=3)
+    s = Sample(
+        prompt="1 2 =",
+        prompt_ids=[3, 4, 12],
+        label="2 1",
+        response_ids=[4, 3, 1],
+        rollout_logprobs=[-0.1, -0.2, -0.3],
+        reward=1.0,
+        status=Status.COMPLETED,
+        version=3,
+    )
     tracker.write_rollouts(7, [s])
     tracker.close()
 
