@@ -12,6 +12,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from rlx import checkpoint
 from rlx.config import build, to_object
 from rlx.config.validate import validate
 from rlx.rollout.pool import RolloutPool
@@ -38,6 +39,8 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
     build(rc.algo)  # an algorithm that rejects its options does so here, before Ray starts
 
+    resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
+
     _start_ray(rc.cluster)
     trainer = pool = tracker = None
     history = []
@@ -45,26 +48,25 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         trainer = TrainerGroup(rc, num_procs=rc.cluster.num_trainer_procs)
         pool = RolloutPool(rc.rollout, str(hf_dir), tokenizer, seed=rc.run.seed)
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
-        sync_dir = out / "weight_sync"
-        version = 0
+        sync = _WeightSync(trainer, pool, out / "weight_sync")
+        start_step, version = 0, 0
+        if resume is not None:
+            state = checkpoint.load_state(resume)
+            trainer.load(str(resume / "megatron"))
+            data.load_state_dict(state["data"])
+            start_step, version = state["step"] + 1, state["version"]
+            sync(version)  # engines start from the restored policy
+            log.info("resumed from %s at step %d (policy version %d)", resume, start_step, version)
         bar = tqdm(
-            range(rc.run.num_rollout),
-            desc="rlx",
-            unit="step",
-            disable=not rc.run.progress,
-            dynamic_ncols=True,
-        )
+            range(start_step, rc.run.num_rollout), desc="rlx", unit="step",
+            disable=not rc.run.progress, dynamic_ncols=True,
+        )  # fmt: skip
         for step in bar:
             step_start = time.perf_counter()
             samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version)
-            metrics |= trainer.train(samples)  # log-probs, advantages, optimizer steps
-
-            sync_start = time.perf_counter()
+            metrics |= trainer.train(samples)  # old/ref log-probs, advantages, optimizer steps
             version += 1
-            path = trainer.export_weights(str(sync_dir / f"v{version:06d}"))
-            pool.update_weights(path, version)
-            shutil.rmtree(sync_dir / f"v{version - 1:06d}", ignore_errors=True)
-            metrics["time/weight_sync_s"] = time.perf_counter() - sync_start
+            metrics["time/weight_sync_s"] = sync(version)
 
             metrics["time/step_s"] = time.perf_counter() - step_start
             metrics["perf/tokens_per_s"] = sum(len(s.tokens) for s in samples) / metrics["time/step_s"]
@@ -73,6 +75,11 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             line = tracker.log(step, metrics)
             bar.write(line) if rc.run.progress else log.info(line)
             history.append({"step": step, **metrics})
+            if _should_save(rc.run, step):
+                state = {"step": step, "version": version, "data": data.state_dict()}
+                checkpoint.save(trainer, out, step, state)
+        if rc.run.save_hf:
+            checkpoint.export_hf(trainer, out / "hf", hf_dir)
     finally:
         for part in (pool, trainer):
             if part is not None:
@@ -82,6 +89,29 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         ray.shutdown()
         shutil.rmtree(out / "weight_sync", ignore_errors=True)  # transient: only engines read it
     return history
+
+
+class _WeightSync:
+    """Trainer -> engines: HF-named shards written by the trainer, loaded by every engine."""
+
+    def __init__(self, trainer: TrainerGroup, pool: RolloutPool, root: Path):
+        self.trainer, self.pool, self.root = trainer, pool, root
+        self.previous: Path | None = None
+
+    def __call__(self, version: int) -> float:
+        """Publish the trainer's weights as `version`; return the seconds it took."""
+        start = time.perf_counter()
+        path = self.root / f"v{version:06d}"
+        self.pool.update_weights(self.trainer.export_weights(str(path)), version)
+        if self.previous is not None:
+            shutil.rmtree(self.previous, ignore_errors=True)
+        self.previous = path
+        return time.perf_counter() - start
+
+
+def _should_save(run, step: int) -> bool:
+    last = step == run.num_rollout - 1
+    return run.save and (last or (run.save_interval > 0 and (step + 1) % run.save_interval == 0))
 
 
 def _load_tokenizer(hf_dir):

@@ -1,4 +1,10 @@
-"""The `algo` config group's schema, shared by every algorithm."""
+"""The `algo` config group's schema, shared by every algorithm.
+
+Each `conf/algo/<name>.yaml` is a thin file over this schema: it names its class with
+`_target_` and sets only the values where its paper differs from these defaults. Rules that
+tie fields together (KL in the loss or in the reward, not both; dual clip > 1; ...) are the
+algorithm classes' `config_errors`, run by `rlx.config.validate` at compose time.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,26 @@ class AlgoConfig:
     """Advantage estimator and policy-loss options."""
 
     _target_: str = "rlx.algo.grpo.GRPO"  # the algorithm class
-    normalize_std: bool = True  # GRPO: divide group-centred rewards by the group std (False: Dr.GRPO)
+    # --- advantages ---
+    normalize_std: bool = True  # GRPO/GSPO: divide group-centred rewards by the group std (False: Dr.GRPO)
+    gamma: float = 1.0  # REINFORCE++: discount of the token-level returns, in [0, 1]
+    whiten_advantages: bool = False  # batch whitening: (adv - mean) / std over every loss token of the rollout batch
+    # KL(old policy || reference) as a per-token reward penalty, before advantages (REINFORCE++, verl's
+    # use_kl_in_reward); mutually exclusive with use_kl_loss
+    use_kl_in_reward: bool = False
+    kl_in_reward_coef: float = 0.0  # the penalty is -kl_in_reward_coef * kl on every loss token
+    kl_in_reward_type: str = "k1"  # k1 | k2 | k3 | low_var_kl
+    # --- policy loss ---
     eps_clip: float = 0.2  # lower clip range of the importance ratio: 1 - eps_clip
     eps_clip_high: float | None = None  # upper clip range: 1 + eps_clip_high (None: eps_clip)
+    eps_clip_c: float | None = None  # dual clip: for negative advantages the loss is at most c * |A|; > 1 (None: off)
     use_kl_loss: bool = False  # add kl_loss_coef * KL(policy || reference) to the loss
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
     loss_agg: str = "token_mean"  # token_mean: over all tokens of the batch; sample_mean: per sample first
+    # Truncated importance sampling: weight each token's policy loss by min(exp(old_logp - rollout_logp),
+    # tis_clip), detached, to correct for the rollout engine's numerics differing from the trainer's.
+    # Needs the engine's log-probs; every rollout engine returns them (the loss raises if one did not).
+    use_tis: bool = False
+    tis_clip: float = 2.0  # upper bound of the TIS weight

@@ -18,9 +18,10 @@ class RunConfig:
     seed: int = 1
     num_rollout: int = 80  # rollout steps (generate -> train -> sync)
     output_dir: str | None = None  # run directory; None: Hydra's run dir under launch.py, else the cwd
-    save_interval: int = 0  # checkpoint every N steps (0: only at the end, when save is on)
-    save: bool = False  # write Megatron checkpoints
-    eval_interval: int = 0  # 0: no evaluation
+    save: bool = False  # write Megatron checkpoints (model, optimizer) + loop and data state
+    save_interval: int = 0  # with save: checkpoint every N steps as well as at the end (0: end only)
+    resume_from: str | None = None  # a run directory (or its checkpoints/): continue from its latest checkpoint
+    save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
     dump_rollouts: bool = True  # rollouts/step_NNNNNN.jsonl
     tensorboard: bool = True
     progress: bool = True  # progress bar on the console

@@ -68,7 +68,6 @@ RANGES: dict[str, str] = {
     "train.num_steps_per_rollout": _AT_LEAST_1,
     "run.num_rollout": _NON_NEGATIVE,
     "run.save_interval": _NON_NEGATIVE,
-    "run.eval_interval": _NON_NEGATIVE,
     "cluster.num_nodes": _AT_LEAST_1,
     "cluster.gpus_per_node": _NON_NEGATIVE,
     "cluster.num_trainer_procs": _AT_LEAST_1,

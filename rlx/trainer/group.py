@@ -44,6 +44,12 @@ class TrainerGroup:
     def export_weights(self, out_dir: str) -> str:
         return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]
 
+    def save(self, ckpt_dir: str) -> None:
+        ray.get([a.save.remote(ckpt_dir) for a in self.actors])
+
+    def load(self, ckpt_dir: str) -> None:
+        ray.get([a.load.remote(ckpt_dir) for a in self.actors])
+
     def shutdown(self) -> None:
         try:
             ray.get([a.shutdown.remote() for a in self.actors], timeout=30)

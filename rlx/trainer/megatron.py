@@ -263,6 +263,30 @@ class MegatronTrainer:
         write_weight_shards(named, Path(out_dir), bucket_bytes)
         return out_dir
 
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def _sharded_state(self, is_loading: bool) -> dict:
+        model_state = self.model.module.sharded_state_dict()
+        return {
+            "model": model_state,
+            "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
+        }
+
+    def save(self, ckpt_dir: str) -> None:
+        """Megatron distributed checkpoint of model and optimizer (a collective over all ranks)."""
+        from megatron.core import dist_checkpointing
+
+        Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save(self._sharded_state(is_loading=False), ckpt_dir)
+
+    def load(self, ckpt_dir: str) -> None:
+        """Restore model and optimizer from `save`'s directory, whatever TP/DP wrote it."""
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True), ckpt_dir)
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def shutdown(self) -> None:
         destroy_distributed()
 

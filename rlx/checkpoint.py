@@ -1,0 +1,70 @@
+"""Run checkpoints: Megatron's distributed checkpoint plus the loop's own state, and HF exports.
+
+Layout under the run directory:
+
+    checkpoints/step_000009/megatron/    model + optimizer (megatron dist_checkpointing)
+    checkpoints/step_000009/state.json   step, policy version, data position
+    checkpoints/latest                   name of the newest complete checkpoint
+
+`latest` is rewritten only after a checkpoint is complete, so a crash while saving leaves the
+previous one in force.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlx.errors import ConfigError
+
+# Files of a source HF directory an exported policy needs besides its weights.
+_HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")  # fmt: skip
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def save(trainer, run_dir: Path, step: int, state: dict[str, Any]) -> Path:
+    """Checkpoint the trainer and `state` (JSON) as step `step`; mark it latest."""
+    path = step_dir(run_dir, step)
+    shutil.rmtree(path, ignore_errors=True)  # a half-written earlier attempt at this step
+    trainer.save(str(path / "megatron"))
+    (path / "state.json").write_text(json.dumps(state, indent=1))
+    latest = path.parent / "latest"
+    tmp = latest.with_suffix(".tmp")
+    tmp.write_text(path.name)
+    os.replace(tmp, latest)
+    return path
+
+
+def find_latest(resume_from: str) -> Path:
+    """The newest complete checkpoint under a run directory or its checkpoints/ directory."""
+    root = Path(resume_from).expanduser().resolve()
+    for candidate in (root / "checkpoints", root):
+        latest = candidate / "latest"
+        if latest.is_file():
+            path = candidate / latest.read_text().strip()
+            if (path / "state.json").is_file():
+                return path
+    raise ConfigError(
+        f"run.resume_from={resume_from}: no checkpoint there (expected {root}/checkpoints/latest); "
+        "point it at the directory of a run that had run.save=true"
+    )
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / "state.json").read_text())
+
+
+def export_hf(trainer, out_dir: Path, source_hf_dir: Path) -> Path:
+    """Write the trainer's policy as a loadable HF directory: weight shards + config and tokenizer."""
+    trainer.export_weights(str(out_dir))
+    for name in _HF_SIDE_FILES:
+        if (Path(source_hf_dir) / name).is_file():
+            shutil.copy2(Path(source_hf_dir) / name, out_dir / name)
+    return out_dir
