@@ -24,43 +24,20 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig) -> list[dict[str, float]]:
     """Run `cfg.run.num_rollout` synchronous RL steps; return the per-step metrics."""
-    validate(cfg)
-    rc = to_object(cfg)
-    out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml", resolve=True)
-
-    # Everything a user can get wrong is checked here, before Ray or any model starts.
-    family = build(rc.model)
-    hf_dir = family.checkpoint_dir()
-    family.check_hf_config(hf_dir)
-    tokenizer = _load_tokenizer(hf_dir)
-    max_prompt_len = rc.data.max_prompt_len or rc.model.max_position_embeddings - rc.rollout.max_response_len
-    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
-    build(rc.algo)  # an algorithm that rejects its options does so here, before Ray starts
-
-    resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
-
+    rc, out, hf_dir, tokenizer, data, resume = _prepare(cfg)
     _start_ray(rc.cluster)
     trainer = pool = tracker = None
     history = []
     try:
-        trainer = TrainerGroup(rc, num_procs=rc.cluster.num_trainer_procs)
+        gpus_per_proc = 1 if rc.cluster.gpus_per_node > 0 else 0  # one GPU per trainer rank
+        trainer = TrainerGroup(rc, num_procs=rc.cluster.num_trainer_procs, num_gpus_per_proc=gpus_per_proc)
         pool = RolloutPool(rc.rollout, str(hf_dir), tokenizer, seed=rc.run.seed)
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync = _WeightSync(trainer, pool, out / "weight_sync")
-        start_step, version = 0, 0
-        if resume is not None:
-            state = checkpoint.load_state(resume)
-            trainer.load(str(resume / "megatron"))
-            data.load_state_dict(state["data"])
-            start_step, version = state["step"] + 1, state["version"]
-            sync(version)  # engines start from the restored policy
-            log.info("resumed from %s at step %d (policy version %d)", resume, start_step, version)
+        start_step, version = _resume(resume, trainer, data, sync) if resume else (0, 0)
         bar = tqdm(
-            range(start_step, rc.run.num_rollout), desc="rlx", unit="step",
-            disable=not rc.run.progress, dynamic_ncols=True,
-        )  # fmt: skip
+            range(start_step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress
+        )
         for step in bar:
             step_start = time.perf_counter()
             samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version)
@@ -76,8 +53,9 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             bar.write(line) if rc.run.progress else log.info(line)
             history.append({"step": step, **metrics})
             if _should_save(rc.run, step):
-                state = {"step": step, "version": version, "data": data.state_dict()}
-                checkpoint.save(trainer, out, step, state)
+                checkpoint.save(
+                    trainer, out, step, {"step": step, "version": version, "data": data.state_dict()}
+                )
         if rc.run.save_hf:
             checkpoint.export_hf(trainer, out / "hf", hf_dir)
     finally:
@@ -89,6 +67,34 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         ray.shutdown()
         shutil.rmtree(out / "weight_sync", ignore_errors=True)  # transient: only engines read it
     return history
+
+
+def _prepare(cfg: DictConfig):
+    """Everything a user can get wrong, checked before Ray or any model starts."""
+    validate(cfg)
+    rc = to_object(cfg)
+    out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml", resolve=True)
+    family = build(rc.model)
+    hf_dir = family.checkpoint_dir()
+    family.check_hf_config(hf_dir)
+    tokenizer = _load_tokenizer(hf_dir)
+    max_prompt_len = rc.data.max_prompt_len or rc.model.max_position_embeddings - rc.rollout.max_response_len
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
+    build(rc.algo)  # an algorithm that rejects its options does so here
+    resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
+    return rc, out, hf_dir, tokenizer, data, resume
+
+
+def _resume(path: Path, trainer: TrainerGroup, data, sync: _WeightSync) -> tuple[int, int]:
+    """Restore trainer, data position and engines from a checkpoint; return (next step, version)."""
+    state = checkpoint.load_state(path)
+    trainer.load(str(path / "megatron"))
+    data.load_state_dict(state["data"])
+    sync(state["version"])  # engines start from the restored policy
+    log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
+    return state["step"] + 1, state["version"]
 
 
 class _WeightSync:

@@ -1,0 +1,78 @@
+"""The Megatron trainer as a Ray actor group: TP and DP give the one-rank result."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rlx.config import compose, to_object
+from rlx.models.qwen3 import Qwen3
+from rlx.sample import Sample
+from rlx.trainer.group import TrainerGroup
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def _batch(hf_dir) -> list[Sample]:
+    """64 samples (8 groups of 8) of varied lengths, with transformers' log-probs as rollout log-probs."""
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(64):
+        prompt = torch.randint(2, 12, (int(torch.randint(3, 6, (1,), generator=g)),), generator=g).tolist()
+        response = torch.randint(2, 16, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g).tolist()
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logp_V = torch.log_softmax(model(ids).logits[0].float(), -1)
+        rollout_logp = [logp_V[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(response)]
+        samples.append(Sample(prompt="", prompt_ids=prompt, response_ids=response, rollout_logprobs=rollout_logp,
+                              loss_mask=[1] * len(response), reward=float(torch.rand(1, generator=g) > 0.5),
+                              group=i // 8, index=i % 8))  # fmt: skip
+    return samples
+
+
+def _train_once(tmp_path, name, *overrides):
+    # Adam's first update is lr * g / (|g| + eps): with the usual tiny eps that is lr * sign(g), so a
+    # gradient of 1e-9 and one of -1e-9 (summation order under TP/DP) move a weight 2 * lr apart.
+    # With eps = 1 the update is ~lr * g, and comparing weights compares gradients.
+    cfg = to_object(compose([f"run.output_dir={tmp_path}", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
+                             "train.micro_batch_size=16", "train.adam_eps=1.0", "train.lr=0.1", *overrides]))  # fmt: skip
+    group = TrainerGroup(cfg, num_procs=cfg.cluster.num_trainer_procs)
+    try:
+        metrics = group.train(_batch(Qwen3(cfg.model).checkpoint_dir()))
+        group.export_weights(str(tmp_path / name))
+    finally:
+        group.shutdown()
+    return metrics, load_file(tmp_path / name / "model-00001.safetensors")
+
+
+def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
+    base, base_weights = _train_once(tmp_path, "tp1")
+    # the old policy is the current one at the first step: ratio exactly 1
+    assert base["train/ppo_kl"] == 0.0 and base["train/pg_clipfrac"] == 0.0
+    # the trainer reproduces transformers' log-probs of the same tokens
+    assert base["train/logprob_abs_diff"] <= 1e-5
+    assert base["train/grad_norm"] > 0
+
+    for name, overrides in {
+        "tp2": ["cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"],
+        "dp2": ["cluster.num_trainer_procs=2"],
+    }.items():
+        metrics, weights = _train_once(tmp_path, name, *overrides)
+        for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/logprob_abs_diff"):
+            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, key)
+        assert weights.keys() == base_weights.keys()
+        for key, tensor in base_weights.items():
+            torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")
+        # and the step changed the weights (the comparison is not between untouched copies)
+    initial = load_file(Qwen3(to_object(compose([])).model).checkpoint_dir() / "model.safetensors")
+    assert max((base_weights[k] - initial[k]).abs().max().item() for k in initial) > 1e-4
