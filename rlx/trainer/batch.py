@@ -67,10 +67,9 @@ def response_slice(values_BL: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     prompt_len + t) is predicted at prompt_len + t - 1.
     """
     width_T = mb.mask_BT.shape[1]
-    index_BT = (mb.prompt_len_B.unsqueeze(1) - 1 + torch.arange(width_T).unsqueeze(0)).clamp(
-        max=values_BL.shape[1] - 1
-    )
-    return values_BL.gather(1, index_BT.to(values_BL.device))
+    offsets_1T = torch.arange(width_T, device=values_BL.device).unsqueeze(0)
+    index_BT = (mb.prompt_len_B.to(values_BL.device).unsqueeze(1) - 1 + offsets_1T).clamp(max=values_BL.shape[1] - 1)
+    return values_BL.gather(1, index_BT)
 
 
 def split(items: list, size: int) -> list[list]:

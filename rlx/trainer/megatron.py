@@ -72,7 +72,9 @@ class MegatronTrainer:
         hf_dir = self.family.checkpoint_dir()
         params_dtype = _DTYPES[train_cfg.precision]
 
-        model = self.family.build_model(params_dtype=params_dtype)
+        # Megatron builds linear layers on the current device but torch norms on the CPU;
+        # Megatron-LM's get_model moves the whole model afterwards, and so do we.
+        model = self.family.build_model(params_dtype=params_dtype).to(self.device)
         self.family.load_hf_weights(model, hf_dir)
         tf_config = model.config
         self.model = DistributedDataParallel(
@@ -106,7 +108,7 @@ class MegatronTrainer:
 
         self.ref_model = None
         if self.algo.needs_ref:
-            self.ref_model = self.family.build_model(params_dtype=params_dtype)
+            self.ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
             self.family.load_hf_weights(self.ref_model, hf_dir)
             self.ref_model.eval()
         self.num_updates = 0
@@ -243,8 +245,8 @@ class MegatronTrainer:
         if not values:
             return {}
         keys = sorted(values)
-        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-        if self.dp_size > 1:
+        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
+        if self.dp_size > 1:  # on the model's device: NCCL reduces GPU tensors only
             torch.distributed.all_reduce(flat, group=parallel_state.get_data_parallel_group())
         return dict(zip(keys, flat.tolist(), strict=True))
 
