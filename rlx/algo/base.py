@@ -29,6 +29,12 @@ class Algorithm(Protocol):
         tensor of shape [sample.response_len] per sample, in the same order. Advantages are
         given for every response token; the trainer applies `loss_mask`.
 
+    `advantage_metrics: dict[str, float]` (optional attribute)
+        Statistics of the last `advantages` call that the trainer's own advantage statistics
+        cannot see, e.g. "return_mean" (mean per-sample return before any normalisation) and
+        "kl_in_reward" (mean per-token KL(old || ref) of the reward penalty). The trainer logs
+        each as `train/<key>` right after calling `advantages`.
+
     `loss(mb, num_global_tokens, num_global_samples) -> (loss, metrics)`
         `mb` holds right-padded [B, T] tensors over response tokens of one micro-batch:
             "logp"      current policy log-probs (requires grad)
@@ -44,11 +50,17 @@ class Algorithm(Protocol):
         trainer calls backward on each and sums gradients, with no rescaling. Total loss is
             pg_loss + kl_loss_coef * kl - entropy_coef * entropy
         `metrics` are detached scalars normalised the same way (summing over micro-batches
-        gives the batch value): "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", and "kl" when
-        `needs_ref`.
+        gives the batch value): "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "loss", "kl"
+        when `needs_ref` (KL(policy || ref), whether or not it is in the loss),
+        "pg_clipfrac_lower" with dual clip, "tis_weight_mean" and "tis_clipfrac" with TIS.
 
     `needs_ref`
         True when the loss or the advantages need "ref_logp", so the trainer computes it.
+
+    Class-level hooks, read by `rlx.config.validate` before anything starts (both optional):
+    `config_errors(cfg: AlgoConfig) -> list[str]`, a classmethod returning one message per
+    broken rule of the algorithm's own options, each naming its keys and the fix; and
+    `min_group_size: int`, the samples per prompt it needs (default 2).
     """
 
     def __init__(self, cfg: AlgoConfig) -> None: ...

@@ -19,7 +19,8 @@ class AlgoConfig:
     # --- advantages ---
     normalize_std: bool = True  # GRPO/GSPO: divide group-centred rewards by the group std (False: Dr.GRPO)
     gamma: float = 1.0  # REINFORCE++: discount of the token-level returns, in [0, 1]
-    whiten_advantages: bool = False  # batch whitening: (adv - mean) / std over every loss token of the rollout batch
+    # whiten advantages over the batch: (adv - mean) / std over every loss token of the rollout batch
+    whiten_advantages: bool = False
     # KL(old policy || reference) as a per-token reward penalty, before advantages (REINFORCE++, verl's
     # use_kl_in_reward); mutually exclusive with use_kl_loss
     use_kl_in_reward: bool = False
@@ -28,9 +29,9 @@ class AlgoConfig:
     # --- policy loss ---
     eps_clip: float = 0.2  # lower clip range of the importance ratio: 1 - eps_clip
     eps_clip_high: float | None = None  # upper clip range: 1 + eps_clip_high (None: eps_clip)
-    eps_clip_c: float | None = None  # dual clip: for negative advantages the loss is at most c * |A|; > 1 (None: off)
+    eps_clip_c: float | None = None  # dual clip, > 1: the loss of a negative advantage is at most c*|A|
     use_kl_loss: bool = False  # add kl_loss_coef * KL(policy || reference) to the loss
-    kl_loss_coef: float = 0.0
+    kl_loss_coef: float = 0.0  # weight of the KL loss term
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
     loss_agg: str = "token_mean"  # token_mean: over all tokens of the batch; sample_mean: per sample first

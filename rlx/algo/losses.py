@@ -2,12 +2,14 @@
 
 Every algorithm (GRPO, GSPO, PPO, REINFORCE++) composes these; none of them touches a
 model, a config tree or a process group, so each is tested on hand-computed numbers.
+A lone `T` is one response's tokens (advantages are computed per sample, before padding).
 
 Shape legend (suffixes on tensor names):
     B  samples in a micro-batch
     T  response tokens (right-padded to the longest response of the micro-batch)
     G  prompt groups
     N  samples per group (rollout.n_samples_per_prompt)
+    K  loss tokens of a whole rollout batch, concatenated (batch whitening)
 
 Token-level tensors cover response tokens only. `mask_BT` is float 0/1 and marks the tokens
 that count in the loss. Masked-out values never reach a result (even inf), but callers should
@@ -56,6 +58,52 @@ def group_normalized_advantages(
     return centred_GN / (std_G1 + eps)
 
 
+def outcome_token_rewards(
+    reward: float, mask_T: torch.Tensor, kl_penalty_T: torch.Tensor | None
+) -> torch.Tensor:
+    """One response's per-token rewards: the outcome `reward` on its last loss token, minus the
+    per-token KL penalty (`kl_penalty_T`, e.g. kl_in_reward_coef * kl, or None) on every loss token.
+
+    This is OpenRLHF's `compute_reward` and verl's `apply_kl_penalty`: the reward arrives
+    when the policy's last action is taken; tokens outside the loss mask (tool output) are no
+    action of the policy and get nothing. With no loss token the reward sits on the last token.
+    """
+    rewards_T = torch.zeros(mask_T.shape[0], dtype=torch.float64)
+    if kl_penalty_T is not None:
+        rewards_T -= torch.where(mask_T.bool(), kl_penalty_T.double(), 0.0)
+    loss_positions = mask_T.nonzero()
+    last = int(loss_positions[-1]) if len(loss_positions) else mask_T.shape[0] - 1
+    if last >= 0:
+        rewards_T[last] += reward
+    return rewards_T
+
+
+def discounted_returns(rewards_T: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE's reward-to-go per token: G_t = r_t + gamma * G_{t+1}, G after the last token 0.
+
+    Every response token is a step, masked ones too (they carry no reward but still discount),
+    as in OpenRLHF's `get_cumulative_returns`.
+    """
+    returns_T = torch.empty_like(rewards_T)
+    running = torch.zeros((), dtype=rewards_T.dtype)
+    for t in range(rewards_T.shape[0] - 1, -1, -1):
+        running = rewards_T[t] + gamma * running
+        returns_T[t] = running
+    return returns_T
+
+
+def whitening_stats(values_K: torch.Tensor, eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(mean, rstd)` of K values (the loss tokens of a whole rollout batch), so that
+    (x - mean) * rstd whitens them to mean 0 and std 1.
+
+    The population std (divide by K), floored at sqrt(eps), as REINFORCE++'s reference code
+    whitens (OpenRLHF: `var.clamp(min=1e-8).rsqrt()`); all-equal values whiten to zeros.
+    """
+    mean = values_K.mean()
+    var = (values_K - mean).square().mean()
+    return mean, var.clamp(min=eps).rsqrt()
+
+
 def _kl_k1(log_ratio_BT: torch.Tensor) -> torch.Tensor:
     # log_ratio = ref - logp, so k1 = logp - ref
     return -log_ratio_BT
@@ -92,34 +140,79 @@ def kl_estimate(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: KLKind |
     return estimator(ref_logp_BT - logp_BT)
 
 
+def token_log_ratio(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor) -> torch.Tensor:
+    """PPO's per-token log importance ratio, log(pi / pi_old) = logp - old_logp."""
+    return logp_BT - old_logp_BT
+
+
+def sequence_log_ratio(
+    logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, mask_BT: torch.Tensor
+) -> torch.Tensor:
+    """GSPO's sequence-level log ratio, in its GSPO-token form (Zheng et al., 2025, eqs. 7 and 13).
+
+    The value at every token of sample b is log s_b = mean over b's masked tokens of
+    (logp - old_logp), the log of the geometric mean of its token ratios; the gradient at token
+    t is that of logp[b, t] alone: log s_bt = sg[log s_b] + logp_bt - sg[logp_bt], as verl's
+    `compute_policy_loss_gspo` computes it. Averaged per sample (`sample_mean`) and with one
+    advantage per sample this is exactly GSPO's gradient, s_b * mean_t grad logp_bt. A sample
+    with no masked token gets log ratio 0 (its tokens count nowhere anyway).
+    """
+    diff_BT = torch.where(mask_BT.bool(), logp_BT - old_logp_BT, torch.zeros_like(logp_BT))
+    seq_log_ratio_B1 = diff_BT.sum(dim=1, keepdim=True) / mask_BT.sum(dim=1, keepdim=True).clamp(min=1)
+    return seq_log_ratio_B1.detach() + logp_BT - logp_BT.detach()
+
+
 def clipped_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
+    log_ratio_BT: torch.Tensor,
     adv_BT: torch.Tensor,
     eps_clip: float,
     eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token: -min(r * A, clip(r, 1 - eps, 1 + eps_high) * A).
 
-    r = exp(logp - old_logp). `eps_clip_high` (None: `eps_clip`) widens only the upper bound,
-    DAPO's clip-higher, so low-probability tokens with positive advantage can still grow.
+    r = exp(log_ratio) (token-level for PPO/GRPO, sequence-level for GSPO). `eps_clip_high`
+    (None: `eps_clip`) widens only the upper bound, DAPO's clip-higher, so low-probability
+    tokens with positive advantage can still grow. `eps_clip_c` (None: off) is dual-clip PPO
+    (Ye et al., 2020; verl's `clip_ratio_c`, slime's `--eps-clip-c`): where A < 0 the loss is
+    capped at c * |A|, so a token whose ratio has run far above 1 cannot push a huge update.
 
-    Returns `(loss_BT, clipfrac_BT, approx_kl_BT)`:
-      loss_BT       differentiable w.r.t. `logp_BT`;
-      clipfrac_BT   1.0 where the clipped term was chosen (so the token has no gradient);
-      approx_kl_BT  k1 estimate of KL(old || policy), old_logp - logp, detached (`ppo_kl`).
+    Returns `(loss_BT, clipfrac_BT, dual_clipfrac_BT)`, the last two detached 0/1:
+      loss_BT           differentiable w.r.t. `log_ratio_BT`;
+      clipfrac_BT       1.0 where the clipped term was chosen (so the token has no gradient);
+      dual_clipfrac_BT  1.0 where the dual-clip cap was chosen (always 0 when it is off).
     """
     if eps_clip_high is None:
         eps_clip_high = eps_clip
-    log_ratio_BT = (logp_BT - old_logp_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio_BT = log_ratio_BT.exp()
+    ratio_BT = log_ratio_BT.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
     unclipped_BT = -ratio_BT * adv_BT
     clipped_BT = -ratio_BT.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * adv_BT
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
     # strictly greater: at the clip boundary both terms agree and the gradient is still live
-    clipfrac_BT = (clipped_BT > unclipped_BT).to(logp_BT.dtype).detach()
-    approx_kl_BT = (old_logp_BT - logp_BT).detach()
-    return loss_BT, clipfrac_BT, approx_kl_BT
+    clipfrac_BT = (clipped_BT > unclipped_BT).to(ratio_BT.dtype).detach()
+    dual_clipfrac_BT = torch.zeros_like(clipfrac_BT)
+    if eps_clip_c is not None:
+        cap_BT = -eps_clip_c * adv_BT
+        dual_BT = (adv_BT < 0) & (loss_BT > cap_BT)
+        loss_BT = torch.where(dual_BT, cap_BT, loss_BT)
+        dual_clipfrac_BT = dual_BT.to(ratio_BT.dtype).detach()
+    return loss_BT, clipfrac_BT, dual_clipfrac_BT
+
+
+def truncated_is_weight(
+    old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, tis_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling against the rollout engine (Yao et al., 2025; slime's
+    `--use-tis`, verl's `tis_imp_ratio_cap`): min(exp(old_logp - rollout_logp), tis_clip).
+
+    The engine samples with its own kernels, so its distribution differs slightly from the
+    trainer's old policy; weighting each token's policy loss by this ratio corrects the
+    gradient for that mismatch, and the cap bounds its variance. Returns `(weight_BT,
+    clipped_BT)`, both detached; `clipped_BT` is 1.0 where the cap was hit.
+    """
+    log_w_BT = (old_logp_BT - rollout_logp_BT).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    raw_BT = log_w_BT.exp()
+    return raw_BT.clamp(max=tis_clip), (raw_BT > tis_clip).to(raw_BT.dtype)
 
 
 def aggregate(

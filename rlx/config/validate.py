@@ -26,6 +26,7 @@ DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo cl
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
+    "algo.kl_in_reward_type": ("k1", "k2", "k3", "low_var_kl"),
     "algo.loss_agg": ("token_mean", "sample_mean"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "data.on_bad_sample": ON_BAD_SAMPLE,
@@ -40,6 +41,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     _NON_NEGATIVE: lambda v: v >= 0,
     "in (0, 1]": lambda v: 0 < v <= 1,
     "in [0, 1)": lambda v: 0 <= v < 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
     "-1 (off) or >= 1": lambda v: v == -1 or v >= 1,
 }
 # key -> requirement (a key of _CHECKS); None values are allowed where the schema allows them.
@@ -55,6 +57,9 @@ RANGES: dict[str, str] = {
     "algo.eps_clip": _POSITIVE,
     "algo.eps_clip_high": _POSITIVE,
     "algo.kl_loss_coef": _NON_NEGATIVE,
+    "algo.kl_in_reward_coef": _NON_NEGATIVE,
+    "algo.tis_clip": _POSITIVE,
+    "algo.gamma": "in [0, 1]",
     "train.lr": _POSITIVE,
     "train.min_lr": _NON_NEGATIVE,
     "train.lr_warmup_steps": _NON_NEGATIVE,
@@ -134,9 +139,11 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
         load_reward_fn(cfg.rollout.reward_fn)
     except ConfigError as e:
         errors.append(str(e))
-    # A component may own rules about its own section (e.g. JsonlSource needs data.prompt_path).
-    if check := getattr(classes.get("data"), "config_errors", None):
-        errors += check(cfg.data)
+    # A component may own rules about its own section (e.g. JsonlSource needs data.prompt_path,
+    # an algorithm that KL is penalised in the loss or in the reward, not both).
+    for group, cls in classes.items():
+        if check := getattr(cls, "config_errors", None):
+            errors += check(getattr(cfg, group))
     return errors
 
 

@@ -183,6 +183,7 @@ class MegatronTrainer:
             )
         advantages = self.algo.advantages(samples, logprobs)
         metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(samples, advantages)
+        metrics |= {f"train/{k}": v for k, v in getattr(self.algo, "advantage_metrics", {}).items()}
 
         self.model.train()
         sums: dict[str, float] = {}

@@ -1,0 +1,237 @@
+"""What every critic-free algorithm shares: reward shaping, advantage post-processing, and
+PPO's clipped policy loss with its options (clip-higher, dual clip, KL loss, entropy bonus,
+truncated importance sampling, token- or sample-mean aggregation).
+
+An algorithm is this class plus three choices: which outcome reward each sample starts from
+(`outcome_rewards`), how per-token rewards become advantages (`estimate`), and which
+importance ratio the loss clips (`log_ratio`). None of them looks at an algorithm's name.
+
+Shape legend: B samples in a micro-batch, T response tokens (a lone T: one response's
+tokens), N samples in one group, K loss tokens of the whole rollout batch, concatenated.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import ClassVar
+
+import torch
+
+from rlx.algo.config import AlgoConfig
+from rlx.algo.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    aggregate,
+    clipped_policy_loss,
+    kl_estimate,
+    outcome_token_rewards,
+    token_log_ratio,
+    truncated_is_weight,
+    whitening_stats,
+)
+from rlx.sample import Sample
+
+
+class PolicyGradient:
+    """Base of GRPO, GSPO, REINFORCE++ and REINFORCE++-baseline; implements `Algorithm`.
+
+    `advantages`: each sample's outcome reward (`outcome_rewards`) goes on its last loss
+    token; with `use_kl_in_reward` every loss token also gets -kl_in_reward_coef *
+    KL(old policy || reference); `estimate` turns these per-token rewards into advantages;
+    `whiten_advantages` then whitens them over every loss token of the batch.
+
+    `loss`: PPO's clipped surrogate on `log_ratio(mb)`, times the TIS weight when `use_tis`,
+    aggregated by `loss_agg`, plus kl_loss_coef * KL when `use_kl_loss`, minus
+    entropy_coef * entropy.
+
+    Class-level hooks read by `rlx.config.validate` before anything starts:
+    `config_errors(cfg) -> list[str]` (this algorithm's rules, each naming its keys) and
+    `min_group_size` (samples per prompt it needs).
+    """
+
+    min_group_size: ClassVar[int] = 2  # group-relative estimators compare samples of one prompt
+
+    def __init__(self, cfg: AlgoConfig) -> None:
+        # fail at construction, not at the first loss call after a long rollout
+        errors = _choice_errors(cfg) + self.config_errors(cfg)
+        if errors:
+            raise ValueError("; ".join(errors))
+        self.cfg = cfg
+        # statistics of the last `advantages` call (the trainer logs them as train/<key>)
+        self.advantage_metrics: dict[str, float] = {}
+
+    @classmethod
+    def config_errors(cls, cfg: AlgoConfig) -> list[str]:
+        """Rules between `algo` fields (single-field choices and ranges are validate's tables)."""
+        errors = []
+        if cfg.use_kl_loss and cfg.use_kl_in_reward:
+            errors.append(
+                "algo.use_kl_loss=true and algo.use_kl_in_reward=true both penalise KL to the reference; "
+                "choose one: set algo.use_kl_loss=false or algo.use_kl_in_reward=false"
+            )
+        if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1.0:
+            errors.append(
+                f"algo.eps_clip_c={cfg.eps_clip_c!r} must be > 1 (dual clip caps the loss of negative "
+                "advantages at eps_clip_c * |A|, above the clipped surrogate); set algo.eps_clip_c=3.0, "
+                "say, or null to turn dual clip off"
+            )
+        return errors
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.cfg.use_kl_loss or self.cfg.use_kl_in_reward
+
+    # ---- advantages ---------------------------------------------------------------------
+
+    def advantages(
+        self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]] | None = None
+    ) -> list[torch.Tensor]:
+        """Per-token advantages, one float32 tensor of length `response_len` per sample."""
+        cfg = self.cfg
+        masks = [_loss_mask(s) for s in samples]
+        penalties: list[torch.Tensor | None] = [None] * len(samples)
+        metrics: dict[str, float] = {}
+        if cfg.use_kl_in_reward:
+            kls = self._kl_to_ref(logprobs)
+            penalties = [cfg.kl_in_reward_coef * kl_T for kl_T in kls]
+            metrics["kl_in_reward"] = _masked_mean(kls, masks)
+        token_rewards = [
+            outcome_token_rewards(reward, mask_T, penalty_T)
+            for reward, mask_T, penalty_T in zip(self.outcome_rewards(samples), masks, penalties, strict=True)
+        ]
+        metrics["return_mean"] = (
+            float(torch.stack([r.sum() for r in token_rewards]).mean()) if samples else 0.0
+        )
+        advs = self.estimate(samples, token_rewards)
+        if cfg.whiten_advantages:
+            advs = _whiten_over_loss_tokens(advs, masks)
+        self.advantage_metrics = metrics
+        return [adv.float() for adv in advs]
+
+    def outcome_rewards(self, samples: list[Sample]) -> list[float]:
+        """The scalar reward each sample starts from (REINFORCE++-baseline centres it)."""
+        return [sample_reward(s) for s in samples]
+
+    def estimate(self, samples: list[Sample], token_rewards: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Advantages [response_len] per sample from per-token rewards [response_len]."""
+        raise NotImplementedError
+
+    def _kl_to_ref(self, logprobs: dict[str, list[torch.Tensor]] | None) -> list[torch.Tensor]:
+        """Per-token KL(old policy || reference) of each sample (the reward penalty's KL)."""
+        if not logprobs or "ref_logp" not in logprobs:
+            raise KeyError("algo.use_kl_in_reward is set but advantages() got no 'ref_logp'")
+        return [
+            kl_estimate(old_T.double(), ref_T.double(), self.cfg.kl_in_reward_type)
+            for old_T, ref_T in zip(logprobs["old_logp"], logprobs["ref_logp"], strict=True)
+        ]
+
+    # ---- loss ---------------------------------------------------------------------------
+
+    def log_ratio(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The log importance ratio the loss clips: per token (PPO), per sequence in GSPO."""
+        return token_log_ratio(mb["logp"], mb["old_logp"])
+
+    def loss(
+        self, mb: dict[str, torch.Tensor], num_global_tokens: int, num_global_samples: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """pg_loss + kl_loss_coef * kl - entropy_coef * entropy, normalised by global counts."""
+        cfg = self.cfg
+        agg = partial(
+            aggregate,
+            mask_BT=mb["mask"],
+            mode=cfg.loss_agg,
+            num_global_tokens=num_global_tokens,
+            num_global_samples=num_global_samples,
+        )
+        pg_loss_BT, clipfrac_BT, dual_clipfrac_BT = clipped_policy_loss(
+            self.log_ratio(mb), mb["adv"], cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c
+        )
+        metrics: dict[str, torch.Tensor] = {}
+        if cfg.use_tis:
+            if "rollout_logp" not in mb:
+                raise KeyError("algo.use_tis is set but the micro-batch has no 'rollout_logp'")
+            weight_BT, tis_clipped_BT = truncated_is_weight(mb["old_logp"], mb["rollout_logp"], cfg.tis_clip)
+            pg_loss_BT = pg_loss_BT * weight_BT
+            metrics["tis_weight_mean"] = agg(weight_BT)
+            metrics["tis_clipfrac"] = agg(tis_clipped_BT)
+        pg_loss = agg(pg_loss_BT)
+        entropy = agg(mb["entropy"])
+        loss = pg_loss - cfg.entropy_coef * entropy
+        metrics |= {
+            "pg_loss": pg_loss.detach(),
+            "pg_clipfrac": agg(clipfrac_BT),
+            "ppo_kl": agg((mb["old_logp"] - mb["logp"]).detach()),  # k1 estimate of KL(old || policy)
+            "entropy": entropy.detach(),
+        }
+        if cfg.eps_clip_c is not None:
+            metrics["pg_clipfrac_lower"] = agg(dual_clipfrac_BT)
+        if self.needs_ref:
+            if "ref_logp" not in mb:
+                raise KeyError(
+                    "algo.use_kl_loss or algo.use_kl_in_reward is set but the micro-batch has no 'ref_logp'"
+                )
+            # with KL in the reward this is only watched: how far the policy has moved from the reference
+            kind = cfg.kl_loss_type if cfg.use_kl_loss else cfg.kl_in_reward_type
+            kl = agg(kl_estimate(mb["logp"], mb["ref_logp"], kind))
+            if cfg.use_kl_loss:
+                loss = loss + cfg.kl_loss_coef * kl
+            metrics["kl"] = kl.detach()
+        metrics["loss"] = loss.detach()
+        return loss, metrics
+
+
+def contiguous_groups(samples: list[Sample]) -> list[list[int]]:
+    """Indices of runs of equal `group`; a group split across runs is an error, because
+    normalising its halves separately would silently give wrong advantages."""
+    groups: list[list[int]] = []
+    seen: set[int] = set()
+    for i, sample in enumerate(samples):
+        if groups and samples[groups[-1][0]].group == sample.group:
+            groups[-1].append(i)
+            continue
+        if sample.group in seen:
+            raise ValueError(
+                f"group {sample.group} is not contiguous; samples must be ordered by (group, index)"
+            )
+        seen.add(sample.group)
+        groups.append([i])
+    return groups
+
+
+def sample_reward(sample: Sample) -> float:
+    if sample.reward is None:
+        raise ValueError(
+            f"sample (group={sample.group}, index={sample.index}) has no reward; "
+            "every sample must be rewarded (or filtered out) before advantages"
+        )
+    return float(sample.reward)
+
+
+def _loss_mask(sample: Sample) -> torch.Tensor:
+    return torch.tensor(sample.loss_mask or [1] * sample.response_len, dtype=torch.float64)
+
+
+def _masked_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
+    num_tokens = sum(float(m.sum()) for m in masks)
+    total = sum(float((v * m).sum()) for v, m in zip(values, masks, strict=True))
+    return total / max(num_tokens, 1.0)
+
+
+def _whiten_over_loss_tokens(advs: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Whiten with the mean and std of the loss tokens of the whole batch (every token moves
+    alike; those outside the mask never reach the loss)."""
+    adv_K = torch.cat([a[m.bool()] for a, m in zip(advs, masks, strict=True)])
+    if adv_K.numel() == 0:
+        return advs
+    mean, rstd = whitening_stats(adv_K)
+    return [(a - mean) * rstd for a in advs]
+
+
+def _choice_errors(cfg: AlgoConfig) -> list[str]:
+    errors = []
+    for key in ("kl_loss_type", "kl_in_reward_type"):
+        if getattr(cfg, key) not in KL_ESTIMATORS:
+            errors.append(f"algo.{key}={getattr(cfg, key)!r} is not one of {sorted(KL_ESTIMATORS)}")
+    if cfg.loss_agg not in LOSS_AGGREGATIONS:
+        errors.append(f"algo.loss_agg={cfg.loss_agg!r} is not one of {LOSS_AGGREGATIONS}")
+    return errors
