@@ -134,6 +134,23 @@ class GatedMLP(TensorMapping):
         return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
 
 
+@dataclass(frozen=True)
+class FusedGatedMLP(GatedMLP):
+    """One HF tensor holding [gate; up] (GLM-4's `gate_up_proj`) -> Megatron's `linear_fc1`.
+
+    The same per-rank layout as `GatedMLP`: rank r holds [gate_r; up_r], so the HF tensor is
+    split into its halves first rather than chunked whole.
+    """
+
+    hf: tuple[str, ...]  # (gate_up,)
+
+    def to_megatron(self, hf_tensors, tp_rank, tp_size):
+        return super().to_megatron(list(hf_tensors[0].chunk(2, dim=0)), tp_rank, tp_size)
+
+    def to_hf(self, shards):
+        return [torch.cat(super().to_hf(shards), dim=0)]
+
+
 class SafetensorsReader:
     """Reads single HF tensors from a checkpoint directory (one file, or sharded with an index)."""
 

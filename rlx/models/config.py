@@ -29,33 +29,43 @@ class ModelConfig:
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-6
     tie_word_embeddings: bool = True
-    qk_layernorm: bool = True
+    qk_layernorm: bool = True  # RMSNorm on each head's queries and keys (Qwen3)
+    # ---- dense-architecture options (Llama 3, GLM-4); each family pins the ones its HF class fixes
+    add_qkv_bias: bool = False  # biases on the query/key/value projections only (GLM-4's attention_bias)
+    post_sublayer_norms: bool = False  # RMSNorm on the attention and on the MLP output before each
+    #   residual add (GLM-4's post_self_attn_layernorm / post_mlp_layernorm)
+    rotary_percent: float = 1.0  # share of each head RoPE rotates (HF partial_rotary_factor; GLM-4: 0.5)
+    rope_scaling_factor: float | None = None  # Llama 3.1 "llama3" RoPE scaling: context extension factor
+    #   (8.0 for Llama 3.1); null = plain RoPE. The three keys below only apply when it is set.
+    rope_scaling_low_freq_factor: float = 1.0  # llama3: wavelengths > original / this: divided by factor
+    rope_scaling_high_freq_factor: float = 4.0  # llama3: wavelengths < original / this: kept; between: mixed
+    rope_scaling_original_max_position_embeddings: int = 8192  # llama3: pre-training context ("original")
     init_seed: int = 0  # seed of a tiny model's random weights
     megatron_overrides: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig kwargs
 
     # ---- Mixture of experts and multi-latent attention (Qwen3-MoE, DeepSeek-V3) ----------------
     # Megatron's names; the defaults (None / 0 / off) leave a dense model unchanged.
-    num_moe_experts: int | None = None  # routed experts per MoE layer (HF num_experts / n_routed_experts); None: dense
+    num_moe_experts: int | None = None  # routed experts per MoE layer (HF num_experts); None: dense
     moe_router_topk: int = 2  # experts each token is routed to (HF num_experts_per_tok)
     moe_ffn_hidden_size: int | None = None  # FFN width of one routed expert (HF moe_intermediate_size)
-    moe_shared_expert_intermediate_size: int | None = None  # width of all shared experts together; None: no shared expert
+    moe_shared_expert_intermediate_size: int | None = None  # all shared experts' width; None: none
     moe_router_score_function: str = "softmax"  # softmax (Qwen3-MoE) | sigmoid (DeepSeek-V3)
-    moe_router_norm_topk_prob: bool = True  # renormalise the top-k weights to sum to 1 (HF norm_topk_prob)
-    moe_router_topk_scaling_factor: float | None = None  # multiplies the top-k weights (HF routed_scaling_factor)
-    moe_router_num_groups: int | None = None  # expert groups for group-limited routing (HF n_group); None: off
+    moe_router_norm_topk_prob: bool = True  # renormalise the top-k weights to 1 (HF norm_topk_prob)
+    moe_router_topk_scaling_factor: float | None = None  # scales the top-k weights (HF routed_scaling_factor)
+    moe_router_num_groups: int | None = None  # expert groups of group-limited routing (HF n_group)
     moe_router_group_topk: int | None = None  # groups a token's experts may come from (HF topk_group)
     moe_router_enable_expert_bias: bool = False  # per-expert selection bias (HF e_score_correction_bias)
-    moe_router_bias_update_rate: float = 0.0  # aux-loss-free balancing step; 0 keeps the bias fixed, as HF does
-    moe_first_dense_layers: int = 0  # leading layers with a dense MLP of ffn_hidden_size (HF first_k_dense_replace)
-    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight; 0 keeps training logits == HF logits
-    moe_token_dispatcher_type: str = "alltoall"  # alltoall | allgather: how tokens reach expert-parallel ranks
-    q_lora_rank: int | None = None  # MLA query compression rank; None: queries projected directly
-    kv_lora_rank: int | None = None  # MLA key/value compression rank; None: not MLA
-    qk_head_dim: int | None = None  # MLA per-head query/key size without RoPE (HF qk_nope_head_dim)
-    qk_pos_emb_head_dim: int | None = None  # MLA per-head query/key size with RoPE (HF qk_rope_head_dim)
-    v_head_dim: int | None = None  # MLA per-head value size (HF v_head_dim)
-    yarn_rotary_scaling_factor: float | None = None  # YaRN RoPE context factor (HF rope factor); None: plain RoPE
-    yarn_original_max_position_embeddings: int | None = None  # YaRN: pre-training context length
+    moe_router_bias_update_rate: float = 0.0  # aux-loss-free balancing step; 0: bias fixed, as in HF
+    moe_first_dense_layers: int = 0  # leading layers with a dense MLP (HF first_k_dense_replace)
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight; 0 keeps training logits == HF's
+    moe_token_dispatcher_type: str = "alltoall"  # alltoall | allgather: how tokens reach EP ranks
+    q_lora_rank: int | None = None  # MLA query latent rank; None: queries projected directly
+    kv_lora_rank: int | None = None  # MLA key/value latent rank; None: not MLA
+    qk_head_dim: int | None = None  # MLA query/key head size without RoPE (HF qk_nope_head_dim)
+    qk_pos_emb_head_dim: int | None = None  # MLA query/key head size with RoPE (HF qk_rope_head_dim)
+    v_head_dim: int | None = None  # MLA value head size (HF v_head_dim)
+    yarn_rotary_scaling_factor: float | None = None  # YaRN RoPE factor (HF rope factor); None: plain
+    yarn_original_max_position_embeddings: int | None = None  # YaRN: the pre-training context
     yarn_beta_fast: float = 32.0  # YaRN: high-frequency ramp boundary (rotations)
     yarn_beta_slow: float = 1.0  # YaRN: low-frequency ramp boundary (rotations)
     yarn_mscale: float = 1.0  # YaRN: attention-temperature coefficient of the cos/sin

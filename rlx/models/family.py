@@ -4,8 +4,10 @@ A family turns a `ModelConfig` into an HF config (and a tiny checkpoint on first
 real checkpoint's config.json against it, builds the Megatron `GPTModel` (TransformerConfig +
 local layer spec with SDPA attention), and moves weights between the two through a
 `rlx.models.bridge.WeightBridge`. Subclasses supply the family-specific pieces (see
-`rlx.models.qwen3.Qwen3`). megatron is imported lazily, so HF-side users (the rollout engine,
-config checks) do not pay for it.
+`rlx.models.qwen3.Qwen3`, `rlx.models.llama3.Llama3`, `rlx.models.glm4.Glm4`) and declare which
+`ModelConfig` keys their HF architecture fixes (`pinned`, checked on construction, so a wrong
+combination fails before any process starts). megatron is imported lazily, so HF-side users
+(the rollout engine, config checks) do not pay for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +23,30 @@ import torch
 from rlx.errors import ConfigError
 from rlx.models.bridge import WeightBridge
 from rlx.models.config import ModelConfig
+from rlx.models.hf_config import MISSING, HFField, rope_type
 
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class HFField:
-    """Where a `ModelConfig` key lives in config.json: dotted paths tried in order, and the
-    value HF assumes when none is present."""
-
-    paths: tuple[str, ...]
-    default: Any = _MISSING
-
-    def read(self, hf: dict[str, Any]) -> Any:
-        for path in self.paths:
-            node: Any = hf
-            for part in path.split("."):
-                node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-            if node is not _MISSING:
-                return node
-        return self.default
+__all__ = ["HFField", "ModelFamily"]
 
 
 class ModelFamily:
     """Base class of model families; constructed as `Family(cfg)` from `cfg._target_`."""
 
     hf_model_type: str = ""  # config.json's model_type
+    # `ModelConfig` keys whose value the family's HF architecture fixes (e.g. Llama has no
+    # qk-norm): another value could not be loaded from or exported to its checkpoints.
+    pinned: dict[str, Any] = {}
+    # config.json keys with the only value the family implements (checked where present).
+    hf_constants: dict[str, Any] = {}
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
+        wrong = [
+            f"model.{key}={_yaml(getattr(cfg, key))}: {type(self).__name__} models need model.{key}={_yaml(value)}"
+            for key, value in self.pinned.items()
+            if not _same(getattr(cfg, key), value)
+        ]
+        if wrong:
+            raise ConfigError(f"model._target_={cfg._target_}:\n  " + "\n  ".join(wrong))
 
     # ---- family-specific pieces (subclasses override) --------------------------------------
 
@@ -88,7 +84,8 @@ class ModelFamily:
         return write_tiny_checkpoint(hf_config, path, seed=self.cfg.init_seed)
 
     def check_hf_config(self, hf_dir: str | Path) -> None:
-        """Raise ConfigError listing every shape key where config.json disagrees with `model.*`."""
+        """Raise ConfigError listing every key where config.json disagrees with `model.*`: the
+        `hf_fields`, the family's `hf_constants`, and whether RoPE has llama3 scaling."""
         hf = json.loads((Path(hf_dir) / "config.json").read_text())
         problems = []
         if self.hf_model_type and hf.get("model_type") != self.hf_model_type:
@@ -98,10 +95,22 @@ class ModelFamily:
             )
         for key, field in self.hf_fields().items():
             ours, theirs = getattr(self.cfg, key), field.read(hf)
-            if theirs is _MISSING:
+            if theirs is MISSING:
                 problems.append(f"model.{key}={ours} but config.json has no {' or '.join(field.paths)}")
             elif not _same(ours, theirs):
                 problems.append(f"model.{key}={ours} but config.json has {theirs}")
+        for key, value in self.hf_constants.items():
+            if key in hf and not _same(hf[key], value):
+                problems.append(
+                    f"config.json has {key}={hf[key]} but {type(self).__name__} implements only {value}"
+                )
+        # llama3 scaling is the one RoPE variant the `rope_scaling_*` keys describe; others (YaRN
+        # in DeepSeek-V3) are their families' business.
+        theirs_llama3, ours_llama3 = rope_type(hf) == "llama3", self.cfg.rope_scaling_factor is not None
+        if theirs_llama3 != ours_llama3:
+            problems.append(
+                f"model.rope_scaling_factor={self.cfg.rope_scaling_factor} but config.json has rope_type={rope_type(hf)}"
+            )
         if problems:
             raise ConfigError(
                 f"{Path(hf_dir) / 'config.json'} does not match the model config:\n  " + "\n  ".join(problems)
@@ -145,20 +154,18 @@ class ModelFamily:
             bias_dropout_fusion=False,
             bias_activation_fusion=False,
         )
+        kwargs["add_qkv_bias"] = cfg.add_qkv_bias
         kwargs.update(self.transformer_kwargs())
         kwargs.update(cfg.megatron_overrides)
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)
 
     def layer_spec(self, config):
-        """Megatron's local (no Transformer Engine) layer spec, core attention on torch SDPA."""
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        """Megatron's local (no Transformer Engine) layer spec, core attention on torch SDPA, with
+        post-sublayer norms when `model.post_sublayer_norms` (see `rlx.models.layers`)."""
+        from rlx.models.layers import local_layer_spec
 
-        from rlx.models.attention import SDPAttention
-
-        spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
-        spec.submodules.self_attention.submodules.core_attention = SDPAttention
-        return spec
+        return local_layer_spec(config, post_sublayer_norms=self.cfg.post_sublayer_norms)
 
     def build_model(
         self,
@@ -183,7 +190,7 @@ class ModelFamily:
                 raise ValueError(
                     f"model.{key}={getattr(self.cfg, key)} is not divisible by tensor parallel size {tp}"
                 )
-        return GPTModel(
+        model = GPTModel(
             config=config,
             transformer_layer_spec=self.layer_spec(config),
             vocab_size=self.cfg.vocab_size,
@@ -193,9 +200,14 @@ class ModelFamily:
             parallel_output=True,
             share_embeddings_and_output_weights=self.cfg.tie_word_embeddings,
             position_embedding_type="rope",
-            rotary_percent=1.0,
+            rotary_percent=self.cfg.rotary_percent,
             rotary_base=self.cfg.rotary_base,
         )
+        if self.cfg.rope_scaling_factor is not None:
+            from rlx.models.layers import apply_llama3_rope_scaling
+
+            apply_llama3_rope_scaling(model, self.cfg)
+        return model
 
     def load_hf_weights(self, model: torch.nn.Module, hf_dir: str | Path) -> None:
         """Load this rank's shard of every parameter from an HF checkpoint, streaming tensors.
@@ -223,6 +235,34 @@ class ModelFamily:
             tp_group=parallel_state.get_tensor_model_parallel_group(),
             tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         )
+
+    # ---- size ----------------------------------------------------------------------------------
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model (all TP/PP shards), from the config alone.
+
+        The dense decoder formula; families with other layer types (MoE, MLA) override it.
+        Per layer: q/k/v/o projections (GQA: k and v have num_query_groups heads), q/k/v biases,
+        per-head q/k norms, a gated MLP (gate, up, down), and 2 norms (4 with post-sublayer norms).
+        Plus the embedding, a separate output layer unless tied, and the final norm.
+        """
+        cfg = self.cfg
+        h, d = cfg.hidden_size, cfg.kv_channels
+        q, kv = cfg.num_attention_heads * d, cfg.num_query_groups * d
+        attention = h * (q + 2 * kv) + q * h
+        attention += (q + 2 * kv) if cfg.add_qkv_bias else 0
+        attention += 2 * d if cfg.qk_layernorm else 0
+        mlp = 3 * h * cfg.ffn_hidden_size
+        norms = (4 if cfg.post_sublayer_norms else 2) * h
+        embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+        return embeddings + cfg.num_layers * (attention + mlp + norms) + h
+
+
+def _yaml(value: Any) -> str:
+    """`value` as a command-line override writes it."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _same(ours: Any, theirs: Any) -> bool:

@@ -51,6 +51,7 @@ def write_tiny_checkpoint(hf_config, path: Path, seed: int = 0) -> Path:
     try:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        _fill_zero_embedding_rows(model, std=getattr(hf_config, "initializer_range", 0.02))
         model.save_pretrained(str(staging))
         write_word_tokenizer(staging)
         try:
@@ -62,7 +63,26 @@ def write_tiny_checkpoint(hf_config, path: Path, seed: int = 0) -> Path:
     return path
 
 
+def _fill_zero_embedding_rows(model, std: float) -> None:
+    """Give the pad token's embedding row (zeroed by transformers' init) random values.
+
+    transformers zeroes the `padding_idx` row and blocks its gradient; Megatron's embedding
+    has no padding_idx. A random policy samples <pad>, a zero vector then enters RMSNorm,
+    whose gradient there is 1/sqrt(eps) (~1e3), and the first step's gradient norm explodes.
+    Real checkpoints have trained, non-zero rows; so do tiny ones.
+    """
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        zero_rows = (weight == 0).all(dim=1)
+        weight[zero_rows] = torch.randn(int(zero_rows.sum()), weight.shape[1]) * std
+
+
+# Bump when the written weights change for the same config, so caches are rewritten.
+_TINY_FORMAT = 2
+
+
 def tiny_checkpoint_path(name: str, hf_config) -> Path:
     """Cache path of a tiny model, keyed by its architecture so a reshape gets a new directory."""
-    digest = hashlib.sha1(json.dumps(hf_config.to_dict(), sort_keys=True, default=str).encode())
+    keyed = {"rlx_tiny_format": _TINY_FORMAT, **hf_config.to_dict()}
+    digest = hashlib.sha1(json.dumps(keyed, sort_keys=True, default=str).encode())
     return cache_dir() / "models" / f"{name}-{digest.hexdigest()[:10]}"

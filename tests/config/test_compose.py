@@ -24,8 +24,16 @@ def prompts(tmp_path):
 
 
 def needs(group: str, option: str, prompts) -> list[str]:
-    """Overrides an option cannot do without (the values it leaves ??? by design)."""
-    return [f"data.prompt_path={prompts}"] if (group, option) == ("data", "jsonl") else []
+    """Overrides an option cannot do without (the values it leaves ??? or null by design)."""
+    if (group, option) == ("data", "jsonl"):
+        return [f"data.prompt_path={prompts}"]
+    if group == "model" and not option.startswith("tiny_"):
+        # Full-size models need the user's downloaded checkpoint; validation wants a config.json.
+        checkpoint = prompts.parent / "hf_checkpoint"
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "config.json").write_text("{}")
+        return [f"model.hf_checkpoint={checkpoint}"]
+    return []
 
 
 def test_default_composes_to_the_embedded_job():

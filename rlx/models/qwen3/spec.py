@@ -20,6 +20,5 @@ def transformer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
         qk_layernorm=cfg.qk_layernorm,
     )

@@ -1,0 +1,116 @@
+"""Megatron layer pieces shared by the dense families, beyond what megatron-core's local spec offers.
+
+- `local_layer_spec`: megatron's local (no Transformer Engine) GPT layer spec with the core
+  attention on torch SDPA, and `PostNormTransformerLayer` where the architecture asks for it.
+- `PostNormTransformerLayer`: a TransformerLayer that also normalises the attention output and the
+  MLP output before each residual add (GLM-4's `post_self_attn_layernorm` / `post_mlp_layernorm`).
+  megatron-core 0.16 has no option for these norms.
+- `apply_llama3_rope_scaling`: Llama 3.1's "llama3" RoPE frequency scaling with all of its
+  parameters (megatron's GPTModel forwards only the factor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import partial
+
+import torch
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from rlx.models.attention import SDPAttention
+from rlx.models.bridge import unwrap
+from rlx.models.config import ModelConfig
+
+
+def local_layer_spec(config: TransformerConfig, *, post_sublayer_norms: bool = False) -> ModuleSpec:
+    """The decoder layer spec: megatron's local spec, SDPA core attention, optional post-norms."""
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if not post_sublayer_norms:
+        return spec
+    base = spec.submodules
+    norm = base.pre_mlp_layernorm  # the same norm class (RMSNorm here) as the layer's other norms
+    return ModuleSpec(
+        module=PostNormTransformerLayer,
+        submodules=PostNormLayerSubmodules(
+            **{f.name: getattr(base, f.name) for f in fields(base)},
+            post_self_attn_layernorm=norm,
+            post_mlp_layernorm=norm,
+        ),
+    )
+
+
+@dataclass
+class PostNormLayerSubmodules(TransformerLayerSubmodules):
+    """TransformerLayerSubmodules plus the norms on the attention and MLP outputs."""
+
+    post_self_attn_layernorm: ModuleSpec | type = IdentityOp
+    post_mlp_layernorm: ModuleSpec | type = IdentityOp
+
+
+class PostNormTransformerLayer(TransformerLayer):
+    """megatron's TransformerLayer with a norm on each sublayer's output before its residual add:
+
+        h = x + post_self_attn_layernorm(attention(input_layernorm(x)))
+        y = h + post_mlp_layernorm(mlp(pre_mlp_layernorm(h)))
+
+    megatron calls `self_attn_bda(training, fused)(output_and_bias, residual, dropout)` exactly
+    where a sublayer's output meets the residual, so the norms go inside those two calls; the rest
+    of megatron's forward (recompute, offloading, inference paths) is used unchanged.
+    """
+
+    def __init__(self, config: TransformerConfig, submodules: PostNormLayerSubmodules, *args, **kwargs):
+        super().__init__(config, submodules, *args, **kwargs)
+        self.post_self_attn_layernorm = build_module(
+            submodules.post_self_attn_layernorm,
+            config=config,
+            hidden_size=config.hidden_size,
+            eps=config.layernorm_epsilon,
+        )
+        self.post_mlp_layernorm = build_module(
+            submodules.post_mlp_layernorm,
+            config=config,
+            hidden_size=config.hidden_size,
+            eps=config.layernorm_epsilon,
+        )
+        # Plain callables (partials), not modules: the norms must be registered once, under the
+        # names above, or state dicts and checkpoints would hold them twice.
+        self.self_attn_bda = partial(_norm_before_add, self.post_self_attn_layernorm, self.self_attn_bda)
+        self.mlp_bda = partial(_norm_before_add, self.post_mlp_layernorm, self.mlp_bda)
+
+
+def _norm_before_add(norm: torch.nn.Module, bda: Callable, training: bool, fused: bool) -> Callable:
+    """`bda(training, fused)` with `norm` applied to the sublayer output (bias included) first."""
+    add = bda(training, fused)
+
+    def norm_then_add(output_and_bias, residual, dropout_prob):
+        output, bias = output_and_bias
+        if bias is not None:
+            output = output + bias
+        return add((norm(output), None), residual, dropout_prob)
+
+    return norm_then_add
+
+
+def apply_llama3_rope_scaling(model: torch.nn.Module, cfg: ModelConfig) -> None:
+    """Rescale `model`'s RoPE inverse frequencies as Llama 3.1's "llama3" rope_type does.
+
+    GPTModel(rope_scaling=True) passes only the factor on; the low/high frequency factors and the
+    original context stay at megatron's built-in 1, 4 and 8192. So the model is built unscaled
+    and its frequencies are rescaled here with megatron's own formula and all four of `cfg`'s
+    values (the same arithmetic as transformers' `_compute_llama3_parameters`). Must run before
+    the first forward: megatron caches the rotary table per sequence length.
+    """
+    rotary = unwrap(model).rotary_pos_emb
+    rotary.inv_freq = rotary._apply_scaling(
+        rotary.inv_freq,
+        factor=cfg.rope_scaling_factor,
+        low_freq_factor=cfg.rope_scaling_low_freq_factor,
+        high_freq_factor=cfg.rope_scaling_high_freq_factor,
+        original_max_position_embeddings=cfg.rope_scaling_original_max_position_embeddings,
+    )

@@ -1,0 +1,48 @@
+"""Llama 3's HF side (`LlamaForCausalLM`): its transformers config, config.json keys, weight table."""
+
+from __future__ import annotations
+
+from rlx.models.bridge import TensorMapping, llama_style_mappings
+from rlx.models.config import ModelConfig
+from rlx.models.hf_config import HFField, dense_hf_fields, rope_parameters, toy_token_ids
+
+
+def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
+    """config.json keys per ModelConfig key; defaults are LlamaConfig's when a key is absent.
+
+    Llama-3.1-8B's config.json has no head_dim: LlamaConfig then uses hidden_size / heads.
+    """
+    head_dim = HFField(("head_dim",), derive=lambda hf: hf["hidden_size"] // hf["num_attention_heads"])
+    return dense_hf_fields(cfg, head_dim=head_dim, norm_epsilon_default=1e-6)
+
+
+def hf_config(cfg: ModelConfig):
+    """`transformers.LlamaConfig` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.ffn_hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_query_groups,
+        head_dim=cfg.kv_channels,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=rope_parameters(cfg),
+        rms_norm_eps=cfg.norm_epsilon,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        **toy_token_ids(cfg),
+    )
+
+
+def weight_mappings(cfg: ModelConfig) -> dict[str, TensorMapping]:
+    """Megatron parameter template -> HF tensors: the plain Llama layout."""
+    return llama_style_mappings(
+        num_heads=cfg.num_attention_heads,
+        num_groups=cfg.num_query_groups,
+        head_dim=cfg.kv_channels,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+    )
