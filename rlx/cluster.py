@@ -18,3 +18,4 @@ class ClusterConfig:
     ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join one
     ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
     torch_threads: int = 1  # intra-op threads per trainer process on CPU
+    expert_parallel_size: int = 1  # MoE experts split over this many ranks (carved out of TP x DP)

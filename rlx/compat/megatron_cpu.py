@@ -12,20 +12,29 @@ path (TP, PP=1, DP, megatron DDP, `get_megatron_optimizer`, grad clipping,
   RNG tracker forks and restores real state exactly as it would on a GPU;
 - `torch.cuda.synchronize`, streams, events and `Tensor.record_stream` become no-ops (CPU work
   is already ordered);
-- a `TorchFunctionMode` rewrites `device="cuda"` / an index / `.cuda()` / `.to("cuda")` to the
-  CPU, makes `pin_memory` a no-op, and answers `Tensor.type()` with the CUDA
+- the autograd engine runs backward passes without the caller's torch-function modes, so the
+  backward of every Python autograd Function (megatron's TP/SP/EP communication ops allocate
+  on "cuda" there) re-enters the device mode below;
+- a `TorchFunctionMode` rewrites `device="cuda"` / an index / `.cuda()` / `.to("cuda")` /
+  `torch.device(<index>)` to the CPU, makes `pin_memory` a no-op, and answers `Tensor.type()` with the CUDA
   type name when megatron itself asks (its optimizer and grad clipping insist on
   `torch.cuda.FloatTensor`).
 
 Nothing is changed when a GPU is present. The device mode lives on a thread's torch-function
 mode stack, so `apply()` must run in every thread that executes megatron code (it is cheap and
-idempotent; `rlx.trainer.parallel.init_distributed` calls it). Not covered yet: MoE and MLA (the
-bugs listed in /work/shared/DEPENDENCIES.md), CUDA graphs, FSDP, offloading, fused kernels.
+idempotent; `rlx.trainer.parallel.init_distributed` calls it).
+
+Without Transformer Engine (GPU or not), `apply()` also works around megatron-core bugs on the
+MoE, MLA and sequence-parallel paths (see `_patch_without_te`); on the CPU it also makes the
+MoE all-to-all pass its split sizes as lists (`_patch_cpu_all_to_all`). Not covered: CUDA graphs, FSDP,
+offloading, fused kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib.util
 import logging
 import sys
 import threading
@@ -36,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 _lock = threading.Lock()
 _patched = False  # process-wide patches (module attributes) are applied once
+_patched_without_te = False
 _thread_state = threading.local()  # the device mode is pushed once per thread
 
 # Tensor types megatron compares `Tensor.type()` against, keyed by the CPU answer.
@@ -47,18 +57,25 @@ _CUDA_TYPE_NAMES = {
 
 
 def apply() -> bool:
-    """Redirect megatron-core's CUDA-only calls to the CPU; a no-op when CUDA is available.
+    """Redirect megatron-core's CUDA-only calls to the CPU; with a GPU, only the no-TE fixes.
 
     Idempotent: the process-wide patches are applied once, the device mode once per calling
     thread. Returns True when the boundary is active (no GPU), False otherwise.
     """
+    global _patched, _patched_without_te
+    with _lock:
+        if not _patched_without_te:
+            if importlib.util.find_spec("transformer_engine") is None:
+                _patch_without_te()
+            _patched_without_te = True
     if torch.cuda.is_available():
         return False
-    global _patched
     with _lock:
         if not _patched:
             _patch_torch_cuda()
             _patch_megatron_rng()
+            _patch_cpu_all_to_all()
+            _patch_custom_function_backward()
             _patched = True
     if not getattr(_thread_state, "mode", None):
         mode = _CpuDeviceMode()
@@ -93,6 +110,10 @@ class _CpuDeviceMode(TorchFunctionMode):
             return args[0]  # pinning needs a CUDA context; CPU memory is already "host" memory
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return _type_name(args[0], caller=sys._getframe(1))
+        if func is torch.device and args and _is_cuda_device(args[0]) and isinstance(args[0], int):
+            # torch.device(current_device()) (e.g. `with torch.device(...)` in YaRN RoPE) raises
+            # on a CPU build; the index is the patched current_device()'s, i.e. "the device".
+            return torch.device("cpu")
         if _is_cuda_device(kwargs.get("device")):
             kwargs = {**kwargs, "device": "cpu"}
         if func is torch.Tensor.to and any(_is_cuda_device(a) for a in args[1:]):
@@ -217,3 +238,81 @@ def _patch_megatron_rng() -> None:
     mp_random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: _cpu_set_rng_state(
         new_state
     )
+
+
+# ---- megatron-core without Transformer Engine (GPU or CPU) -----------------------------------------
+
+
+def _patch_without_te() -> None:
+    """Work around megatron-core 0.16 bugs that show only when Transformer Engine is absent.
+
+    - `moe_utils.te_general_gemm` is defined only by the TE import, yet the router's gating GEMM
+      tests `te_general_gemm is not None`: a NameError in every MoE forward;
+    - without TE, `megatron.core.extensions.transformer_engine` stands MagicMocks in for the TE
+      classes, so `multi_latent_attention`'s import guard reads HAVE_TE=True and its
+      `isinstance(linear_proj, TELinear)` raises TypeError;
+    - the torch norm (`WrappedTorchNorm`) refuses sequence parallelism, which MoE with TP > 1
+      needs. A norm is per token, so it computes the same under SP; what SP needs is that its
+      weights carry `sequence_parallel=True`, so megatron all-reduces their gradients over TP
+      (what megatron's own fused norms do).
+
+    The local spec's `DotProductAttention` also rejects the `k_channels` / `v_channels` that MLA
+    passes; rlx's MLA layers use `rlx.models.attention.SDPAttention`, which accepts them.
+    """
+    from megatron.core.transformer import multi_latent_attention, torch_norm
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    multi_latent_attention.HAVE_TE = False
+    norm_new = torch_norm.WrappedTorchNorm.__new__
+
+    def new(cls, config, hidden_size, *args, **kwargs):
+        if not config.sequence_parallel:
+            return norm_new(cls, config, hidden_size, *args, **kwargs)
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = norm_new(cls, plain, hidden_size, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)
+
+
+def _patch_cpu_all_to_all() -> None:
+    """The MoE all-to-all dispatcher turns its split-size tensors into numpy arrays only when they
+    are on a GPU (`moe_utils.maybe_move_tensor_to_cpu`); on the CPU they stay tensors, which
+    `all_to_all_single` rejects (it takes sequences of ints). Pass them as lists."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    all_to_all = token_dispatcher.all_to_all
+
+    def as_list(splits):
+        return splits.tolist() if hasattr(splits, "tolist") else splits
+
+    def all_to_all_with_lists(group, input_, output_split_sizes_=None, input_split_sizes=None):
+        return all_to_all(group, input_, as_list(output_split_sizes_), as_list(input_split_sizes))
+
+    token_dispatcher.all_to_all = all_to_all_with_lists
+
+
+def _patch_custom_function_backward() -> None:
+    """Run the backward of Python autograd Functions under the device mode.
+
+    The autograd engine does not carry torch-function modes into backward passes, so megatron's
+    communication Functions (sequence-parallel reduce-scatter, the MoE all-to-all), which
+    allocate with `device=torch.cuda.current_device()` in their backward, would fail there.
+    """
+    from torch.autograd.function import BackwardCFunction
+    from torch.overrides import _get_current_function_mode_stack
+
+    apply = BackwardCFunction.apply
+
+    def apply_on_cpu(self, *args):
+        if any(isinstance(m, _CpuDeviceMode) for m in _get_current_function_mode_stack()):
+            return apply(self, *args)
+        with _CpuDeviceMode():
+            return apply(self, *args)
+
+    BackwardCFunction.apply = apply_on_cpu

@@ -289,6 +289,8 @@ class LocalEngine:
         scratch, info = AutoModelForCausalLM.from_pretrained(
             path,
             config=self.model.config,
+            # Weight buckets carry no generation_config.json, which transformers would otherwise read.
+            generation_config=self.model.generation_config,
             dtype=self.model.dtype,
             local_files_only=True,
             output_loading_info=True,

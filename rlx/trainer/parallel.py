@@ -17,13 +17,16 @@ def init_distributed(
     tp: int = 1,
     pp: int = 1,
     seed: int = 0,
+    ep: int = 1,
 ) -> torch.device:
     """Join the default process group and initialise megatron's parallel state and RNG.
 
-    Without a GPU the CPU boundary (`rlx.compat.megatron_cpu`) is applied first and the group
-    uses gloo; with one, the rank takes GPU `LOCAL_RANK` (else `rank % device_count`) and NCCL.
-    Data parallelism is what is left of `world_size` after `tp * pp`. Returns the device that
-    this rank's tensors live on.
+    The boundary module (`rlx.compat.megatron_cpu`) is applied first: in full without a GPU (the
+    group then uses gloo); with one, only its fixes for megatron without Transformer Engine, and
+    the rank takes GPU `LOCAL_RANK` (else `rank % device_count`) and NCCL.
+    Data parallelism is what is left of `world_size` after `tp * pp`. Expert parallelism (`ep`)
+    splits MoE experts over ranks; experts keep the dense TP size, so `tp * ep * pp` must divide
+    `world_size` (megatron's rule). Returns the device that this rank's tensors live on.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -32,12 +35,15 @@ def init_distributed(
 
     if world_size % (tp * pp) != 0:
         raise ValueError(f"world_size={world_size} is not divisible by tp*pp={tp}*{pp}")
-    if torch.cuda.is_available():
+    if world_size % (tp * ep * pp) != 0:
+        raise ValueError(f"world_size={world_size} is not divisible by tp*ep*pp={tp}*{ep}*{pp}")
+    # On a GPU this applies only the fixes for megatron without Transformer Engine (MoE, MLA).
+    on_cpu = megatron_cpu.apply()
+    if not on_cpu:
         local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
-        megatron_cpu.apply()
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
@@ -47,7 +53,9 @@ def init_distributed(
             world_size=world_size,
             timeout=datetime.timedelta(minutes=10),
         )
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+    )
     # Seeds the tensor-parallel RNG tracker too; on CPU this is the CPU generator (see boundary).
     model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)

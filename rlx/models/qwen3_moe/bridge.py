@@ -1,0 +1,63 @@
+"""Qwen3-MoE's HF side: its transformers config, where our keys live in config.json, its weight table.
+
+Qwen3-MoE is Qwen3's decoder with every MLP replaced by a softmax-routed MoE block (no shared
+expert), so the dense pieces come from `rlx.models.qwen3.bridge`.
+"""
+
+from __future__ import annotations
+
+from rlx.models.bridge import TensorMapping
+from rlx.models.config import ModelConfig
+from rlx.models.hf_config import HFField, rope_parameters, toy_token_ids
+from rlx.models.moe_bridge import moe_mappings
+from rlx.models.qwen3 import bridge as qwen3_bridge
+
+
+def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
+    """config.json keys per ModelConfig key; defaults are Qwen3MoeConfig's when a key is absent."""
+    return qwen3_bridge.hf_fields(cfg) | {
+        # Qwen3MoeConfig has no head_dim default: its attention falls back to hidden / heads.
+        "kv_channels": HFField(
+            ("head_dim",), derive=lambda hf: hf["hidden_size"] // hf["num_attention_heads"]
+        ),
+        # Released checkpoints write num_experts; transformers 5 saves it as num_local_experts.
+        "num_moe_experts": HFField(("num_experts", "num_local_experts"), default=128),
+        "moe_router_topk": HFField(("num_experts_per_tok",), default=8),
+        "moe_ffn_hidden_size": HFField(("moe_intermediate_size",), default=768),
+        "moe_router_norm_topk_prob": HFField(("norm_topk_prob",), default=False),
+    }
+
+
+def hf_config(cfg: ModelConfig):
+    """`transformers.Qwen3MoeConfig` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.ffn_hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_query_groups,
+        head_dim=cfg.kv_channels,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=rope_parameters(cfg),
+        rms_norm_eps=cfg.norm_epsilon,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_bias=False,
+        num_experts=cfg.num_moe_experts,
+        num_experts_per_tok=cfg.moe_router_topk,
+        moe_intermediate_size=cfg.moe_ffn_hidden_size,
+        norm_topk_prob=cfg.moe_router_norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        **toy_token_ids(cfg),
+    )
+
+
+def weight_mappings(cfg: ModelConfig) -> dict[str, TensorMapping]:
+    """Qwen3's table (qk-norm included) with the dense MLP replaced by the MoE block."""
+    table = qwen3_bridge.weight_mappings(cfg)
+    for dense in ("linear_fc1", "linear_fc2"):
+        del table[f"decoder.layers.{{i}}.mlp.{dense}.weight"]
+    return table | moe_mappings(shared_experts=False, expert_bias=False)
