@@ -78,6 +78,7 @@ RANGES: dict[str, str] = {
     "cluster.num_trainer_procs": _AT_LEAST_1,
     "cluster.tensor_parallel_size": _AT_LEAST_1,
     "cluster.pipeline_parallel_size": _AT_LEAST_1,
+    "cluster.expert_parallel_size": _AT_LEAST_1,
     "cluster.torch_threads": _AT_LEAST_1,
     "model.num_layers": _AT_LEAST_1,
     "model.hidden_size": _AT_LEAST_1,
@@ -218,6 +219,20 @@ def _parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"{c.pipeline_parallel_size} = {model_parallel} (the data-parallel size is their quotient); "
             f"set cluster.num_trainer_procs to a multiple of {model_parallel}"
         ]
+    expert_parallel = model_parallel * c.expert_parallel_size
+    if c.num_trainer_procs % expert_parallel:
+        errors.append(
+            f"cluster.num_trainer_procs={c.num_trainer_procs} is not divisible by "
+            f"cluster.tensor_parallel_size × cluster.expert_parallel_size × cluster.pipeline_parallel_size = "
+            f"{expert_parallel} (megatron places expert-parallel groups inside data-parallel ones); "
+            f"set cluster.num_trainer_procs to a multiple of {expert_parallel}"
+        )
+    experts = cfg.model.num_moe_experts or 0
+    if c.expert_parallel_size > 1 and (experts == 0 or experts % c.expert_parallel_size):
+        errors.append(
+            f"cluster.expert_parallel_size={c.expert_parallel_size} needs model.num_moe_experts divisible by it "
+            f"(model.num_moe_experts={cfg.model.num_moe_experts}); use a MoE model or set cluster.expert_parallel_size=1"
+        )
     dp = c.num_trainer_procs // model_parallel
     if t.global_batch_size % (t.micro_batch_size * dp):
         per_rank = t.global_batch_size // dp if t.global_batch_size % dp == 0 else 0

@@ -44,9 +44,14 @@ def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch
     return out
 
 
-def make_micro_batch(samples: list[Sample], extras: dict[str, list]) -> MicroBatch:
-    """Pad `samples` (and per-sample per-token `extras`, aligned with samples) into tensors."""
+def make_micro_batch(samples: list[Sample], extras: dict[str, list], pad_multiple: int = 1) -> MicroBatch:
+    """Pad `samples` (and per-sample per-token `extras`, aligned with samples) into tensors.
+
+    The sequence width is rounded up to `pad_multiple` (sequence parallelism splits it over
+    tensor-parallel ranks); right padding leaves the real tokens' outputs unchanged.
+    """
     width_L = max(len(s.prompt_ids) + s.response_len for s in samples)
+    width_L = -(-width_L // pad_multiple) * pad_multiple
     width_T = max(max(s.response_len for s in samples), 1)
     tokens_BL = pad_2d([s.tokens for s in samples], width_L, torch.long)
     masks = [s.loss_mask if s.loss_mask else [1] * s.response_len for s in samples]

@@ -63,8 +63,11 @@ class MegatronTrainer:
         self.temperature = temperature
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,
-            tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size, seed=seed,
+            tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size,
+            ep=cluster_cfg.expert_parallel_size, seed=seed,
         )  # fmt: skip
+        # Sequence parallelism (MoE under TP) splits the sequence over TP ranks.
+        self._pad_multiple = cluster_cfg.tensor_parallel_size
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.algo = build(algo_cfg)
@@ -160,7 +163,8 @@ class MegatronTrainer:
         """Per-sample response log-probs [response_len] under `model`."""
         out = []
         for chunk in split(samples, self.train_cfg.micro_batch_size):
-            (result,) = self._run(model, [make_micro_batch(chunk, {}).to(self.device)], "logprob")
+            mb = make_micro_batch(chunk, {}, self._pad_multiple).to(self.device)
+            (result,) = self._run(model, [mb], "logprob")
             out += [row[: s.response_len].cpu() for row, s in zip(result["logp"], chunk, strict=True)]
         return out
 
@@ -213,7 +217,7 @@ class MegatronTrainer:
         extras |= {key: [values[i] for i in chunk] for key, values in logprobs.items()}
         if all(len(samples[i].rollout_logprobs) == samples[i].response_len for i in chunk):
             extras["rollout_logp"] = [samples[i].rollout_logprobs for i in chunk]
-        return make_micro_batch([samples[i] for i in chunk], extras).to(self.device)
+        return make_micro_batch([samples[i] for i in chunk], extras, self._pad_multiple).to(self.device)
 
     def _gather_dp(self, local: list[int], values: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every DP rank's per-sample tensors, put back in batch order (index -> tensor)."""

@@ -188,3 +188,15 @@ def test_all_violations_are_reported_together():
         compose(["algo.eps_clip=0", "train.lr=0", "train.precision=fp8"])
     for key in ("algo.eps_clip=0.0", "train.lr=0.0", "train.precision='fp8'"):
         assert key in str(e.value)
+
+
+def test_expert_parallel_sizes_are_checked_before_anything_starts():
+    from rlx.config import compose
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cluster.expert_parallel_size=2 needs model.num_moe_experts"):
+        compose(["cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"])  # a dense model
+    with pytest.raises(ConfigError, match="not divisible by cluster.tensor_parallel_size × cluster.expert_parallel_size"):
+        compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2",
+                 "cluster.expert_parallel_size=2"])  # fmt: skip
+    compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"])

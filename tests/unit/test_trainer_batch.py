@@ -35,3 +35,9 @@ def test_response_slice_takes_the_position_before_each_response_token():
 
 def test_split_keeps_order_and_remainder():
     assert split(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+
+
+def test_sequence_width_rounds_up_to_the_tensor_parallel_size():
+    mb = make_micro_batch(_samples(), {}, pad_multiple=4)
+    assert mb.tokens_BL.tolist() == [[5, 6, 7, 8, 1, 0, 0, 0], [9, 10, 11, 3, 0, 0, 0, 0]]
+    assert response_slice(torch.arange(8.0).expand(2, 8), mb).tolist() == [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]
