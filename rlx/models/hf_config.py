@@ -131,3 +131,26 @@ def toy_token_ids(cfg: ModelConfig) -> dict[str, Any]:
     if not cfg.tiny:
         return {}
     return dict(pad_token_id=VOCAB.index(PAD), eos_token_id=VOCAB.index(EOS), bos_token_id=None)
+
+
+def dense_hf_kwargs(cfg: ModelConfig, **overrides: Any) -> dict[str, Any]:
+    """The transformers config kwargs every decoder family shares, from `cfg`'s shape.
+
+    Families add or override their own (biases, MoE sizes, RoPE extras) through `overrides`;
+    tiny models get the toy vocabulary's pad/eos ids.
+    """
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups,
+        "head_dim": cfg.kv_channels,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": rope_parameters(cfg),
+        "rms_norm_eps": cfg.norm_epsilon,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        **toy_token_ids(cfg),
+        **overrides,
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlx.models.bridge import FusedGatedMLP, FusedQKV, Replicated, TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
-from rlx.models.hf_config import HFField, dense_hf_fields, rope_parameters, toy_token_ids
+from rlx.models.hf_config import HFField, dense_hf_fields, dense_hf_kwargs, rope_parameters
 
 
 def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
@@ -25,20 +25,12 @@ def hf_config(cfg: ModelConfig):
     from transformers import Glm4Config
 
     return Glm4Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.ffn_hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_query_groups,
-        head_dim=cfg.kv_channels,
-        max_position_embeddings=cfg.max_position_embeddings,
-        # Always written: Glm4Config assumes 0.5 when partial_rotary_factor is absent.
-        rope_parameters=rope_parameters(cfg) | {"partial_rotary_factor": cfg.rotary_percent},
-        rms_norm_eps=cfg.norm_epsilon,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=cfg.add_qkv_bias,
-        **toy_token_ids(cfg),
+        **dense_hf_kwargs(
+            cfg,
+            # Always written: Glm4Config assumes 0.5 when partial_rotary_factor is absent.
+            rope_parameters=rope_parameters(cfg) | {"partial_rotary_factor": cfg.rotary_percent},
+            attention_bias=cfg.add_qkv_bias,
+        )
     )
 
 

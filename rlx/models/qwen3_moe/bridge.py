@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlx.models.bridge import TensorMapping
 from rlx.models.config import ModelConfig
-from rlx.models.hf_config import HFField, rope_parameters, toy_token_ids
+from rlx.models.hf_config import HFField, dense_hf_kwargs
 from rlx.models.moe_bridge import moe_mappings
 from rlx.models.qwen3 import bridge as qwen3_bridge
 
@@ -33,25 +33,16 @@ def hf_config(cfg: ModelConfig):
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.ffn_hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_query_groups,
-        head_dim=cfg.kv_channels,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters=rope_parameters(cfg),
-        rms_norm_eps=cfg.norm_epsilon,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=False,
-        num_experts=cfg.num_moe_experts,
-        num_experts_per_tok=cfg.moe_router_topk,
-        moe_intermediate_size=cfg.moe_ffn_hidden_size,
-        norm_topk_prob=cfg.moe_router_norm_topk_prob,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        **toy_token_ids(cfg),
+        **dense_hf_kwargs(
+            cfg,
+            attention_bias=False,
+            num_experts=cfg.num_moe_experts,
+            num_experts_per_tok=cfg.moe_router_topk,
+            moe_intermediate_size=cfg.moe_ffn_hidden_size,
+            norm_topk_prob=cfg.moe_router_norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     )
 
 
