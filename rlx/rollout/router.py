@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rlx.rollout.sglang import ChildProcess, cli_flags, free_port
+from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags, free_port
 
 
-class Router:
+class Router(ChildService):
     """sglang-router over `worker_urls`; `start()` returns once the router's /health answers 200.
 
     `policy` is one of the router's: random, round_robin, cache_aware, power_of_two. Round robin
@@ -57,27 +57,5 @@ class Router:
         self._child = ChildProcess(cmd, self.url, name="sglang-router", startup_timeout_s=startup_timeout_s)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def cmd(self) -> list[str]:
         return self._child.cmd
-
-    def start(self) -> Router:
-        """Launch the router; raise (with its output tail) if /health is not 200 in time."""
-        self._child.start()
-        return self
-
-    def running(self) -> bool:
-        return self._child.running()
-
-    def stop(self) -> None:
-        """Terminate the router, kill it if it lingers; safe to call twice."""
-        self._child.stop()
-
-    def __enter__(self) -> Router:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

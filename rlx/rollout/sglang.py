@@ -176,7 +176,37 @@ class ChildProcess:
             self.log_path = None
 
 
-class ServerProcess:
+class ChildService:
+    """A service run as a `ChildProcess` on `host:port`: start (waits for /health), stop, `with`."""
+
+    host: str
+    port: int
+    _child: ChildProcess
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self):
+        """Start the child and return once its /health answers 200 (else raise with its output)."""
+        self._child.start()
+        return self
+
+    def running(self) -> bool:
+        return self._child.running()
+
+    def stop(self) -> None:
+        """Terminate (then kill) the child and everything it started; safe to call twice."""
+        self._child.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class ServerProcess(ChildService):
     """An SGLang-API server child process (`sglang.launch_server` or `rlx.rollout.http_server`)."""
 
     def __init__(
@@ -198,30 +228,8 @@ class ServerProcess:
         )
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def pid(self) -> int | None:
         return self._child.proc.pid if self._child.proc else None
-
-    def start(self) -> ServerProcess:
-        """Start the child and return once its /health answers 200."""
-        self._child.start()
-        return self
-
-    def running(self) -> bool:
-        return self._child.running()
-
-    def stop(self) -> None:
-        """Terminate (then kill) the server and everything it started."""
-        self._child.stop()
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 # SGLang sampling keys the local engine honours only at their default (no-op) values.
