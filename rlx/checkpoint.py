@@ -64,7 +64,12 @@ def load_state(path: Path) -> dict[str, Any]:
 def export_hf(trainer, out_dir: Path, source_hf_dir: Path) -> Path:
     """Write the trainer's policy as a loadable HF directory: weight shards + config and tokenizer."""
     trainer.export_weights(str(out_dir))
+    copy_hf_side_files(source_hf_dir, out_dir)
+    return out_dir
+
+
+def copy_hf_side_files(source_hf_dir: Path, out_dir: Path) -> None:
+    """Config, generation config and tokenizer files of the source checkpoint, beside new weights."""
     for name in _HF_SIDE_FILES:
         if (Path(source_hf_dir) / name).is_file():
             shutil.copy2(Path(source_hf_dir) / name, out_dir / name)
-    return out_dir

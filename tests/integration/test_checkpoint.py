@@ -6,29 +6,42 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlx.config import compose
 from rlx.errors import ConfigError
 from rlx.runtime import run
+from rlx.tools.export import export
 
-SHORT = ["rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16", "run.progress=false"]
+SHORT = [
+    "rollout.batch_size=8",
+    "rollout.n_samples_per_prompt=4",
+    "train.micro_batch_size=16",
+    "run.progress=false",
+]
 
 
 def _dump(run_dir, step):
-    return [json.loads(line) for line in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)
+        for line in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()
+    ]
 
 
 def test_resume_continues_policy_and_data(tmp_path):
     first, resumed, straight = tmp_path / "first", tmp_path / "resumed", tmp_path / "straight"
+    # the first run trains with TP=2; the resumed one and the export load its checkpoint as one rank
     run(compose([f"run.output_dir={first}", "run.num_rollout=4", "run.save=true", "run.save_interval=2",
-                 "run.save_hf=true", *SHORT]))  # fmt: skip
+                 "run.save_hf=true", "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2", *SHORT]))  # fmt: skip
     assert (first / "checkpoints" / "latest").read_text() == "step_000003"
     assert (first / "checkpoints" / "step_000001" / "state.json").exists()
     state = json.loads((first / "checkpoints" / "step_000003" / "state.json").read_text())
     assert (state["step"], state["version"]) == (3, 4)
 
-    history = run(compose([f"run.output_dir={resumed}", "run.num_rollout=5", f"run.resume_from={first}", *SHORT]))
+    history = run(
+        compose([f"run.output_dir={resumed}", "run.num_rollout=5", f"run.resume_from={first}", *SHORT])
+    )
     assert [h["step"] for h in history] == [4]
     samples = _dump(resumed, 4)
     assert {s["version"] for s in samples} == {4}
@@ -42,6 +55,14 @@ def test_resume_continues_policy_and_data(tmp_path):
         n = len(s["prompt_ids"])
         expected = [logp_V[n - 1 + t, tok].item() for t, tok in enumerate(s["response_ids"])]
         assert s["rollout_logprobs"] == pytest.approx(expected, abs=1e-4)
+
+    # The export tool writes the same policy from the checkpoint (TP=2 written, read as one rank).
+    exported = export(first, out=tmp_path / "exported")
+    saved = load_file(first / "hf" / "model-00001.safetensors")
+    assert load_file(exported / "model-00001.safetensors").keys() == saved.keys()
+    for name, tensor in load_file(exported / "model-00001.safetensors").items():
+        assert torch.equal(tensor, saved[name]), name
+    assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
 
     # The data continues exactly where an uninterrupted run would be.
     run(compose([f"run.output_dir={straight}", "run.num_rollout=5", *SHORT]))

@@ -1,0 +1,1 @@
+"""Command-line tools around runs: `python -m rlx.tools.<name> --help`."""

@@ -1,0 +1,75 @@
+"""Export a run's Megatron checkpoint as an HF directory that transformers (and SGLang) load.
+
+    python -m rlx.tools.export outputs/DATE/TIME                  # latest checkpoint -> RUN/hf_export
+    python -m rlx.tools.export outputs/DATE/TIME --step 9 --out /path/to/hf
+
+The checkpoint may have been written under any tensor/pipeline layout: this process loads it
+as one rank (Megatron's distributed checkpointing reshards), so it needs the memory of one
+model copy, not of its optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlx import checkpoint
+from rlx.config import build, to_object
+from rlx.config.schema import RlxConfig
+from rlx.errors import ConfigError
+from rlx.trainer.weights import write_weight_shards
+
+
+def export(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
+    """Write the policy of `run_dir`'s checkpoint (latest, or `step`) as an HF directory; return it."""
+    from megatron.core import dist_checkpointing
+
+    from rlx.trainer.parallel import destroy_distributed, init_distributed
+
+    run_dir = Path(run_dir).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    ckpt = checkpoint.step_dir(run_dir, step) if step is not None else checkpoint.find_latest(str(run_dir))
+    if not (ckpt / "megatron").is_dir():
+        raise ConfigError(
+            f"no checkpoint at {ckpt}; the run's checkpoints are under {run_dir / 'checkpoints'}"
+        )
+    rc = to_object(OmegaConf.merge(OmegaConf.structured(RlxConfig), OmegaConf.load(run_dir / "config.yaml")))
+    out = Path(out) if out else run_dir / "hf_export"
+
+    family = build(rc.model)
+    init_distributed(0, 1, "127.0.0.1", _free_port())
+    try:
+        model = family.build_model()
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt / "megatron"))
+        model.load_state_dict(state["model"])
+        write_weight_shards(family.export_hf_weights(model), out, bucket_bytes=4 << 30)
+        checkpoint.copy_hf_side_files(family.checkpoint_dir(), out)
+    finally:
+        destroy_distributed()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlx.tools.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a run directory (Hydra's outputs/DATE/TIME) with checkpoints/")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--out", default=None, help="output directory (default: RUN_DIR/hf_export)")
+    args = parser.parse_args(argv)
+    try:
+        print(export(args.run_dir, args.step, args.out))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
