@@ -29,15 +29,30 @@ class LocalServer:
 
 
 class SGLangServer:
-    """A real `sglang.launch_server` child process; `rollout.engine_args` become its flags."""
+    """A `python -m <rollout.server_module>` child process (SGLang's launch_server by default);
+    `rollout.engine_args` become its flags."""
 
-    module = "sglang.launch_server"
+    @classmethod
+    def config_errors(cls, cfg: RolloutConfig) -> list[str]:
+        """The server module must be installed here (checked before any process starts)."""
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(cfg.server_module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            return []
+        return [
+            f"rollout.server_module={cfg.server_module} is not installed; install SGLang "
+            "(pip install '.[sglang]') or use rollout=local"
+        ]
 
     def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
         from rlx.rollout.sglang import ServerProcess
 
         args = {"random_seed": seed, **dict(cfg.engine_args)}
-        self._process = ServerProcess(model_path, engine_args=args, module=self.module)
+        self._process = ServerProcess(model_path, engine_args=args, module=cfg.server_module)
         self._process.start()
 
     @property

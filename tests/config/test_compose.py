@@ -33,6 +33,10 @@ def needs(group: str, option: str, prompts) -> list[str]:
         checkpoint.mkdir(exist_ok=True)
         (checkpoint / "config.json").write_text("{}")
         return [f"model.hf_checkpoint={checkpoint}"]
+    if (group, option) == ("rollout", "sglang"):
+        # SGLang cannot be installed here: its launcher points at rlx's engine CLI, which takes
+        # the same flags (tests/integration/test_e2e.py runs it); without it validation refuses.
+        return ["rollout.server_module=rlx.rollout.http_server"]
     return []
 
 

@@ -82,3 +82,24 @@ def test_moe_with_expert_parallelism_runs_the_loop(tmp_path):
     )  # fmt: skip
     # experts split over two trainer ranks still reproduce the engine's (unsplit) model
     assert [h["train/logprob_abs_diff"] <= 1e-5 for h in history] == [True, True]
+
+
+def test_sglang_option_drives_a_server_process_through_its_cli(tmp_path):
+    """rollout=sglang launches `python -m <server_module>` children with SGLang's flags; with
+    rlx's engine CLI as the module, the whole SGLang path runs here (SGLang itself cannot)."""
+    history = run(
+        compose(
+            [f"run.output_dir={tmp_path}", "rollout=sglang", "rollout.server_module=rlx.rollout.http_server",
+             "rollout.num_engines=2", "run.num_rollout=2", "rollout.batch_size=8", "rollout.n_samples_per_prompt=4",
+             "train.micro_batch_size=16", "run.progress=false"]
+        )
+    )  # fmt: skip
+    assert history[0]["train/logprob_abs_diff"] <= 1e-5
+    assert history[1]["version"] == 2
+
+
+def test_sglang_option_without_sglang_fails_before_starting(tmp_path):
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.server_module=sglang.launch_server is not installed"):
+        compose([f"run.output_dir={tmp_path}", "rollout=sglang"])
