@@ -1,0 +1,300 @@
+"""Train a Megatron GPTModel built by an rlx model family in bf16 on one GPU; print tokens/s and MFU.
+
+    python bench/train_mfu.py                                     # Qwen3-1.7B shape, seq 4096, 4 x 8
+    python bench/train_mfu.py --seq-len 8192 --micro-batch 2 --accum 8 --profile 20
+    python bench/train_mfu.py megatron_overrides.bias_activation_fusion=true \\
+        megatron_overrides.cross_entropy_loss_fusion=true megatron_overrides.cross_entropy_fusion_impl=native
+    python bench/train_mfu.py num_layers=36 hidden_size=2560 ffn_hidden_size=9728 \\
+        num_attention_heads=32                                    # Qwen3-4B shape
+    # on the GPU machine:
+    source .whl/install.sh && PYTHONUNBUFFERED=1 python3 bench/train_mfu.py
+
+Positional arguments are `ModelConfig` overrides (OmegaConf dotlist, type-checked) on top of the
+Qwen3-1.7B shape below, `_target_` (the family) and `megatron_overrides.<key>` included. Weights are
+random (no checkpoint: speed does not depend on them); tokens are uniform random ids.
+
+What is trained: the family's `build_model` (megatron's local spec, SDPA core attention, no
+Transformer Engine) in bf16 through megatron's `Float16Module` (`rlx.models.precision`), megatron's
+`DistributedDataParallel` (fp32 gradient buffer) and `get_megatron_optimizer` (Adam, bf16=True:
+fp32 master weights), one optimizer step per `--micro-batch` x `--accum` sequences of `--seq-len`
+tokens through `get_forward_backward_func`, loss = megatron's vocab-parallel cross entropy. No
+activation recompute. `--warmup` steps are excluded; the clock is read after a device synchronize.
+
+FLOPs (model FLOPs: what the model needs, not what the kernels do), per trained token:
+
+    6 * N_matmul  +  6 * L * s * (a * d)
+
+- N_matmul: the weights of every matrix product, i.e. the 2-D weights of the decoder (q/k/v/o
+  projections, MLP fc1/fc2) plus the output layer's V * h, counted also when it is tied to the
+  embedding (it is still a matmul). The embedding lookup (a gather), norms and biases are not
+  counted. 6 = 2 (multiply-add) x 3 (forward, input grad, weight grad).
+- Attention: QK^T and AV cost 2 * s_k * a * d FLOPs each per query in the forward pass; a causal
+  mask leaves s/2 keys on average, so 2 * s * a * d forward, x3 with the backward: 6 * L * s * a * d
+  (L layers, a query heads of size d). PaLM's convention counts no causal saving (12 * L * s * a * d);
+  that figure is printed too, as `MFU (PaLM convention)`.
+
+MFU = model FLOPs/s over 989.4 TFLOP/s, the H100/H200 SXM dense bf16 datasheet peak (override
+with --peak-tflops). The share of the bf16 matmul rate measured on the H200 machine (about
+790 TFLOP/s, the device README) is printed as well. Dense models only (MoE and MLA would need
+active-parameter and latent-attention counts). Measured figures: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import time
+from functools import partial
+
+import torch
+from omegaconf import OmegaConf
+
+from rlx.config import build
+from rlx.models.config import ModelConfig
+from rlx.models.precision import half_precision
+from rlx.trainer.parallel import destroy_distributed, init_distributed
+
+# Qwen/Qwen3-1.7B's config.json (Qwen3ForCausalLM): about 1.72B parameters, tied embeddings.
+QWEN3_1P7B = ModelConfig(
+    _target_="rlx.models.qwen3.Qwen3",
+    name="qwen3_1p7b_shape",
+    tiny=False,
+    num_layers=28,
+    hidden_size=2048,
+    ffn_hidden_size=6144,
+    num_attention_heads=16,
+    num_query_groups=8,
+    kv_channels=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rotary_base=1000000.0,
+    norm_epsilon=1e-6,
+    tie_word_embeddings=True,
+)
+H200_BF16_DENSE_PEAK_TFLOPS = 989.4  # datasheet (same SXM tensor cores as the H100)
+H200_BF16_MEASURED_TFLOPS = 790.0  # bf16 matmul on random data, measured on the device machine
+
+
+def model_config(overrides: list[str]) -> ModelConfig:
+    """The Qwen3-1.7B shape with `key=value` overrides applied (types checked by OmegaConf)."""
+    merged = OmegaConf.merge(OmegaConf.structured(QWEN3_1P7B), OmegaConf.from_dotlist(overrides))
+    cfg = OmegaConf.to_object(merged)
+    if cfg.num_moe_experts or cfg.kv_lora_rank:
+        raise SystemExit("train_mfu.py counts FLOPs for dense models only (no MoE, no MLA)")
+    return cfg
+
+
+def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> tuple[int, int, int]:
+    """(N_matmul, model FLOPs per token with causal attention, with PaLM's non-causal count)."""
+    decoder_matmul = sum(
+        p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embedding" not in name
+    )
+    has_output_weight = any("output_layer" in name for name, _ in model.named_parameters())
+    n_matmul = decoder_matmul + (0 if has_output_weight else cfg.vocab_size * cfg.hidden_size)
+    attention_dim = cfg.num_attention_heads * cfg.kv_channels
+    causal = 6 * n_matmul + 6 * cfg.num_layers * seq_len * attention_dim
+    palm = 6 * n_matmul + 12 * cfg.num_layers * seq_len * attention_dim
+    return n_matmul, causal, palm
+
+
+def build_training(cfg: ModelConfig, device: torch.device, lr: float):
+    """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    family = build(cfg)
+    # Torch norms are built on the CPU; Megatron-LM's get_model moves the whole model too.
+    gpt = family.build_model(params_dtype=torch.bfloat16).to(device)
+    model = DistributedDataParallel(
+        config=gpt.config,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+        module=half_precision(gpt),
+    )
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam", lr=lr, weight_decay=0.0, clip_grad=1.0, bf16=True, params_dtype=torch.bfloat16
+        ),
+        [model],
+    )
+    gpt.config.finalize_model_grads_func = finalize_model_grads
+    gpt.config.no_sync_func = model.no_sync
+    gpt.config.grad_scale_func = optimizer.scale_loss
+    return model, optimizer, gpt
+
+
+def _forward_step(data_iterator, model):
+    tokens_BL, labels_BL = next(data_iterator)
+    loss_BL = model(input_ids=tokens_BL, position_ids=None, attention_mask=None, labels=labels_BL)
+
+    def loss_func(loss_BL):
+        loss = loss_BL.mean()
+        # megatron divides `loss` in place by the number of micro-batches: report a copy
+        return loss, {"loss": loss.detach().clone()}
+
+    return loss_BL, loss_func
+
+
+def train_step(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> float:
+    """One optimizer step over `micro_batches`; returns the mean loss (a device sync)."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = fwd_bwd(
+        forward_step_func=_forward_step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=seq_len,
+        micro_batch_size=micro_batches[0][0].shape[0],
+        forward_only=False,
+    )
+    optimizer.step()
+    return torch.stack([m["loss"] for m in losses]).mean().item()
+
+
+def with_sdpa_backend(backend: str, step):
+    """`step()` with torch SDPA restricted to one backend (fails if it cannot run the shapes)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+    with sdpa_kernel(getattr(SDPBackend, names[backend])):
+        return step()
+
+
+def print_kernel_profile(step, num_rows: int) -> None:
+    """Run one step under torch.profiler and print the kernels with the most GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    total_us = sum(e.self_device_time_total for e in kernels)
+    print(f"GPU time in one profiled step: {total_us / 1e6:.3f} s; top kernels:")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:num_rows]:
+        share = e.self_device_time_total / total_us
+        print(f"  {share:6.1%} {e.self_device_time_total / 1e3:9.1f} ms {e.count:6d}x  {e.key[:110]}")
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="ModelConfig overrides, key=value")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    # 8 x 4 runs out of memory on one H200 at seq 4096 (the fp32 logits of the loss); see docs/benchmarks.md
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--accum", type=int, default=8, help="micro-batches per optimizer step")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_PEAK_TFLOPS)
+    parser.add_argument(
+        "--sdpa-backend",
+        choices=["default", "flash", "cudnn", "efficient"],
+        default="default",
+        help="restrict torch SDPA to one kernel family (default: torch's own choice)",
+    )
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="after timing, print the N GPU kernels taking most time in one step",
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("train_mfu.py needs a CUDA GPU")
+
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    cfg = model_config(args.overrides)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
+    try:
+        model, optimizer, gpt = build_training(cfg, device, args.lr)
+        n_matmul, flops_causal, flops_palm = flops_per_token(gpt, cfg, args.seq_len)
+        n_params = sum(p.numel() for p in gpt.parameters())
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+        micro_batches = []
+        for _ in range(args.accum):
+            ids = torch.randint(
+                cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device, generator=generator
+            )
+            micro_batches.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+        fwd_bwd = get_forward_backward_func()
+        step = partial(train_step, model, optimizer, fwd_bwd, micro_batches, args.seq_len)
+        if args.sdpa_backend != "default":
+            step = partial(with_sdpa_backend, args.sdpa_backend, step)
+
+        losses, seconds = [], []
+        for i in range(args.warmup + args.steps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss = step()  # .item() synchronises; the explicit one makes it independent of that
+            torch.cuda.synchronize()
+            if i >= args.warmup:
+                seconds.append(time.perf_counter() - start)
+            losses.append(loss)
+            print(f"step {i}{' (warm-up)' if i < args.warmup else ''}: loss {loss:.4f}", flush=True)
+        if args.profile:
+            print_kernel_profile(step, args.profile)
+    finally:
+        destroy_distributed()
+
+    tokens_per_step = args.micro_batch * args.accum * args.seq_len
+    mean_s = statistics.fmean(seconds)
+    tokens_per_s = tokens_per_step / mean_s
+    result = {
+        "model": cfg.name,
+        "overrides": args.overrides,
+        "params": n_params,
+        "matmul_params": n_matmul,
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+        "accum": args.accum,
+        "tokens_per_step": tokens_per_step,
+        "timed_steps": args.steps,
+        "step_s_mean": mean_s,
+        "step_s_median": statistics.median(seconds),
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": flops_causal,
+        "model_tflops_per_s": flops_causal * tokens_per_s / 1e12,
+        "mfu": flops_causal * tokens_per_s / (args.peak_tflops * 1e12),
+        "mfu_palm": flops_palm * tokens_per_s / (args.peak_tflops * 1e12),
+        "share_of_measured_matmul": flops_causal * tokens_per_s / (H200_BF16_MEASURED_TFLOPS * 1e12),
+        "peak_tflops": args.peak_tflops,
+        "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "losses": losses,
+        "sdpa_backend": args.sdpa_backend,
+        "gpu": torch.cuda.get_device_name(),
+    }
+    print(
+        f"{cfg.name}: {n_params / 1e9:.3f}B params ({n_matmul / 1e9:.3f}B in matmuls), "
+        f"seq {args.seq_len}, micro-batch {args.micro_batch} x {args.accum} accumulation "
+        f"= {tokens_per_step} tokens/step\n"
+        f"  step {mean_s:.3f} s mean, {result['step_s_median']:.3f} s median over {args.steps} steps "
+        f"({args.warmup} warm-up excluded)\n"
+        f"  {tokens_per_s:,.0f} tokens/s; FLOPs/token = 6*N_matmul + 6*L*s*a*d (causal) = {flops_causal / 1e9:.2f} G\n"
+        f"  {result['model_tflops_per_s']:.1f} TFLOP/s = MFU {result['mfu']:.1%} of {args.peak_tflops} TFLOP/s "
+        f"(bf16 dense spec); MFU (PaLM convention, 12*L*s*a*d) {result['mfu_palm']:.1%}; "
+        f"{result['share_of_measured_matmul']:.1%} of the measured {H200_BF16_MEASURED_TFLOPS:.0f} TFLOP/s matmul\n"
+        f"  peak memory {result['max_memory_allocated_gib']:.1f} GiB allocated, "
+        f"{result['max_memory_reserved_gib']:.1f} GiB reserved"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
