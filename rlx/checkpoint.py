@@ -3,6 +3,7 @@
 Layout under the run directory:
 
     checkpoints/step_000009/megatron/    model + optimizer (megatron dist_checkpointing)
+    checkpoints/step_000009/megatron_critic/  PPO's critic + its optimizer, beside the policy
     checkpoints/step_000009/state.json   step, policy version, data position
     checkpoints/latest                   name of the newest complete checkpoint
 

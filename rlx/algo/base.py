@@ -23,17 +23,24 @@ class Algorithm(Protocol):
         `samples` is a whole rollout batch ordered by (group, index): every group's samples
         are contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must
         have a `reward`; a `None` reward raises `ValueError` naming the sample. `logprobs`
-        maps "old_logp" (always) and "ref_logp" (when `needs_ref`) to one [response_len]
-        tensor per sample, computed by the trainer before any update of this rollout, for
-        estimators that shape rewards with them (KL in the reward). Returns one float32
-        tensor of shape [sample.response_len] per sample, in the same order. Advantages are
-        given for every response token; the trainer applies `loss_mask`.
+        maps "old_logp" (always), "ref_logp" (when `needs_ref`) and "values" (when
+        `needs_critic`: the critic's value of the state before each response token) to one
+        [response_len] tensor per sample, computed by the trainer before any update of this
+        rollout, for estimators that shape rewards with them (KL in the reward) or bootstrap
+        from the critic (GAE). Returns one float32 tensor of shape [sample.response_len] per
+        sample, in the same order. Advantages are given for every response token; the trainer
+        applies `loss_mask`.
 
     `advantage_metrics: dict[str, float]` (optional attribute)
         Statistics of the last `advantages` call that the trainer's own advantage statistics
         cannot see, e.g. "return_mean" (mean per-sample return before any normalisation) and
         "kl_in_reward" (mean per-token KL(old || ref) of the reward penalty). The trainer logs
         each as `train/<key>` right after calling `advantages`.
+
+    `returns: list[Tensor]` (attribute, set by `advantages` when `needs_critic`)
+        The critic's regression targets of the last `advantages` call: one float32
+        [response_len] tensor per sample, in batch order. The trainer trains the critic on
+        them right after `advantages`, against the "values" it passed in.
 
     `loss(mb, num_global_tokens, num_global_samples) -> (loss, metrics)`
         `mb` holds right-padded [B, T] tensors over response tokens of one micro-batch:
@@ -56,6 +63,12 @@ class Algorithm(Protocol):
 
     `needs_ref`
         True when the loss or the advantages need "ref_logp", so the trainer computes it.
+
+    `needs_critic` (optional class attribute, default False)
+        True when the algorithm learns a value model (PPO): the trainer then builds a critic
+        (the policy's family and weights, a fresh scalar head; `algo.critic_lr`,
+        `algo.value_clip`, `algo.critic_warmup_steps`), passes its "values" to `advantages`,
+        trains it on `returns`, and holds the policy during the critic's warm-up.
 
     Class-level hooks, read by `rlx.config.validate` before anything starts (both optional):
     `config_errors(cfg: AlgoConfig) -> list[str]`, a classmethod returning one message per

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 @dataclass
 class AlgoConfig:
-    """Advantage estimator and policy-loss options."""
+    """Advantage estimator, policy-loss and (PPO) critic options."""
 
     _target_: str = "rlx.algo.grpo.GRPO"  # the algorithm class
     # --- advantages ---
     normalize_std: bool = True  # GRPO/GSPO: divide group-centred rewards by the group std (False: Dr.GRPO)
-    gamma: float = 1.0  # REINFORCE++: discount of the token-level returns, in [0, 1]
+    gamma: float = 1.0  # REINFORCE++ and PPO's GAE: discount of the token-level returns, in [0, 1]
     # whiten advantages over the batch: (adv - mean) / std over every loss token of the rollout batch
     whiten_advantages: bool = False
     # KL(old policy || reference) as a per-token reward penalty, before advantages (REINFORCE++, verl's
@@ -40,3 +40,12 @@ class AlgoConfig:
     # Needs the engine's log-probs; every rollout engine returns them (the loss raises if one did not).
     use_tis: bool = False
     tis_clip: float = 2.0  # upper bound of the TIS weight
+    # --- PPO's critic (read only by algorithms with `needs_critic`) ---
+    # GAE's lambda, in [0, 1]: 1 gives Monte-Carlo returns minus the value (unbiased, noisy),
+    # 0 the one-step TD error (leans entirely on the critic); `gamma` above is GAE's discount
+    lambd: float = 1.0
+    critic_lr: float = 1e-3  # the critic's own Adam learning rate (its other optimizer settings are train.*)
+    # clip each value to V_old +- value_clip in the value loss, so one rollout's critic updates stay
+    # near the values its advantages were computed with (None: plain squared error)
+    value_clip: float | None = 0.2
+    critic_warmup_steps: int = 0  # first rollout steps on which only the critic trains (the policy waits)

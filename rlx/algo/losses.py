@@ -1,7 +1,7 @@
 """Advantage, KL and policy-loss building blocks as pure tensor functions.
 
-Every algorithm (GRPO, GSPO, PPO, REINFORCE++) composes these; none of them touches a
-model, a config tree or a process group, so each is tested on hand-computed numbers.
+Every algorithm (GRPO, GSPO, PPO, REINFORCE++) and PPO's critic compose these; none of them
+touches a model, a config tree or a process group, so each is tested on hand-computed numbers.
 A lone `T` is one response's tokens (advantages are computed per sample, before padding).
 
 Shape legend (suffixes on tensor names):
@@ -90,6 +90,55 @@ def discounted_returns(rewards_T: torch.Tensor, gamma: float) -> torch.Tensor:
         running = rewards_T[t] + gamma * running
         returns_T[t] = running
     return returns_T
+
+
+def gae(
+    rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, gamma: float, lambd: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's generalised advantage estimation (Schulman et al., 2016) over one response.
+
+    The steps are the loss tokens: a token outside the mask (tool output) is no action of the
+    policy, so a loss token bootstraps from the value of the next *loss* token, and the value
+    after the last one is 0 (the episode ends there), as verl's `compute_gae_advantage_return`
+    skips observation tokens:
+        delta_t = r_t + gamma * V_next(t) - V_t
+        A_t     = delta_t + gamma * lambd * A_next(t)
+        R_t     = A_t + V_t                      (the critic's regression target)
+    `values_T[t]` is the critic's value of the state before token t. Returns `(adv_T, returns_T)`;
+    both are 0 outside the mask (they never reach a loss).
+    """
+    adv_T = torch.zeros_like(rewards_T)
+    returns_T = torch.zeros_like(rewards_T)
+    next_value = next_adv = torch.zeros((), dtype=rewards_T.dtype)
+    for t in range(rewards_T.shape[0] - 1, -1, -1):
+        if not mask_T[t]:
+            continue
+        delta = rewards_T[t] + gamma * next_value - values_T[t]
+        next_adv = delta + gamma * lambd * next_adv
+        next_value = values_T[t]
+        adv_T[t] = next_adv
+        returns_T[t] = next_adv + next_value
+    return adv_T, returns_T
+
+
+def clipped_value_loss(
+    values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor, value_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's clipped regression loss per token: max((V - R)^2, (V_clip - R)^2) / 2.
+
+    V_clip = V_old + clip(V - V_old, -value_clip, value_clip) keeps one rollout's updates from
+    moving a value far from the one its advantage was computed with (PPO2's `cliprange_value`,
+    OpenRLHF's `value_clip`); taking the max makes the clip pessimistic, as the policy's is.
+    `value_clip=None` is the plain squared error. Returns `(loss_BT, clipfrac_BT)`, the latter
+    detached 0/1: 1.0 where the clipped term was chosen (the token has no gradient).
+    """
+    unclipped_BT = (values_BT - returns_BT).square()
+    if value_clip is None:
+        return 0.5 * unclipped_BT, torch.zeros_like(unclipped_BT).detach()
+    clipped_values_BT = old_values_BT + (values_BT - old_values_BT).clamp(-value_clip, value_clip)
+    clipped_BT = (clipped_values_BT - returns_BT).square()
+    clipfrac_BT = (clipped_BT > unclipped_BT).to(values_BT.dtype).detach()
+    return 0.5 * torch.maximum(unclipped_BT, clipped_BT), clipfrac_BT
 
 
 def whitening_stats(values_K: torch.Tensor, eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:

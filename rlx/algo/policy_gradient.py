@@ -1,4 +1,4 @@
-"""What every critic-free algorithm shares: reward shaping, advantage post-processing, and
+"""What every policy-gradient algorithm shares: reward shaping, advantage post-processing, and
 PPO's clipped policy loss with its options (clip-higher, dual clip, KL loss, entropy bonus,
 truncated importance sampling, token- or sample-mean aggregation).
 
@@ -33,7 +33,7 @@ from rlx.sample import Sample
 
 
 class PolicyGradient:
-    """Base of GRPO, GSPO, REINFORCE++ and REINFORCE++-baseline; implements `Algorithm`.
+    """Base of GRPO, GSPO, REINFORCE++, REINFORCE++-baseline and PPO; implements `Algorithm`.
 
     `advantages`: each sample's outcome reward (`outcome_rewards`) goes on its last loss
     token; with `use_kl_in_reward` every loss token also gets -kl_in_reward_coef *
@@ -88,7 +88,7 @@ class PolicyGradient:
     ) -> list[torch.Tensor]:
         """Per-token advantages, one float32 tensor of length `response_len` per sample."""
         cfg = self.cfg
-        masks = [_loss_mask(s) for s in samples]
+        masks = [loss_mask(s) for s in samples]
         penalties: list[torch.Tensor | None] = [None] * len(samples)
         metrics: dict[str, float] = {}
         if cfg.use_kl_in_reward:
@@ -207,7 +207,8 @@ def sample_reward(sample: Sample) -> float:
     return float(sample.reward)
 
 
-def _loss_mask(sample: Sample) -> torch.Tensor:
+def loss_mask(sample: Sample) -> torch.Tensor:
+    """The sample's loss mask as float64 0/1 [response_len] (all ones when it has none)."""
     return torch.tensor(sample.loss_mask or [1] * sample.response_len, dtype=torch.float64)
 
 

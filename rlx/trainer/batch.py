@@ -80,3 +80,8 @@ def response_slice(values_BL: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
 def split(items: list, size: int) -> list[list]:
     """Consecutive chunks of `size` (the last may be shorter)."""
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def num_loss_tokens(sample: Sample) -> int:
+    """Response tokens of `sample` that count in the loss."""
+    return sum(sample.loss_mask) if sample.loss_mask else sample.response_len

@@ -3,6 +3,7 @@
 The driver hands every rank the whole rollout batch; each data-parallel rank trains on its
 own shard. Losses are normalised by counts over the whole global batch, so gradients summed
 over micro-batches and averaged by DDP over data-parallel ranks equal the full-batch gradient.
+An algorithm with `needs_critic` (PPO) gets a value model beside the policy (`rlx.trainer.critic`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ from rlx.cluster import ClusterConfig
 from rlx.config import build
 from rlx.models.config import ModelConfig
 from rlx.sample import Sample
-from rlx.trainer.batch import MicroBatch, make_micro_batch, response_slice, split
+from rlx.trainer.batch import MicroBatch, make_micro_batch, num_loss_tokens, response_slice, split
+from rlx.trainer.critic import Critic
 from rlx.trainer.logprobs import logprobs_and_entropy
 from rlx.trainer.parallel import destroy_distributed, init_distributed
+from rlx.trainer.trainable import (
+    dp_sum,
+    load_checkpoint,
+    optimizer_step,
+    run_schedule,
+    save_checkpoint,
+    wrap_for_training,
+)
 from rlx.trainer.weights import write_weight_shards
 
 log = logging.getLogger(__name__)
@@ -32,7 +42,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MegatronTrainer:
-    """Builds the policy (and reference) model, computes log-probs, trains, exports weights."""
+    """Builds the policy (and reference, and critic) model, computes log-probs, trains, exports weights."""
 
     def __init__(
         self,
@@ -49,13 +59,6 @@ class MegatronTrainer:
         temperature: float = 1.0,
     ):
         from megatron.core import parallel_state
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.pipeline_parallel import get_forward_backward_func
 
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
         self.rank = rank
@@ -79,41 +82,19 @@ class MegatronTrainer:
         # Megatron-LM's get_model moves the whole model afterwards, and so do we.
         model = self.family.build_model(params_dtype=params_dtype).to(self.device)
         self.family.load_hf_weights(model, hf_dir)
-        tf_config = model.config
-        self.model = DistributedDataParallel(
-            config=tf_config,
-            ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, use_distributed_optimizer=False
-            ),
-            module=model,
-        )
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=train_cfg.lr,
-                min_lr=train_cfg.min_lr,
-                weight_decay=train_cfg.weight_decay,
-                adam_beta1=train_cfg.adam_beta1,
-                adam_beta2=train_cfg.adam_beta2,
-                adam_eps=train_cfg.adam_eps,
-                clip_grad=train_cfg.clip_grad,
-                bf16=train_cfg.precision == "bf16",
-                fp16=train_cfg.precision == "fp16",
-                params_dtype=params_dtype,
-            ),
-            [self.model],
-        )
-        # What Megatron-LM's training loop wires up: grad sync at the end of the last micro-batch.
-        tf_config.finalize_model_grads_func = finalize_model_grads
-        tf_config.no_sync_func = self.model.no_sync
-        tf_config.grad_scale_func = self.optimizer.scale_loss
-        self.fwd_bwd = get_forward_backward_func()
+        self.model, self.optimizer = wrap_for_training(model, train_cfg, train_cfg.lr, params_dtype)
 
         self.ref_model = None
         if self.algo.needs_ref:
             self.ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
             self.family.load_hf_weights(self.ref_model, hf_dir)
             self.ref_model.eval()
+        self.critic = None
+        if getattr(self.algo, "needs_critic", False):
+            self.critic = Critic(
+                self.family, hf_dir, algo_cfg, train_cfg,
+                device=self.device, params_dtype=params_dtype, pad_multiple=self._pad_multiple, seed=seed,
+            )  # fmt: skip
         self.num_updates = 0
 
     # ---- forward passes -------------------------------------------------------------------
@@ -147,34 +128,25 @@ class MegatronTrainer:
         # ranks; the loss is already normalised over the global batch, so undo both.
         return loss * (num_microbatches * self.dp_size), metrics
 
-    def _run(self, model, mbs: list[MicroBatch], mode: str) -> list[dict]:
-        return self.fwd_bwd(
-            forward_step_func=partial(self._forward_step, mode, len(mbs)),
-            data_iterator=iter(mbs),
-            model=[model],
-            num_microbatches=len(mbs),
-            seq_length=max(mb.tokens_BL.shape[1] for mb in mbs),
-            micro_batch_size=self.train_cfg.micro_batch_size,
-            forward_only=mode == "logprob",
-        )
-
     @torch.no_grad()
     def _logprobs(self, model, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-sample response log-probs [response_len] under `model`."""
         out = []
         for chunk in split(samples, self.train_cfg.micro_batch_size):
             mb = make_micro_batch(chunk, {}, self._pad_multiple).to(self.device)
-            (result,) = self._run(model, [mb], "logprob")
+            (result,) = run_schedule(
+                model, partial(self._forward_step, "logprob"), [mb], self.train_cfg.micro_batch_size, True
+            )
             out += [row[: s.response_len].cpu() for row, s in zip(result["logp"], chunk, strict=True)]
         return out
 
     # ---- training ---------------------------------------------------------------------------
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
-        """Log-probs, advantages, then `num_steps_per_rollout` optimizer steps on one rollout batch."""
+        """Log-probs (and values), advantages, then `num_steps_per_rollout` optimizer steps of
+        the critic (when there is one) and of the policy (unless the critic is warming up)."""
         start = time.perf_counter()
-        cfg = self.train_cfg
-        steps = split(list(range(len(samples))), cfg.global_batch_size)
+        steps = split(list(range(len(samples))), self.train_cfg.global_batch_size)
         local = [i for step in steps for i in step[self.dp_rank :: self.dp_size]]
 
         self.model.eval()
@@ -185,31 +157,42 @@ class MegatronTrainer:
             logprobs["ref_logp"] = self._gather_dp(
                 local, self._logprobs(self.ref_model, [samples[i] for i in local])
             )
-        advantages = self.algo.advantages(samples, logprobs)
+        inputs, values = logprobs, None
+        if self.critic is not None:  # values go to the algorithm, not into every policy micro-batch
+            values = self._gather_dp(local, self.critic.values([samples[i] for i in local]))
+            inputs = logprobs | {"values": values}
+        advantages = self.algo.advantages(samples, inputs)
         metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(samples, advantages)
         metrics |= {f"train/{k}": v for k, v in getattr(self.algo, "advantage_metrics", {}).items()}
 
+        train_policy = True
+        if self.critic is not None:
+            train_policy = not self.critic.warming_up  # read before this rollout counts towards it
+            metrics |= self.critic.train(samples, self.algo.returns, values)
+        if train_policy:
+            metrics |= self._train_policy(samples, steps, advantages, logprobs)
+        metrics["time/train_s"] = time.perf_counter() - start
+        return metrics
+
+    def _train_policy(self, samples, steps, advantages, logprobs) -> dict[str, float]:
+        """One optimizer step of the policy per global batch in `steps`."""
+        cfg = self.train_cfg
         self.model.train()
         sums: dict[str, float] = {}
         grad_norms = []
         for step in steps:
-            self._num_global_tokens = sum(_num_loss_tokens(samples[i]) for i in step)
+            self._num_global_tokens = sum(num_loss_tokens(samples[i]) for i in step)
             self._num_global_samples = len(step)
             chunks = split(step[self.dp_rank :: self.dp_size], cfg.micro_batch_size)
             mbs = [self._micro_batch(samples, chunk, advantages, logprobs) for chunk in chunks]
-            self.model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            for result in self._run(self.model, mbs, "train"):
-                for k, v in result.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-            _, grad_norm, _ = self.optimizer.step()
-            grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
+            forward_step = partial(self._forward_step, "train")
+            grad_norms.append(
+                optimizer_step(self.model, self.optimizer, forward_step, mbs, cfg.micro_batch_size, sums)
+            )
             self.num_updates += 1
-        for k, v in self._dp_sum(sums).items():
-            metrics[f"train/{k}"] = v / len(steps)
+        metrics = {f"train/{k}": v / len(steps) for k, v in dp_sum(sums, self.device).items()}
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["time/train_s"] = time.perf_counter() - start
         return metrics
 
     def _micro_batch(self, samples, chunk, advantages, logprobs) -> MicroBatch:
@@ -243,18 +226,6 @@ class MegatronTrainer:
                 count += s.response_len
         return {"train/logprob_abs_diff": gap_sum / max(count, 1.0)}
 
-    def _dp_sum(self, values: dict[str, float | torch.Tensor]) -> dict[str, float]:
-        """Sum scalars over data-parallel ranks."""
-        from megatron.core import parallel_state
-
-        if not values:
-            return {}
-        keys = sorted(values)
-        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
-        if self.dp_size > 1:  # on the model's device: NCCL reduces GPU tensors only
-            torch.distributed.all_reduce(flat, group=parallel_state.get_data_parallel_group())
-        return dict(zip(keys, flat.tolist(), strict=True))
-
     # ---- weights ----------------------------------------------------------------------------
 
     def export_weights(self, out_dir: str, bucket_bytes: int = 256 << 20) -> str | None:
@@ -272,27 +243,18 @@ class MegatronTrainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
 
-    def _sharded_state(self, is_loading: bool) -> dict:
-        model_state = self.model.module.sharded_state_dict()
-        return {
-            "model": model_state,
-            "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
-        }
-
     def save(self, ckpt_dir: str) -> None:
-        """Megatron distributed checkpoint of model and optimizer (a collective over all ranks)."""
-        from megatron.core import dist_checkpointing
-
-        Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
-        dist_checkpointing.save(self._sharded_state(is_loading=False), ckpt_dir)
+        """Megatron distributed checkpoint of model and optimizer (a collective over all ranks);
+        the critic's goes to the sibling directory `critic_dir(ckpt_dir)`."""
+        save_checkpoint(self.model, self.optimizer, ckpt_dir)
+        if self.critic is not None:
+            self.critic.save(critic_dir(ckpt_dir))
 
     def load(self, ckpt_dir: str) -> None:
-        """Restore model and optimizer from `save`'s directory, whatever TP/DP wrote it."""
-        from megatron.core import dist_checkpointing
-
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True), ckpt_dir)
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore model and optimizer (and the critic) from `save`'s directory, whatever TP/DP wrote it."""
+        load_checkpoint(self.model, self.optimizer, ckpt_dir)
+        if self.critic is not None:
+            self.critic.load(critic_dir(ckpt_dir))
 
     def shutdown(self) -> None:
         destroy_distributed()
@@ -301,8 +263,10 @@ class MegatronTrainer:
         return os.getpid()
 
 
-def _num_loss_tokens(s: Sample) -> int:
-    return sum(s.loss_mask) if s.loss_mask else s.response_len
+def critic_dir(ckpt_dir: str | Path) -> Path:
+    """Where the critic of the policy checkpoint `ckpt_dir` lives: `<ckpt_dir>_critic`, beside it."""
+    path = Path(ckpt_dir)
+    return path.with_name(f"{path.name}_critic")
 
 
 def _advantage_stats(samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:

@@ -7,6 +7,7 @@ import pytest
 
 from rlx.algo.grpo import GRPO
 from rlx.algo.gspo import GSPO
+from rlx.algo.ppo import PPO
 from rlx.algo.reinforce_pp import ReinforcePP
 from rlx.algo.reinforce_pp_baseline import ReinforcePPBaseline
 from rlx.config import CONF_DIR, build, compose
@@ -18,6 +19,7 @@ CLASS_OF = {
     "gspo": GSPO,
     "reinforce_pp": ReinforcePP,
     "reinforce_pp_baseline": ReinforcePPBaseline,
+    "ppo": PPO,
 }
 
 
@@ -55,6 +57,14 @@ def test_shipped_defaults():
     assert build(compose(["algo=reinforce_pp_baseline"]).algo).cfg.whiten_advantages
 
 
+def test_ppo_ships_with_a_critic_and_needs_no_groups():
+    ppo = build(compose(["algo=ppo"]).algo)
+    assert ppo.needs_critic and not ppo.needs_ref and ppo.cfg.whiten_advantages
+    assert ppo.cfg.lambd == pytest.approx(0.95) and ppo.cfg.value_clip == pytest.approx(0.2)
+    compose(["algo=ppo", "rollout.n_samples_per_prompt=1", "train.micro_batch_size=32"])
+    compose(["algo=ppo", "algo.value_clip=null"])  # unclipped value loss
+
+
 def test_reinforce_pp_needs_no_groups():
     one_per_prompt = ["rollout.n_samples_per_prompt=1", "train.micro_batch_size=32"]
     compose(["algo=reinforce_pp", *one_per_prompt])
@@ -85,6 +95,13 @@ COMPOSE_FAILURES = {
     "kl_in_reward_type": (["algo.kl_in_reward_type=k4"], r"algo\.kl_in_reward_type='k4'.*low_var_kl"),
     "kl_in_reward_coef": (["algo.kl_in_reward_coef=-1"], r"algo\.kl_in_reward_coef=-1\.0 must be >= 0"),
     "tis_clip": (["algo.use_tis=true", "algo.tis_clip=0"], r"algo\.tis_clip=0\.0 must be > 0"),
+    "lambd range": (["algo=ppo", "algo.lambd=1.5"], r"algo\.lambd=1\.5 must be in \[0, 1\]"),
+    "critic_lr": (["algo=ppo", "algo.critic_lr=0"], r"algo\.critic_lr=0\.0 must be > 0"),
+    "value_clip": (["algo=ppo", "algo.value_clip=-0.2"], r"algo\.value_clip=-0\.2 must be > 0"),
+    "critic_warmup_steps": (
+        ["algo=ppo", "algo.critic_warmup_steps=-1"],
+        r"algo\.critic_warmup_steps=-1 must be >= 0",
+    ),
 }
 
 

@@ -29,3 +29,13 @@ def test_default_job_learns_on_gpu(tmp_path):
     history = run(compose([f"run.output_dir={tmp_path}", "cluster.gpus_per_node=1", "run.progress=false"]))
     rewards = [h["rollout/reward_mean"] for h in history]
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.4, rewards
+
+
+def test_ppo_loop_trains_its_critic_on_gpu(tmp_path):
+    history = run(compose([f"run.output_dir={tmp_path}", "cluster.gpus_per_node=1", "run.num_rollout=3",
+                           "algo=ppo", "run.save=true", *SHORT]))  # fmt: skip
+    assert len(history) == 3
+    for h in history:
+        assert h["train/value_loss"] > 0 and h["train/critic_grad_norm"] > 0 and h["train/grad_norm"] > 0
+        assert -10.0 < h["train/explained_variance"] < 1.0
+    assert (tmp_path / "checkpoints" / "step_000002" / "megatron_critic").is_dir()

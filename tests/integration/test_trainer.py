@@ -76,3 +76,23 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
         # and the step changed the weights (the comparison is not between untouched copies)
     initial = load_file(Qwen3(to_object(compose([])).model).checkpoint_dir() / "model.safetensors")
     assert max((base_weights[k] - initial[k]).abs().max().item() for k in initial) > 1e-4
+
+
+def test_ppo_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
+    """PPO through the trainer: the critic's values gathered over DP feed GAE, and the critic
+    and the policy take the one-rank steps under TP=2 and DP=2."""
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
+    ppo = ["algo=ppo", "algo.critic_lr=0.1"]
+    base, base_weights = _train_once(tmp_path, "ppo_tp1", *ppo)
+    assert base["train/value_loss"] > 0 and base["train/critic_grad_norm"] > 0
+    assert base["train/explained_variance"] < 0  # a fresh value head
+    for name, overrides in {
+        "ppo_tp2": ["cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"],
+        "ppo_dp2": ["cluster.num_trainer_procs=2"],
+    }.items():
+        metrics, weights = _train_once(tmp_path, name, *ppo, *overrides)
+        for key in ("train/values_mean", "train/explained_variance", "train/value_loss",
+                    "train/critic_grad_norm", "train/pg_loss", "train/grad_norm"):  # fmt: skip
+            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, key)
+        for key, tensor in base_weights.items():
+            torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")

@@ -1,4 +1,5 @@
 """GSPO, REINFORCE++, REINFORCE++-baseline and the loss options on hand-computed numbers (CPU).
+The loss-option tests run PPO's loss too; its GAE and value loss are in test_ppo.py.
 
 Every expected value was worked out by hand (the arithmetic is in the comments) and is written
 as a literal; none is recomputed with the code under test. GRPO's own numbers are in
@@ -25,11 +26,12 @@ from rlx.algo.losses import (
     truncated_is_weight,
     whitening_stats,
 )
+from rlx.algo.ppo import PPO
 from rlx.algo.reinforce_pp import ReinforcePP
 from rlx.algo.reinforce_pp_baseline import ReinforcePPBaseline
 from rlx.sample import Sample
 
-ALGORITHMS = [GRPO, GSPO, ReinforcePP, ReinforcePPBaseline]
+ALGORITHMS = [GRPO, GSPO, ReinforcePP, ReinforcePPBaseline, PPO]
 LN = math.log
 
 

@@ -1,0 +1,159 @@
+"""What the policy and PPO's critic share: a built megatron model wrapped in DDP with its own
+optimizer, micro-batches run through megatron's schedule, optimizer steps, distributed
+checkpoints of model + optimizer, and sums over data-parallel ranks.
+
+Each model gets its own `TransformerConfig` from `build_model`, so the schedule hooks set here
+(grad sync, loss scaling) are per model: two trainable models live side by side in one rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlx.trainer.batch import MicroBatch
+
+
+def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype: torch.dtype):
+    """`(ddp_model, optimizer)`: megatron DDP over `model` and Adam with `train_cfg`'s settings at `lr`."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    tf_config = model.config
+    ddp_model = DistributedDataParallel(
+        config=tf_config,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+        module=model,
+    )
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            min_lr=train_cfg.min_lr,
+            weight_decay=train_cfg.weight_decay,
+            adam_beta1=train_cfg.adam_beta1,
+            adam_beta2=train_cfg.adam_beta2,
+            adam_eps=train_cfg.adam_eps,
+            clip_grad=train_cfg.clip_grad,
+            bf16=train_cfg.precision == "bf16",
+            fp16=train_cfg.precision == "fp16",
+            params_dtype=params_dtype,
+        ),
+        [ddp_model],
+    )
+    # What Megatron-LM's training loop wires up: grad sync at the end of the last micro-batch.
+    tf_config.finalize_model_grads_func = finalize_model_grads
+    tf_config.no_sync_func = ddp_model.no_sync
+    tf_config.grad_scale_func = optimizer.scale_loss
+    return ddp_model, optimizer
+
+
+def run_schedule(
+    model, forward_step: Callable, mbs: list[MicroBatch], micro_batch_size: int, forward_only: bool
+) -> list[dict]:
+    """Run `mbs` through megatron's forward-backward schedule; the loss functions' metric dicts.
+
+    `forward_step(num_microbatches, data_iterator, model)` is megatron's forward step with the
+    number of micro-batches bound first (losses undo megatron's division by it).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    return get_forward_backward_func()(
+        forward_step_func=partial(forward_step, len(mbs)),
+        data_iterator=iter(mbs),
+        model=[model],
+        num_microbatches=len(mbs),
+        seq_length=max(mb.tokens_BL.shape[1] for mb in mbs),
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
+def optimizer_step(
+    model,
+    optimizer,
+    forward_step: Callable,
+    mbs: list[MicroBatch],
+    micro_batch_size: int,
+    sums: dict[str, float],
+) -> float:
+    """One optimizer step over `mbs` (this rank's share of a global batch); adds the loss
+    metrics into `sums` and returns the gradient norm (NaN when the optimizer gives none)."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    for result in run_schedule(model, forward_step, mbs, micro_batch_size, forward_only=False):
+        for k, v in result.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    _, grad_norm, _ = optimizer.step()
+    return float(grad_norm) if grad_norm is not None else float("nan")
+
+
+# Written into a checkpoint's common state only when False (older checkpoints lack it).
+_OPTIMIZER_STEPPED = "optimizer_stepped"
+
+
+def _has_stepped(optimizer) -> bool:
+    return any(sub.optimizer.state for sub in getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _sharded_state(model, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any]) -> dict:
+    model_state = model.module.sharded_state_dict()
+    state = {"model": model_state, **common}
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+    return state
+
+
+def save_checkpoint(model, optimizer, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
+    """Megatron distributed checkpoint of model and optimizer (a collective over all ranks);
+    `common` holds small picklable values stored once (global rank 0 writes them).
+
+    An optimizer that has not stepped yet (the policy while the critic warms up) has no Adam
+    state, which megatron can save but not load back; it is left out, and `load_checkpoint`
+    then leaves the loading optimizer as built, which is the same thing.
+    """
+    from megatron.core import dist_checkpointing
+
+    stepped = _has_stepped(optimizer)
+    common = (common or {}) | ({} if stepped else {_OPTIMIZER_STEPPED: False})
+    Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+    dist_checkpointing.save(_sharded_state(model, optimizer, False, stepped, common), str(ckpt_dir))
+
+
+def load_checkpoint(model, optimizer, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict:
+    """Restore model and optimizer from `save_checkpoint`'s directory, whatever TP/DP wrote it,
+    into a freshly built model and optimizer; returns the saved `common` values named by
+    `common_keys`."""
+    from megatron.core import dist_checkpointing
+
+    stepped = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_OPTIMIZER_STEPPED, True)
+    placeholders = dict.fromkeys(common_keys)
+    state = dist_checkpointing.load(
+        _sharded_state(model, optimizer, True, stepped, placeholders), str(ckpt_dir)
+    )
+    model.module.load_state_dict(state["model"])
+    if stepped:
+        optimizer.load_state_dict(state["optimizer"])
+    return {key: state[key] for key in common_keys}
+
+
+def dp_sum(values: dict[str, float | torch.Tensor], device: torch.device) -> dict[str, float]:
+    """Sum scalars over data-parallel ranks."""
+    from megatron.core import parallel_state
+
+    if not values:
+        return {}
+    keys = sorted(values)
+    flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    if parallel_state.get_data_parallel_world_size() > 1:
+        # on the model's device: NCCL reduces GPU tensors only
+        torch.distributed.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+    return dict(zip(keys, flat.tolist(), strict=True))
