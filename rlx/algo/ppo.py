@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 
+from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import gae
 from rlx.algo.policy_gradient import PolicyGradient, loss_mask
 from rlx.sample import Sample
@@ -37,6 +38,11 @@ class PPO(PolicyGradient):
 
     min_group_size: ClassVar[int] = 1  # the critic is the baseline, not the prompt's group
     needs_critic: ClassVar[bool] = True  # the trainer builds a value model and trains it on `returns`
+
+    def __init__(self, cfg: AlgoConfig) -> None:
+        super().__init__(cfg)
+        self.returns: list[torch.Tensor] = []  # the critic's targets from the last `advantages` call
+        self._values: list[torch.Tensor] = []  # the critic's values for the `advantages` call under way
 
     def advantages(
         self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]] | None = None
