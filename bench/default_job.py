@@ -28,7 +28,9 @@ def main(overrides: list[str]) -> None:
     print(f"steps {len(history)}  wall {wall:.1f} s (includes start-up)")
     for key in ("time/step_s", "time/rollout_s", "time/train_s", "time/weight_sync_s", "perf/tokens_per_s"):
         print(f"  median {key:<22} {median(key):.3f}")
-    print("  reward every 10 steps:", " ".join(f"{r:.2f}" for r in rewards[::10]), f"| last {rewards[-1]:.2f}")
+    print(
+        "  reward every 10 steps:", " ".join(f"{r:.2f}" for r in rewards[::10]), f"| last {rewards[-1]:.2f}"
+    )
     first_08 = next((h["step"] for h in history if h["rollout/reward_mean"] >= 0.8), None)
     print(f"  first step with reward >= 0.8: {first_08}")
 

@@ -20,7 +20,9 @@ class RunConfig:
     output_dir: str | None = None  # run directory; None: Hydra's run dir under launch.py, else the cwd
     save: bool = False  # write Megatron checkpoints (model, optimizer) + loop and data state
     save_interval: int = 0  # with save: checkpoint every N steps as well as at the end (0: end only)
-    resume_from: str | None = None  # a run directory (or its checkpoints/): continue from its latest checkpoint
+    resume_from: str | None = (
+        None  # a run directory (or its checkpoints/): continue from its latest checkpoint
+    )
     save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
     dump_rollouts: bool = True  # rollouts/step_NNNNNN.jsonl
     tensorboard: bool = True

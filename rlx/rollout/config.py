@@ -23,5 +23,7 @@ class RolloutConfig:
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
     engine_threads: int = 1  # torch threads per local engine process
     engine_args: dict[str, Any] = field(default_factory=dict)  # passed to the engine unchanged
-    server_module: str = "sglang.launch_server"  # rollout=sglang: `python -m` this (a fork's entry point, say)
+    server_module: str = (
+        "sglang.launch_server"  # rollout=sglang: `python -m` this (a fork's entry point, say)
+    )
     router_args: dict[str, Any] = field(default_factory=dict)  # passed to sglang-router unchanged

@@ -73,7 +73,9 @@ def response_slice(values_BL: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     """
     width_T = mb.mask_BT.shape[1]
     offsets_1T = torch.arange(width_T, device=values_BL.device).unsqueeze(0)
-    index_BT = (mb.prompt_len_B.to(values_BL.device).unsqueeze(1) - 1 + offsets_1T).clamp(max=values_BL.shape[1] - 1)
+    index_BT = (mb.prompt_len_B.to(values_BL.device).unsqueeze(1) - 1 + offsets_1T).clamp(
+        max=values_BL.shape[1] - 1
+    )
     return values_BL.gather(1, index_BT)
 
 

@@ -200,7 +200,9 @@ def test_expert_parallel_sizes_are_checked_before_anything_starts():
 
     with pytest.raises(ConfigError, match="cluster.expert_parallel_size=2 needs model.num_moe_experts"):
         compose(["cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"])  # a dense model
-    with pytest.raises(ConfigError, match="not divisible by cluster.tensor_parallel_size × cluster.expert_parallel_size"):
+    with pytest.raises(
+        ConfigError, match="not divisible by cluster.tensor_parallel_size × cluster.expert_parallel_size"
+    ):
         compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2",
                  "cluster.expert_parallel_size=2"])  # fmt: skip
     compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"])

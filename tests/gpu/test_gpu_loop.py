@@ -13,11 +13,18 @@ from rlx.runtime import run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SHORT = ["rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16", "run.progress=false"]
+SHORT = [
+    "rollout.batch_size=8",
+    "rollout.n_samples_per_prompt=4",
+    "train.micro_batch_size=16",
+    "run.progress=false",
+]
 
 
 def test_loop_trains_on_gpu(tmp_path):
-    history = run(compose([f"run.output_dir={tmp_path}", "cluster.gpus_per_node=1", "run.num_rollout=3", *SHORT]))
+    history = run(
+        compose([f"run.output_dir={tmp_path}", "cluster.gpus_per_node=1", "run.num_rollout=3", *SHORT])
+    )
     assert len(history) == 3
     # Trainer on the GPU (fp32, TF32 off) against the CPU engine: same distribution up to
     # kernel summation order, far below any policy change.

@@ -68,7 +68,13 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
         "dp2": ["cluster.num_trainer_procs=2"],
     }.items():
         metrics, weights = _train_once(tmp_path, name, *overrides)
-        for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/logprob_abs_diff"):
+        for key in (
+            "train/loss",
+            "train/pg_loss",
+            "train/entropy",
+            "train/grad_norm",
+            "train/logprob_abs_diff",
+        ):
             assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, key)
         assert weights.keys() == base_weights.keys()
         for key, tensor in base_weights.items():
