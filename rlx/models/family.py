@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,6 +38,10 @@ class ModelFamily:
     pinned: dict[str, Any] = {}
     # config.json keys with the only value the family implements (checked where present).
     hf_constants: dict[str, Any] = {}
+    # The family's modules: `bridge` (hf_config, hf_fields, weight_mappings of a ModelConfig)
+    # and `spec` (transformer_kwargs); the defaults below read them, subclasses override.
+    bridge_module: ModuleType | None = None
+    spec_module: ModuleType | None = None
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -52,19 +57,19 @@ class ModelFamily:
 
     def hf_config(self):
         """The transformers `PretrainedConfig` for this shape (pad/eos from the toy vocab when tiny)."""
-        raise NotImplementedError
+        return self.bridge_module.hf_config(self.cfg)
 
     def hf_fields(self) -> dict[str, HFField]:
         """`ModelConfig` key -> its place in config.json, for `check_hf_config`."""
-        raise NotImplementedError
+        return self.bridge_module.hf_fields(self.cfg)
 
     def transformer_kwargs(self) -> dict[str, Any]:
         """Family-specific TransformerConfig kwargs (normalisation, activation, biases...)."""
-        raise NotImplementedError
+        return self.spec_module.transformer_kwargs(self.cfg)
 
     def weight_bridge(self) -> WeightBridge:
         """The HF <-> Megatron mapping table for this shape."""
-        raise NotImplementedError
+        return WeightBridge(self.bridge_module.weight_mappings(self.cfg))
 
     # ---- HF side -------------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from rlx.errors import ConfigError
 from rlx.models.deepseek_v3 import bridge
-from rlx.models.family import HFField
 from rlx.models.moe_family import MoEFamily
 
 
@@ -51,12 +50,11 @@ class DeepseekV3(MoEFamily):
             )
         super().check_hf_config(hf_dir)
 
+    bridge_module = bridge
+
     def hf_config(self):
         self.check_routing()
-        return bridge.hf_config(self.cfg)
-
-    def hf_fields(self) -> dict[str, HFField]:
-        return bridge.hf_fields(self.cfg)
+        return super().hf_config()
 
     def transformer_kwargs(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlx.models.bridge import WeightBridge
-from rlx.models.family import HFField, ModelFamily
+from rlx.models.family import ModelFamily
 from rlx.models.llama3 import bridge, spec
 
 
@@ -22,18 +19,8 @@ class Llama3(ModelFamily):
         "rotary_percent": 1.0,
     }
     hf_constants = {"hidden_act": "silu", "mlp_bias": False}
-
-    def hf_config(self):
-        return bridge.hf_config(self.cfg)
-
-    def hf_fields(self) -> dict[str, HFField]:
-        return bridge.hf_fields(self.cfg)
-
-    def transformer_kwargs(self) -> dict[str, Any]:
-        return spec.transformer_kwargs(self.cfg)
-
-    def weight_bridge(self) -> WeightBridge:
-        return WeightBridge(bridge.weight_mappings(self.cfg))
+    bridge_module = bridge
+    spec_module = spec
 
 
 __all__ = ["Llama3"]

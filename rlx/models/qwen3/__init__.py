@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlx.models.bridge import WeightBridge
-from rlx.models.family import HFField, ModelFamily
+from rlx.models.family import ModelFamily
 from rlx.models.qwen3 import bridge, spec
 
 
@@ -21,18 +18,8 @@ class Qwen3(ModelFamily):
         "rotary_percent": 1.0,
     }
     hf_constants = {"hidden_act": "silu"}
-
-    def hf_config(self):
-        return bridge.hf_config(self.cfg)
-
-    def hf_fields(self) -> dict[str, HFField]:
-        return bridge.hf_fields(self.cfg)
-
-    def transformer_kwargs(self) -> dict[str, Any]:
-        return spec.transformer_kwargs(self.cfg)
-
-    def weight_bridge(self) -> WeightBridge:
-        return WeightBridge(bridge.weight_mappings(self.cfg))
+    bridge_module = bridge
+    spec_module = spec
 
 
 __all__ = ["Qwen3"]

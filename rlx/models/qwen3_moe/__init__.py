@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx.models.family import HFField
 from rlx.models.moe_family import MoEFamily
 from rlx.models.qwen3 import spec as qwen3_spec
 from rlx.models.qwen3_moe import bridge
@@ -30,12 +29,11 @@ class Qwen3Moe(MoEFamily):
     # Layer patterns with dense MLPs (sparse step > 1, mlp_only_layers) are not implemented.
     hf_constants = {"hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": []}
 
+    bridge_module = bridge
+
     def hf_config(self):
         self.check_routing()
-        return bridge.hf_config(self.cfg)
-
-    def hf_fields(self) -> dict[str, HFField]:
-        return bridge.hf_fields(self.cfg)
+        return super().hf_config()
 
     def transformer_kwargs(self) -> dict[str, Any]:
         return qwen3_spec.transformer_kwargs(self.cfg) | self.moe_kwargs()
