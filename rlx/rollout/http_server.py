@@ -4,9 +4,10 @@ Endpoints, request and response JSON follow sglang 0.5.4 (`sglang/srt/entrypoint
 `sglang/srt/managers/io_struct.py`, `tokenizer_manager.py::_handle_batch_output`), the release
 sglang-router 0.3.2 ships with; `/model_info` and `/server_info` are the newer names of the same.
 
-A scheduler thread owns the engine and runs "waves": requests that arrive while a wave runs
-(or within `batch_wait_s` of the first) form the next engine batch. Weight updates run on the
-same thread between waves, so no request ever sees half-loaded weights.
+A scheduler thread owns the engine (`rlx.engine`) and runs its continuous-batching loop:
+requests join the running batch at the next step and leave it when they finish. Weight
+updates and memory release run on the same thread once the requests before them have
+finished, so no request ever sees half-loaded weights or a released cache.
 
 (Over 400 lines: scheduler, endpoints and CLI share private state; Scheduler could move to its own module.)
 
@@ -35,6 +36,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import rlx
+from rlx.engine.sequence import Sequence, Status
 from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, SamplingParams, abort_reason
 from rlx.rollout.sglang import build_response, error_body, model_info_body, parse_generate
 
@@ -45,30 +47,40 @@ _STOP = object()
 
 @dataclass(eq=False)
 class _Pending:
-    """A request waiting for, or in, a wave; `future` resolves to (output, weight_version)."""
+    """A request waiting for, or in, the engine; `future` resolves to (output, weight_version)."""
 
     request: GenerateRequest
     counted: bool = True  # health checks are not counted, as in SGLang
     aborted: bool = False
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    seq: Sequence | None = None  # once the engine has it
 
 
 class Scheduler:
-    """Runs the engine on one thread, one wave (engine batch) at a time."""
+    """Owns the engine on one thread and runs its continuous-batching loop.
+
+    Each turn takes what arrived (requests join the running batch at the next step), applies
+    aborts, and runs one engine step. A call (weight update, memory release) runs between
+    steps once every request queued before it has finished; what arrives after it waits.
+    """
 
     def __init__(self, engine: LocalEngine, max_batch_size: int, batch_wait_s: float = 0.005):
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.num_requests_total = 0  # finished counted requests
-        self.num_running = 0
-        self.last_gen_throughput = 0.0  # tokens/s of the last wave
+        self.last_gen_throughput = 0.0  # output tokens/s over the last steps
         self._queue: queue.Queue = queue.Queue()
-        self._backlog: list[Any] = []  # what ended a gathering (a call or _STOP), handled next
+        self._held: list[Any] = []  # arrived behind a call that waits for the engine to drain
         self._live: set[_Pending] = set()
+        self._in_engine: list[_Pending] = []
         self._stopped = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="rlx-scheduler", daemon=True)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
 
     def start(self) -> None:
         self._thread.start()
@@ -99,7 +111,7 @@ class Scheduler:
         return pendings
 
     def call(self, fn) -> concurrent.futures.Future:
-        """Run `fn()` on the scheduler thread after the requests queued before it."""
+        """Run `fn()` on the scheduler thread after the requests queued before it have finished."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._stopped:
@@ -130,55 +142,79 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
-            item = self._backlog.pop(0) if self._backlog else self._queue.get()
-            if item is _STOP:
+            idle = not self.engine.has_work()
+            if not self._take(block=idle):
                 break
-            if isinstance(item, tuple):
+            if idle and self.engine.has_work() and self.batch_wait_s > 0:
+                time.sleep(self.batch_wait_s)  # let a burst of requests share the first step
+                if not self._take(block=False):
+                    break
+            self._apply_aborts()
+            self._step()
+        self._drain()
+
+    def _take(self, block: bool) -> bool:
+        """Move arrivals into the engine (or run a due call); False once stopped."""
+        items = [*self._held, *iter_queue(self._queue)]
+        self._held = []
+        if block and not items:
+            items = [self._queue.get()]
+        for index, item in enumerate(items):
+            if item is _STOP:
+                self._held = items[index:]
+                return False
+            if isinstance(item, _Pending):
+                self._admit(item)
+            elif self.engine.has_work():  # a call waits for the engine to drain
+                self._held = items[index:]
+                return True
+            else:
                 fn, future = item
                 try:
                     future.set_result(fn())
                 except Exception as exc:  # reported to the caller, the scheduler keeps running
                     future.set_exception(exc)
-                continue
-            self._run_wave(self._gather(item))
-        self._drain()
+        return True
 
-    def _gather(self, first: _Pending) -> list[_Pending]:
-        wave, deadline = [first], time.monotonic() + self.batch_wait_s
-        while len(wave) < self.max_batch_size:
-            try:
-                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
-            except queue.Empty:
-                break
-            if not isinstance(item, _Pending):
-                self._backlog.append(item)
-                break
-            wave.append(item)
-        return wave
-
-    def _run_wave(self, wave: list[_Pending]) -> None:
-        for pending in (p for p in wave if p.aborted):  # never started: SGLang's queued abort
-            self._finish(
-                pending, GenerateOutput(pending.request.rid, [], [], abort_reason("Abort before prefill"))
-            )
-        wave = [p for p in wave if not p.aborted]
-        if not wave:
+    def _admit(self, pending: _Pending) -> None:
+        if pending.aborted:  # never started: SGLang's queued abort
+            output = GenerateOutput(pending.request.rid, [], [], abort_reason("Abort before prefill"))
+            self._finish(pending, output)
             return
-        self.num_running = len(wave)
+        pending.seq = self.engine.add(pending.request, tag=pending)
+        if pending.seq.status is Status.FINISHED:  # nothing to generate (max_new_tokens 0)
+            self._finish(pending, pending.seq.output())
+        else:
+            self._in_engine.append(pending)
+
+    def _apply_aborts(self) -> None:
+        for pending in self._in_engine:
+            if pending.aborted:
+                self.engine.abort(pending.seq)
+        done = [p for p in self._in_engine if p.seq.status is Status.FINISHED]
+        for pending in done:
+            self._finish(pending, pending.seq.output())
+        self._in_engine = [p for p in self._in_engine if p.seq.status is not Status.FINISHED]
+
+    def _step(self) -> None:
+        if not self.engine.has_work():
+            return
         start = time.perf_counter()
         try:
-            outputs = self.engine.generate([p.request for p in wave], lambda i: wave[i].aborted)
-        except Exception as exc:  # an engine bug fails this wave's requests, not the server
-            logger.exception("wave of %d requests failed", len(wave))
-            for pending in wave:
+            finished = self.engine.step()
+        except Exception as exc:  # an engine bug fails the requests in flight, not the server
+            logger.exception("engine step failed")
+            for pending in self._in_engine:
+                self.engine.abort(pending.seq)
                 self._finish(pending, exc)
+            self._in_engine = []
             return
-        finally:
-            self.num_running = 0
-        num_tokens = sum(len(o.output_ids) for o in outputs)
-        self.last_gen_throughput = num_tokens / max(time.perf_counter() - start, 1e-9)
-        for pending, output in zip(wave, outputs, strict=True):
-            self._finish(pending, output)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        self.last_gen_throughput = self.engine.num_running / elapsed
+        for seq in finished:
+            self._finish(seq.tag, seq.output())
+        if finished:
+            self._in_engine = [p for p in self._in_engine if p.seq.status is not Status.FINISHED]
 
     def _finish(self, pending: _Pending, result: GenerateOutput | Exception) -> None:
         with self._lock:
@@ -191,7 +227,11 @@ class Scheduler:
         pending.future.set_result((result, self.engine.weight_version))
 
     def _drain(self) -> None:
-        for item in [*self._backlog, *iter_queue(self._queue)]:
+        for pending in self._in_engine:
+            self.engine.abort(pending.seq, "Server shut down")
+            self._finish(pending, pending.seq.output())
+        self._in_engine = []
+        for item in [*self._held, *iter_queue(self._queue)]:
             if isinstance(item, _Pending):
                 self._finish(item, GenerateOutput(item.request.rid, [], [], abort_reason("Server shut down")))
             elif isinstance(item, tuple):
@@ -282,6 +322,12 @@ class EngineServer:
             "random_seed": engine.seed,
             "context_length": engine.context_length,
             "max_running_requests": self.scheduler.max_batch_size,
+            "mem_fraction_static": engine.args.mem_fraction_static,
+            "chunked_prefill_size": engine.args.chunked_prefill_size,
+            "page_size": engine.args.page_size,
+            "max_total_num_tokens": engine.blocks.capacity_tokens,
+            "disable_cuda_graph": engine.runner.graphs is None,
+            "device": engine.device.type,
             "tp_size": 1,
             "dp_size": 1,
             "skip_tokenizer_init": False,
@@ -410,8 +456,10 @@ async def get_weight_version(request: Request):
 
 
 @routes.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache():
-    """No prefix cache to flush; answered as SGLang does."""
+async def flush_cache(request: Request):
+    """Forget the cached prompt prefixes; answered as SGLang does."""
+    server = _server(request)
+    await asyncio.wrap_future(server.scheduler.call(server.engine.blocks.forget_cached))
     message = "Cache flushed.\nPlease check backend logs for more details. "
     return Response(
         message + "(When there are running or waiting requests, the operation will not be performed.)\n"
@@ -427,7 +475,7 @@ async def abort_request(request: Request):
 
 @routes.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request):
-    """Load new weights between waves (requests in flight finish first, unless abort_all_requests)."""
+    """Load new weights between steps (requests in flight finish first, unless abort_all_requests)."""
     body, engine, scheduler = await _json_body(request), _server(request).engine, _server(request).scheduler
     path, version = body.get("model_path"), body.get("weight_version")
     if body.get("abort_all_requests"):
@@ -455,11 +503,28 @@ async def update_weight_version(request: Request):
     return {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
 
 
-@routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
-@routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-async def memory_occupation():
-    """A CPU engine has no device memory to give back; colocated callers get SGLang's 200."""
+async def _memory_call(request: Request, release: bool) -> Response:
+    """SGLang's body: {"tags": ["weights", "kv_cache", ...]}, all when absent."""
+    server = _server(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        body = {}
+    tags = (body or {}).get("tags") if isinstance(body, dict) else None
+    method = server.engine.release_memory if release else server.engine.resume_memory
+    await asyncio.wrap_future(server.scheduler.call(lambda: method(tags)))
     return Response(status_code=200)
+
+
+@routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
+async def release_memory_occupation(request: Request):
+    """Free the KV cache and/or weights on the GPU (after the requests in flight finish)."""
+    return await _memory_call(request, release=True)
+
+
+@routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+async def resume_memory_occupation(request: Request):
+    return await _memory_call(request, release=False)
 
 
 async def _bad_request(request: Request, exc: Exception) -> JSONResponse:

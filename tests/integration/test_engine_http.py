@@ -152,14 +152,14 @@ def test_update_weights_from_disk_changes_logprobs_and_version(fresh_server, tin
 
 def test_abort_running_and_queued_requests(fresh_server):
     engine, scheduler = fresh_server.engine, fresh_server.scheduler
-    sample, steps = engine._sample, []
+    step, steps = engine.step, []
 
-    def slow_sample(*args):  # ~60 decode steps of 20 ms: long enough to abort mid-generation
-        steps.append(len(args[1].active))
+    def slow_step():  # ~60 decode steps of 20 ms: long enough to abort mid-generation
+        steps.append(engine.num_running)
         time.sleep(0.02)
-        return sample(*args)
+        return step()
 
-    engine._sample = slow_sample
+    engine.step = slow_step
     long = {"max_new_tokens": 60, "ignore_eos": True}
     with httpx.Client(base_url=fresh_server.url, timeout=60) as http:
         results = {}
@@ -175,7 +175,7 @@ def test_abort_running_and_queued_requests(fresh_server):
             for rid in ("running-1", "running-2")
         ]
         gate = threading.Event()
-        scheduler.call(gate.wait)  # hold the scheduler so both requests land in one wave
+        scheduler.call(gate.wait)  # hold the scheduler so both requests join one batch
         for t in threads:
             t.start()
         while scheduler.num_waiting() < 2:
@@ -183,7 +183,7 @@ def test_abort_running_and_queued_requests(fresh_server):
         gate.set()
         deadline = time.monotonic() + 30
         while sum(n == 2 for n in steps) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)  # both requests in one wave, a few tokens in
+            time.sleep(0.01)  # both requests in one batch, a few tokens in
         assert http.post("/abort_request", json={"rid": "running-1"}).status_code == 200
         for t in threads:
             t.join()

@@ -1,0 +1,99 @@
+"""Paged attention over the KV cache: the step's K/V are written, then every query attends.
+
+A step's tokens are ordered decode rows first (one query each), then prefill rows (a chunk
+of queries each, causal over the cached prefix plus the chunk). Two implementations:
+
+- gather + SDPA (every device): the rows' blocks are gathered into a padded
+  [rows, kv_heads, blocks x block_size, head_dim] tensor and torch's SDPA runs with a mask
+  of valid, causal positions. Prefill always takes it (compute-bound, so the gather is cheap
+  beside the matmuls), and so does decode on CPU;
+- a Triton paged decode kernel (CUDA): one program per (row, kv head) streams the row's
+  blocks once with an online softmax; all query heads of a GQA group share each K/V load.
+  The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's K/V go and what each row attends to (all tensors on the device)."""
+
+    slot_block: torch.Tensor  # [T] block of each new token
+    slot_offset: torch.Tensor  # [T] its slot in the block
+    num_decode: int  # leading rows with one query each
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] int32
+    decode_context_lens: torch.Tensor | None = None  # [num_decode] int32, this token included
+    decode_mask: torch.Tensor | None = None  # gather path: [num_decode, 1, 1, K] valid keys
+    prefill_block_tables: torch.Tensor | None = None  # [num_prefill, blocks] (gather path)
+    prefill_q_index: torch.Tensor | None = None  # [T - num_decode] flat index into [rows x max_q]
+    prefill_mask: torch.Tensor | None = None  # [num_prefill, 1, max_q, K] causal and valid
+    prefill_max_q: int = 0
+    use_decode_kernel: bool = False  # Triton kernel for the decode rows (CUDA)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> None:
+    """Store the step's keys and values ([T, kv_heads, head_dim]) at their slots."""
+    k_cache[meta.slot_block, :, meta.slot_offset] = k
+    v_cache[meta.slot_block, :, meta.slot_offset] = v
+
+
+def gather_attention(
+    q_RHQD: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA over each row's gathered blocks; q [rows, heads, max_q, head_dim]."""
+    rows, num_blocks = block_tables.shape
+    _, num_kv_heads, block_size, head_dim = k_cache.shape
+    k = k_cache[block_tables].transpose(1, 2).reshape(rows, num_kv_heads, num_blocks * block_size, head_dim)
+    v = v_cache[block_tables].transpose(1, 2).reshape(rows, num_kv_heads, num_blocks * block_size, head_dim)
+    gqa = q_RHQD.shape[1] != num_kv_heads
+    return F.scaled_dot_product_attention(q_RHQD, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention for the step's queries q [T, heads, head_dim]; writes k, v into the cache first."""
+    k_cache, v_cache = kv
+    write_kv(k_cache, v_cache, k, v, meta)
+    num_decode, num_tokens = meta.num_decode, q.shape[0]
+    if num_decode == num_tokens:
+        return _decode(q, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
+    if num_decode:
+        out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, meta, scale)
+    out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+    return out
+
+
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if meta.use_decode_kernel:
+        from rlx.engine.triton_decode import paged_decode
+
+        return paged_decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    out = gather_attention(q[:, :, None], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale)
+    return out[:, :, 0]
+
+
+def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    rows, max_q = meta.prefill_block_tables.shape[0], meta.prefill_max_q
+    padded = q.new_zeros(rows * max_q, *q.shape[1:])
+    padded[meta.prefill_q_index] = q
+    padded = padded.view(rows, max_q, *q.shape[1:]).transpose(1, 2)
+    out = gather_attention(padded, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_mask, scale)
+    return out.transpose(1, 2).reshape(rows * max_q, *q.shape[1:])[meta.prefill_q_index]

@@ -1,0 +1,66 @@
+"""Engine arguments, named after SGLang's server arguments wherever SGLang has one."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# SGLang's --dtype names; "auto" is the checkpoint's own dtype, as in SGLang.
+DTYPES = {"float32": torch.float32, "float": torch.float32}
+DTYPES |= {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}
+
+
+@dataclass
+class EngineArgs:
+    """How one engine runs. Unknown (SGLang-only) arguments are accepted and ignored."""
+
+    model_path: str
+    tokenizer_path: str | None = None  # default: model_path
+    served_model_name: str | None = None  # default: model_path
+    dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on CPU
+    random_seed: int = 0  # seeds the sampling of requests without a sampling_seed
+    device: str | None = None  # None: cuda when this process sees a GPU, else cpu
+    context_length: int | None = None  # default: max_position_embeddings
+    mem_fraction_static: float = 0.88  # GPU: weights + KV cache as a fraction of device memory
+    max_total_tokens: int | None = None  # KV cache size in tokens (caps what the fraction gives)
+    max_running_requests: int = 256  # sequences decoded together at most
+    chunked_prefill_size: int = 8192  # tokens per step at most (prefill chunks + decodes)
+    page_size: int = 16  # tokens per KV block
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256  # largest decode batch captured in a CUDA graph
+    disable_prefix_sharing: bool = False  # SGLang: disable_radix_cache
+    num_threads: int = 1  # torch threads on CPU (the CPU machines share cores)
+    weight_version: str = "default"
+    attn_implementation: str = "sdpa"  # the transformers fallback's attention (generic path)
+    cpu_kv_cache_bytes: int = 1 << 30  # CPU: KV cache bytes at most (there is no device to fill)
+
+    @classmethod
+    def from_kwargs(cls, model_path: str, **kwargs: Any) -> EngineArgs:
+        """Build from SGLang-style keyword arguments; names the engine has no use for are logged."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        aliases = {"seed": "random_seed", "max_batch_size": "max_running_requests"}
+        kwargs = {aliases.get(k, k): v for k, v in kwargs.items()}
+        if kwargs.get("disable_radix_cache"):
+            kwargs["disable_prefix_sharing"] = True
+        ignored = sorted(set(kwargs) - names)
+        if ignored:
+            logger.info("engine ignores arguments %s", ignored)
+        return cls(model_path=str(model_path), **{k: v for k, v in kwargs.items() if k in names})
+
+    def resolved_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def torch_dtype(self, checkpoint_dtype: torch.dtype | None, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":  # CPU rollouts stay fp32: they must match the fp32 trainer's logprobs
+            return (checkpoint_dtype or torch.float32) if device.type == "cuda" else torch.float32
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        return DTYPES[self.dtype]

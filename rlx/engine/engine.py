@@ -1,0 +1,274 @@
+"""The engine: requests in, one continuous-batching step at a time, outputs out.
+
+Single-threaded by design: whoever owns the engine (the HTTP server's scheduler thread, or
+`generate` in-process) calls `add`, `abort`, `step` and the weight and memory methods from
+one thread, between steps, so no step ever sees half-loaded weights or a released cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlx.engine.block_manager import BlockManager
+from rlx.engine.config import EngineArgs
+from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
+from rlx.engine.models import FAMILIES
+from rlx.engine.scheduler import Scheduler
+from rlx.engine.sequence import GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
+
+logger = logging.getLogger(__name__)
+
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+class Engine:
+    """Generation over a paged KV cache with continuous batching, on CUDA or CPU."""
+
+    def __init__(self, args: EngineArgs):
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.args = args
+        self.device = args.resolved_device()
+        if self.device.type == "cpu" and args.num_threads > 0:
+            torch.set_num_threads(args.num_threads)
+        self.model_path = args.model_path
+        self.tokenizer_path = args.tokenizer_path or args.model_path
+        self.served_model_name = args.served_model_name or args.model_path
+        self.weight_version = str(args.weight_version)
+        self.hf_config = AutoConfig.from_pretrained(args.model_path, local_files_only=True)
+        self.torch_dtype = args.torch_dtype(getattr(self.hf_config, "dtype", None), self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        self.context_length = int(args.context_length or self.hf_config.max_position_embeddings)
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.eos_token_ids = _eos_ids(self.hf_config, args.model_path, self.tokenizer)
+        self.generic = self.hf_config.model_type not in FAMILIES
+        self._build_runner()
+        self.scheduler = Scheduler(self.blocks, args.max_running_requests, args.chunked_prefill_size)
+        self._ids = itertools.count()
+        self._request_seed = torch.Generator().manual_seed(args.random_seed)
+        self._released: set[str] = set()
+        self._cpu_weights: dict[str, torch.Tensor] = {}
+
+    def _build_runner(self) -> None:
+        args, cfg = self.args, self.hf_config
+        if self.generic:  # DeepSeek-V3 (MLA) and other families: transformers' model, slower
+            from rlx.engine.models.hf_generic import HFRunner
+
+            self.runner = HFRunner(args, self.device, self.torch_dtype, self.context_length)
+            self.kv_cache = None
+            self.blocks = BlockManager(self._cpu_budget_blocks(1 << 16), args.page_size, False)
+            return
+        from rlx.engine.model_runner import ModelRunner, build_model
+
+        model = build_model(cfg, args, self.context_length, self.device, self.torch_dtype)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
+        per_block = KVCache.bytes_per_block(*shape, args.page_size, self.torch_dtype)
+        num_blocks = num_blocks_for_budget(
+            self._kv_budget_bytes(),
+            per_block,
+            args.page_size,
+            args.max_total_tokens,
+            self._cpu_budget_blocks(0),
+        )
+        self.kv_cache = KVCache(*shape, args.page_size, num_blocks, self.torch_dtype, self.device)
+        self.blocks = BlockManager(num_blocks, args.page_size, not args.disable_prefix_sharing)
+        max_blocks = -(-self.context_length // args.page_size)
+        self.runner = ModelRunner(model, self.kv_cache, args, self.device, max_blocks)
+        logger.info("KV cache: %d blocks of %d tokens on %s", num_blocks, args.page_size, self.device)
+
+    def _cpu_budget_blocks(self, at_least: int) -> int:
+        """Blocks enough for every running request at full context (more is never used)."""
+        per_seq = -(-self.context_length // self.args.page_size)
+        return max(self.args.max_running_requests * per_seq, at_least)
+
+    def _kv_budget_bytes(self) -> int:
+        if self.device.type != "cuda":
+            return self.args.cpu_kv_cache_bytes
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(free - total * (1.0 - self.args.mem_fraction_static))
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise ValueError for what SGLang rejects (empty or too long prompt, bad ids, params)."""
+        num_input = len(request.input_ids)
+        if num_input == 0:
+            raise ValueError("input_ids cannot be empty.")
+        if num_input >= self.context_length:
+            raise ValueError(
+                f"The input ({num_input} tokens) is longer than the model's context "
+                f"length ({self.context_length} tokens)."
+            )
+        max_input = self.blocks.capacity_tokens - 1  # SGLang's max_req_input_len, from the KV pool
+        if num_input > max_input:
+            raise ValueError(
+                f"Input length ({num_input} tokens) exceeds the maximum allowed length ({max_input} "
+                "tokens). Either reduce the input length or increase the KV cache (mem_fraction_static)."
+            )
+        if min(request.input_ids) < 0 or max(request.input_ids) >= self.vocab_size:
+            raise ValueError(f"input_ids must be in [0, {self.vocab_size}).")
+        if request.logprob_start_len >= num_input:
+            raise ValueError(
+                f"logprob_start_len={request.logprob_start_len} is not less than the "
+                f"number of input tokens ({num_input})."
+            )
+        request.sampling.verify()
+
+    def add(self, request: GenerateRequest, tag: Any = None) -> Sequence:
+        """Queue a validated request; it joins the running batch at the next step."""
+        num_input = len(request.input_ids)
+        room = min(self.context_length, self.blocks.capacity_tokens) - num_input
+        max_new = max(min(request.sampling.max_new_tokens, room), 0)
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=self._request_seed))
+        seq = Sequence(next(self._ids), request, max_new, seed, tag)
+        if seq.wants_input_logprobs:
+            seq.input_logprobs = [None]
+        if max_new == 0 and not seq.wants_input_logprobs:
+            seq.finish_reason = {"type": "length", "length": 0}
+            seq.status = Status.FINISHED
+        else:
+            self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence, message: str = "Aborted") -> None:
+        if seq.status is not Status.FINISHED:
+            seq.finish_reason = abort_reason(message)
+            self.scheduler.finish(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[Sequence]:
+        """One forward pass over the scheduled batch; the sequences that finished in it."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        result = self.runner.run(batch)
+        for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
+            seq.num_computed += num_new
+        for owner, value in result.prompt_logprobs:
+            owner.input_logprobs.append(value)
+        finished = []
+        for seq, token, logprob in result.sampled:
+            if seq.max_new > 0:
+                seq.token_ids.append(token)
+                seq.output_logprobs.append(logprob)
+            seq.finish_reason = self._check_finished(seq, token)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _check_finished(self, seq: Sequence, token: int) -> dict[str, Any] | None:
+        """SGLang's Req.check_finished order: length, then stop/EOS token, then stop string."""
+        sampling = seq.sampling
+        if seq.num_output >= seq.max_new:
+            return {"type": "length", "length": seq.max_new}
+        if not sampling.ignore_eos and (token in sampling.stop_token_ids or token in self.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if sampling.stop:
+            text = self.decode(seq.output_ids, sampling.skip_special_tokens)
+            for stop in sampling.stop:
+                if stop in text:
+                    return {"type": "stop", "matched": stop}
+        return None
+
+    def generate(
+        self, requests: list[GenerateRequest], is_aborted: Callable[[int], bool] | None = None
+    ) -> list[GenerateOutput]:
+        """Complete `requests` (continuous batching); `is_aborted(i)` is polled before each step."""
+        for request in requests:
+            self.validate(request)
+        seqs = [self.add(r) for r in requests]
+        while any(s.status is not Status.FINISHED for s in seqs):
+            for i, seq in enumerate(seqs):
+                if is_aborted is not None and seq.status is not Status.FINISHED and is_aborted(i):
+                    self.abort(seq)
+            self.step()
+        return [s.output() for s in seqs]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids to text with the served tokenizer."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    # ---- weights and memory ---------------------------------------------------------------
+
+    def load_weights_from_disk(self, path: str, weight_version: str | None = None) -> int:
+        """Load an HF directory's safetensors (one file, or shards with an index) in place."""
+        if "weights" in self._released:
+            raise RuntimeError("weights are released; resume_memory_occupation first")
+        num_loaded = self.runner.load_weights(str(path))
+        self.blocks.forget_cached()  # cached prefixes were computed with the old weights
+        self.model_path = str(path)
+        if weight_version is not None:
+            self.weight_version = str(weight_version)
+        return num_loaded
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Free device memory (SGLang's release_memory_occupation); the engine must be idle."""
+        tags = set(tags or MEMORY_TAGS) - self._released
+        if self.device.type != "cuda" or self.generic or not tags:
+            return
+        if self.has_work():
+            raise RuntimeError("release_memory_occupation needs an idle engine")
+        if self.runner.graphs is not None:
+            self.runner.graphs.clear()  # their pool holds memory, and they point at what moves
+        if "kv_cache" in tags:
+            self.kv_cache.release()
+            self.blocks.forget_cached()
+        if "weights" in tags:
+            for name, param in self.model.named_parameters():
+                self._cpu_weights[name] = param.data.to("cpu", non_blocking=True).pin_memory()
+                param.data = torch.empty(0, dtype=param.dtype, device=self.device)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self._released |= tags & set(MEMORY_TAGS)
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Restore what `release_memory` freed (weights come back with their values)."""
+        tags = set(tags or MEMORY_TAGS) & self._released
+        if "weights" in tags:
+            for name, param in self.model.named_parameters():
+                param.data = self._cpu_weights.pop(name).to(self.device, non_blocking=True)
+            self.model.tie_weights()
+        if "kv_cache" in tags:
+            self.kv_cache.resume()
+        if tags and self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self._released -= tags
+
+
+def _eos_ids(config, model_path: str, tokenizer) -> set[int]:
+    """EOS ids from the model config, its generation config and the tokenizer, as SGLang gathers them."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_eos = GenerationConfig.from_pretrained(model_path, local_files_only=True).eos_token_id
+    except OSError:
+        generation_eos = None
+    ids: set[int] = set()
+    for value in (getattr(config, "eos_token_id", None), generation_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(x) for x in value)
+    return ids

@@ -1,0 +1,65 @@
+"""The paged KV cache tensors: one allocation for all layers, sized from the memory budget.
+
+Layout [layer, k|v, block, kv_head, slot, head_dim]: one (block, kv head) is a contiguous
+block_size x head_dim tile, which is what the decode kernel streams. One tensor (not one
+per layer) so that release and resume are a single free and a single allocation, which the
+caching allocator tends to hand back at the same address (the decode CUDA graphs then stay
+valid; the runner checks and recaptures when it moved).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """K and V for `num_blocks` blocks of `block_size` tokens in every layer."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.shape = (num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim)
+        self.dtype, self.device = dtype, device
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.data: torch.Tensor | None = None
+        self.resume()
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+    ) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.data is not None, "KV cache is released"
+        return self.data[index, 0], self.data[index, 1]
+
+    @property
+    def released(self) -> bool:
+        return self.data is None
+
+    def release(self) -> None:
+        """Free the memory (the caller empties the allocator's cache to hand it back)."""
+        self.data = None
+
+    def resume(self) -> None:
+        # Zeros, not empty: masked-out slots still meet V in a matmul, and 0 x NaN is NaN.
+        if self.data is None:
+            self.data = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+
+def num_blocks_for_budget(
+    budget_bytes: int, bytes_per_block: int, block_size: int, max_total_tokens: int | None, most_useful: int
+) -> int:
+    """Blocks the budget holds, capped by `max_total_tokens` and by what could ever be used."""
+    num_blocks = budget_bytes // bytes_per_block
+    if max_total_tokens is not None:
+        num_blocks = min(num_blocks, -(-max_total_tokens // block_size))
+    return max(min(num_blocks, most_useful) + 1, 2)  # + the reserved padding block

@@ -1,0 +1,87 @@
+"""Runs one scheduled batch: the forward pass (eager, or a decode CUDA graph), sampling, and
+prompt logprobs; returns plain Python lists after a single device-to-host copy per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlx.engine.config import EngineArgs
+from rlx.engine.cuda_graph import DecodeGraphs
+from rlx.engine.kv_cache import KVCache
+from rlx.engine.models import FAMILIES
+from rlx.engine.models.weights import load_weights
+from rlx.engine.sampler import Sampler, SamplingBatch
+from rlx.engine.scheduler import ScheduledBatch
+from rlx.engine.sequence import Sequence
+from rlx.engine.step_inputs import StepInputs, build_step_inputs
+
+
+@dataclass
+class StepResult:
+    """What the host needs after a step: a token and logprob per sampled sequence, and the
+    prompt logprobs (owner, value) that rows of this step predicted."""
+
+    sampled: list[tuple[Sequence, int, float]]
+    prompt_logprobs: list[tuple[Sequence, float]]
+
+
+def build_model(hf_config, args: EngineArgs, max_positions: int, device: torch.device, dtype: torch.dtype):
+    """The family's module with the checkpoint's weights, allocated once on `device`."""
+    family = FAMILIES[hf_config.model_type]
+    with torch.device("meta"):
+        model = family(hf_config, max_positions)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.tie_weights()  # to_empty gives each module its own tensor
+    model.build_rotary(device)
+    load_weights(model.weight_views(), args.model_path, require_all=True)
+    return model.eval()
+
+
+class ModelRunner:
+    def __init__(self, model, kv_cache: KVCache, args: EngineArgs, device: torch.device, max_blocks: int):
+        self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.block_size = kv_cache.block_size
+        self.vocab_size = int(model.config.vocab_size)
+        self.sampler = Sampler(args.random_seed, device)
+        self.use_decode_kernel = device.type == "cuda"
+        self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and not args.disable_cuda_graph and model.supports_cuda_graph:
+            self.graphs = DecodeGraphs(model, kv_cache, args.cuda_graph_max_bs, max_blocks, device)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        inputs = build_step_inputs(batch, self.block_size, self.device, self.use_decode_kernel)
+        decode_only = batch.num_decode == len(batch.seqs)
+        hidden = None
+        if decode_only and self.graphs is not None and self.graphs.can_run(batch.num_decode):
+            sample_logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
+            sample_logits = self.model.logits(hidden[inputs.sample_rows])
+        return self.sample(sample_logits, hidden, inputs)
+
+    def sample(
+        self, sample_logits: torch.Tensor, hidden: torch.Tensor | None, inputs: StepInputs
+    ) -> StepResult:
+        parts = []
+        if inputs.sample_seqs:
+            tokens, logprobs = self.sampler(
+                sample_logits, SamplingBatch.build(inputs.sample_seqs, self.vocab_size, self.device)
+            )
+            parts += [tokens.float(), logprobs]
+        if inputs.prompt_rows is not None:
+            logp = self._prompt_logits(hidden, inputs.prompt_rows).float().log_softmax(-1)
+            parts.append(logp.gather(-1, inputs.prompt_targets[:, None])[:, 0])
+        values = torch.cat(parts).tolist() if parts else []  # the step's one sync
+        num = len(inputs.sample_seqs)
+        sampled = [(seq, int(values[i]), values[num + i]) for i, seq in enumerate(inputs.sample_seqs)]
+        prompt = list(zip(inputs.prompt_owners, values[2 * num :], strict=True))
+        return StepResult(sampled, prompt)
+
+    def _prompt_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden[rows])
+
+    def load_weights(self, path: str) -> int:
+        return load_weights(self.model.weight_views(), path)

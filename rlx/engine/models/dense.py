@@ -1,0 +1,129 @@
+"""One compact forward pass for the dense decoder families and Qwen3-MoE, over paged attention.
+
+Module and parameter names are the HF checkpoint's (`model.layers.0.self_attn.q_proj.weight`),
+so the trainer's exported tensors load by name, in place. What differs between families is a
+handful of switches read from config.json:
+
+| model_type | switches |
+|---|---|
+| qwen3 | q/k RMSNorm per head |
+| llama | attention/MLP bias from the config; llama3 rope scaling (via transformers' rotary) |
+| glm4 | q/k/v bias, fused gate_up_proj, post-attention and post-MLP norms, interleaved partial rotary |
+| qwen3_moe | qwen3 attention, sparse MoE MLP on the layers the config names |
+
+Legend: T tokens of the step (flattened over sequences), H query heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlx.engine.attention import AttentionMetadata, paged_attention
+from rlx.engine.models.layers import FusedGatedMLP, GatedMLP, RMSNorm, RotaryTable
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, family: str):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        bias = bool(getattr(cfg, "attention_bias", False))
+        hidden = cfg.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias and family != "glm4")
+        self.qk_norm = family in ("qwen3", "qwen3_moe")
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, positions, rotary: RotaryTable, kv, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, k, positions)
+        out = paged_attention(q, k, v, kv, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, family: str, mlp: nn.Module):
+        super().__init__()
+        self.self_attn = Attention(cfg, family)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_norms = family == "glm4"
+        if self.post_norms:
+            self.post_self_attn_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, kv, meta) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), positions, rotary, kv, meta)
+        if self.post_norms:
+            h = self.post_self_attn_layernorm(h)
+        x = x + h
+        h = self.mlp(self.post_attention_layernorm(x))
+        if self.post_norms:
+            h = self.post_mlp_layernorm(h)
+        return x + h
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, cfg, family: str, make_mlp):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, family, make_mlp(i)) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder LM over paged attention: `forward` gives hidden states, `logits` the vocabulary scores."""
+
+    def __init__(self, cfg, max_positions: int):
+        super().__init__()
+        self.config = cfg
+        family = cfg.model_type
+        self.model = Backbone(cfg, family, lambda i: self.make_mlp(cfg, i))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.max_positions = max_positions
+        self.rotary: RotaryTable | None = None  # built by build_rotary, off the meta device
+        self.tie_weights()
+
+    def build_rotary(self, device: torch.device) -> None:
+        cfg = self.config
+        self.rotary = RotaryTable(cfg, self.max_positions, interleaved=cfg.model_type == "glm4").to(device)
+
+    def make_mlp(self, cfg, layer: int) -> nn.Module:
+        if cfg.model_type == "glm4":
+            return FusedGatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=bool(getattr(cfg, "mlp_bias", False)))
+
+    def tie_weights(self) -> None:
+        if getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, positions, self.rotary, kv_cache.layer(index), meta)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def weight_views(self) -> dict[str, torch.Tensor]:
+        """Checkpoint name -> the live tensor (or view of it) that name loads into."""
+        return {name: p.data for name, p in self.named_parameters(remove_duplicate=False)}
+
+    supports_cuda_graph = True

@@ -1,0 +1,96 @@
+"""Building blocks shared by the model families: RMSNorm, rotary tables, gated MLP.
+
+Numerics follow transformers' modules (norm in fp32, cast back before the weight; rotary
+angles in fp32 then cast to the activation dtype), so fp32 outputs match transformers'.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), HF names gate_proj / up_proj / down_proj."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class FusedGatedMLP(nn.Module):
+    """GLM-4's MLP: one gate_up_proj whose halves are gate and up."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+def rotary_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention scaling from the family's own transformers rotary module, so every
+    rope_scaling type (llama3, yarn, partial rotary) is computed the way transformers does it."""
+    module = importlib.import_module(
+        f"transformers.models.{hf_config.model_type}.modeling_{hf_config.model_type}"
+    )
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
+    rotary = cls(config=hf_config)
+    return rotary.inv_freq.float().cpu(), float(rotary.attention_scaling)
+
+
+class RotaryTable(nn.Module):
+    """cos/sin for every position up to the context length, looked up by position."""
+
+    def __init__(self, hf_config, max_positions: int, interleaved: bool):
+        super().__init__()
+        inv_freq, scaling = rotary_inv_freq(hf_config)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        if interleaved:  # GLM: each frequency covers an adjacent pair of dims
+            emb = freqs.repeat_interleave(2, dim=-1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        self.rotary_dim = emb.shape[-1]
+        self.interleaved = interleaved
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """Rotate q [T, H, D] and k [T, Hkv, D] (the first rotary_dim dims) in their dtype."""
+        cos = self.cos[positions].to(q.dtype)[:, None, :]
+        sin = self.sin[positions].to(q.dtype)[:, None, :]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        if self.interleaved:
+            half = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
+        else:
+            first, second = rot.chunk(2, dim=-1)
+            half = torch.cat((-second, first), dim=-1)
+        out = rot * cos + half * sin
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out

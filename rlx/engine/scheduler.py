@@ -1,0 +1,115 @@
+"""Continuous batching: which sequences run in the next forward pass, and how many tokens each.
+
+Every step, each running sequence with one token pending decodes it; sequences still in
+prefill take the next chunk of their prompt; then waiting sequences are admitted in arrival
+order while the token budget (`chunked_prefill_size`), the running cap
+(`max_running_requests`) and the free KV blocks allow. Decodes and prefill chunks share one
+forward pass. When a decode needs a new block and none is free, the most recently admitted
+sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
+recomputed (prompt and outputs so far) when memory allows; nothing is dropped (SGLang's
+retract, vLLM's recompute preemption).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from rlx.engine.block_manager import BlockManager
+from rlx.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    """Rows of one forward pass: decode rows (one token) first, then prefill chunks."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)  # tokens each row processes
+    num_decode: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.seqs.append(seq)
+        self.num_new.append(num_new)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_running: int, max_step_tokens: int):
+        self.blocks = blocks
+        self.max_running = max_running
+        self.max_step_tokens = max(max_step_tokens, max_running)  # every decode fits in a step
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preempted = 0  # total, for the logs
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        decode, prefill, budget = ScheduledBatch(), ScheduledBatch(), self.max_step_tokens
+        index = 0
+        while index < len(self.running):
+            seq = self.running[index]
+            if seq.num_tokens - seq.num_computed == 1 and not self._make_room(seq):
+                continue  # seq itself was preempted; the list shifted under index
+            remaining = seq.num_tokens - seq.num_computed
+            if remaining == 1:
+                decode.add(seq, 1)
+                budget -= 1
+            elif budget > 0:
+                chunk = min(remaining, budget)
+                prefill.add(seq, chunk)
+                self.blocks.mark_computed(seq, seq.num_computed + chunk)
+                budget -= chunk
+            index += 1
+        self._admit(decode, prefill, budget)
+        batch = ScheduledBatch(decode.seqs + prefill.seqs, decode.num_new + prefill.num_new, len(decode.seqs))
+        return batch if batch.seqs else None
+
+    def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            remaining = seq.num_tokens - seq.num_computed
+            chunk = min(remaining, budget)
+            (decode if remaining == 1 else prefill).add(seq, chunk)
+            self.blocks.mark_computed(seq, seq.num_computed + chunk)
+            budget -= chunk
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """A slot for `seq`'s pending token, preempting the newest sequences if need be;
+        False if `seq` itself had to go."""
+        while not self.blocks.can_append_pending(seq):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.grow_to(seq, seq.num_tokens)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preempted += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.blocks.release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,105 @@
+"""A scheduled batch turned into device tensors: token ids, positions, KV slots, attention
+metadata, and which hidden rows give logits (sampled tokens and prompt logprobs).
+
+Built on the host in one pass over the rows, moved with one copy per dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlx.engine.attention import AttentionMetadata
+from rlx.engine.scheduler import ScheduledBatch
+from rlx.engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [S] hidden rows whose logits give a next token
+    sample_seqs: list[Sequence]
+    prompt_rows: torch.Tensor | None = None  # [P] hidden rows predicting prompt tokens
+    prompt_targets: torch.Tensor | None = None  # [P] the prompt token each predicts
+    prompt_owners: list[Sequence] = field(default_factory=list)  # one per prompt row
+
+
+def build_step_inputs(
+    batch: ScheduledBatch, block_size: int, device: torch.device, use_decode_kernel: bool
+) -> StepInputs:
+    ids, positions, blocks, offsets = [], [], [], []
+    sample_rows, sample_seqs = [], []
+    prompt_rows, prompt_targets, prompt_owners = [], [], []
+    for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
+        start, end, offset = seq.num_computed, seq.num_computed + num_new, len(ids)
+        table = seq.block_table
+        ids.extend(seq.token_ids[start:end])
+        positions.extend(range(start, end))
+        blocks.extend(table[p // block_size] for p in range(start, end))
+        offsets.extend(p % block_size for p in range(start, end))
+        if end == seq.num_tokens:
+            sample_rows.append(offset + num_new - 1)
+            sample_seqs.append(seq)
+        if seq.wants_input_logprobs:
+            first = max(start, seq.request.logprob_start_len + len(seq.input_logprobs) - 1)
+            for p in range(first, min(end, seq.num_prompt - 1)):
+                prompt_rows.append(offset + p - start)
+                prompt_targets.append(seq.token_ids[p + 1])
+                prompt_owners.append(seq)
+    longs = torch.tensor([ids, positions, blocks, offsets], dtype=torch.int64).to(device, non_blocking=True)
+    meta = AttentionMetadata(
+        slot_block=longs[2],
+        slot_offset=longs[3],
+        num_decode=batch.num_decode,
+        use_decode_kernel=use_decode_kernel,
+    )
+    _decode_metadata(meta, batch, block_size, device)
+    _prefill_metadata(meta, batch, block_size, device)
+    inputs = StepInputs(longs[0], longs[1], meta, torch.tensor(sample_rows, device=device), sample_seqs)
+    if prompt_rows:
+        inputs.prompt_rows = torch.tensor(prompt_rows, device=device)
+        inputs.prompt_targets = torch.tensor(prompt_targets, device=device)
+        inputs.prompt_owners = prompt_owners
+    return inputs
+
+
+def padded_tables(seqs: list[Sequence], num_blocks: list[int]) -> list[list[int]]:
+    width = max(num_blocks)
+    return [s.block_table[:n] + [0] * (width - n) for s, n in zip(seqs, num_blocks, strict=True)]
+
+
+def _decode_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size: int, device) -> None:
+    if not batch.num_decode:
+        return
+    seqs = batch.seqs[: batch.num_decode]
+    lens = [s.num_computed + 1 for s in seqs]
+    tables = padded_tables(seqs, [-(-n // block_size) for n in lens])
+    meta.decode_block_tables = torch.tensor(tables, dtype=torch.int32).to(device, non_blocking=True)
+    meta.decode_context_lens = torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True)
+    if not meta.use_decode_kernel:
+        keys = torch.arange(len(tables[0]) * block_size, device=device)
+        meta.decode_mask = (keys[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
+
+
+def _prefill_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size: int, device) -> None:
+    seqs, num_new = batch.seqs[batch.num_decode :], batch.num_new[batch.num_decode :]
+    if not seqs:
+        return
+    starts = [s.num_computed for s in seqs]
+    ends = [s + n for s, n in zip(starts, num_new, strict=True)]
+    max_q = max(num_new)
+    tables = padded_tables(seqs, [-(-e // block_size) for e in ends])
+    meta.prefill_block_tables = torch.tensor(tables, dtype=torch.int64).to(device, non_blocking=True)
+    meta.prefill_max_q = max_q
+    meta.prefill_q_index = torch.tensor(
+        [row * max_q + i for row, n in enumerate(num_new) for i in range(n)], device=device
+    )
+    small = torch.tensor([starts, num_new], dtype=torch.int64).to(device, non_blocking=True)
+    q_pos = torch.arange(max_q, device=device)[None, :]
+    keys = torch.arange(len(tables[0]) * block_size, device=device)
+    mask = keys[None, None, :] <= (small[0][:, None] + q_pos)[:, :, None]  # causal over prefix + chunk
+    padding = (q_pos >= small[1][:, None])[:, :, None] & (keys == 0)[None, None, :]
+    meta.prefill_mask = (mask | padding)[:, None]  # padded queries see key 0: no empty softmax
