@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from rlx.config import compose
+from rlx.config.compose import compose
 from rlx.runtime import run
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, Rule
 
 
 @dataclass
@@ -12,10 +15,20 @@ class ClusterConfig:
     num_nodes: int = 1
     gpus_per_node: int = 0  # 0: CPU (gloo); trainer processes = num_trainer_procs
     num_trainer_procs: int = 1  # trainer ranks (one per GPU on GPU machines); DP = procs / (TP * PP)
-    colocate: bool = False  # engines and trainer share GPUs, alternating
+    colocate: bool = False  # engines and trainer share GPUs, alternating (not wired yet: true is rejected)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join one
     ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
     torch_threads: int = 1  # intra-op threads per trainer process on CPU
     expert_parallel_size: int = 1  # MoE experts split over this many ranks (carved out of TP x DP)
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "num_nodes": AT_LEAST_1,
+        "gpus_per_node": NON_NEGATIVE,
+        "num_trainer_procs": AT_LEAST_1,
+        "tensor_parallel_size": AT_LEAST_1,
+        "pipeline_parallel_size": AT_LEAST_1,
+        "expert_parallel_size": AT_LEAST_1,
+        "torch_threads": AT_LEAST_1,
+    }

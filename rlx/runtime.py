@@ -6,14 +6,18 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlx import checkpoint
-from rlx.config import build, to_object
+from rlx.config import build
+from rlx.config.compose import to_object
+from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
 from rlx.rollout.pool import RolloutPool
 from rlx.tracking import Tracker
@@ -24,23 +28,24 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig) -> list[dict[str, float]]:
     """Run `cfg.run.num_rollout` synchronous RL steps; return the per-step metrics."""
-    rc, out, hf_dir, tokenizer, data, resume = _prepare(cfg)
+    job = _prepare(cfg)
+    rc, out, data = job.cfg, job.out, job.data
     _start_ray(rc.cluster)
     trainer = pool = tracker = None
     history = []
     try:
         gpus_per_proc = 1 if rc.cluster.gpus_per_node > 0 else 0  # one GPU per trainer rank
         trainer = TrainerGroup(rc, num_procs=rc.cluster.num_trainer_procs, num_gpus_per_proc=gpus_per_proc)
-        pool = RolloutPool(rc.rollout, str(hf_dir), tokenizer, seed=rc.run.seed)
+        pool = RolloutPool(rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed)
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync = _WeightSync(trainer, pool, out / "weight_sync")
-        start_step, version = _resume(resume, trainer, data, sync) if resume else (0, 0)
+        start_step, version = _resume(job.resume, trainer, data, sync) if job.resume else (0, 0)
         bar = tqdm(
             range(start_step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress
         )
         for step in bar:
             step_start = time.perf_counter()
-            samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version)
+            samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version, step)
             metrics |= trainer.train(samples)  # old/ref log-probs, advantages, optimizer steps
             version += 1
             metrics["time/weight_sync_s"] = sync(version)
@@ -57,7 +62,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
                     trainer, out, step, {"step": step, "version": version, "data": data.state_dict()}
                 )
         if rc.run.save_hf:
-            checkpoint.export_hf(trainer, out / "hf", hf_dir)
+            checkpoint.export_hf(trainer, out / "hf", job.hf_dir)
     finally:
         for part in (pool, trainer):
             if part is not None:
@@ -69,7 +74,19 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     return history
 
 
-def _prepare(cfg: DictConfig):
+@dataclass
+class _Job:
+    """What `_prepare` checked and built before any process starts."""
+
+    cfg: RlxConfig
+    out: Path  # the run directory
+    hf_dir: Path  # the policy's HF checkpoint (engines load it; the tiny one is written here)
+    tokenizer: Any
+    data: Any  # the DataSource
+    resume: Path | None  # the checkpoint to continue from
+
+
+def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate(cfg)
     rc = to_object(cfg)
@@ -84,7 +101,7 @@ def _prepare(cfg: DictConfig):
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
     build(rc.algo)  # an algorithm that rejects its options does so here
     resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
-    return rc, out, hf_dir, tokenizer, data, resume
+    return _Job(rc, out, hf_dir, tokenizer, data, resume)
 
 
 def _resume(path: Path, trainer: TrainerGroup, data, sync: _WeightSync) -> tuple[int, int]:

@@ -1,19 +1,20 @@
-"""Helpers shared by tests: free ports, ranks spawned inside pytest, a one-rank megatron world."""
+"""Helpers shared by tests: free ports, ranks spawned inside pytest, a one-rank megatron world,
+and the parity set-up of the model-family tests (megatron vs transformers logits and weights)."""
 
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator
 
+import torch
 import torch.multiprocessing as mp
 
+from rlx.ports import free_port
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = [
+    "assert_same_tensors", "free_port", "hf_logits", "load_megatron", "megatron_logits", "megatron_world",
+    "spawn_ranks", "token_batch",
+]  # fmt: skip
 
 
 def spawn_ranks(fn: Callable, world_size: int, *args) -> None:
@@ -35,3 +36,45 @@ def megatron_world(rank: int = 0, world_size: int = 1, port: int | None = None, 
         yield
     finally:
         destroy_distributed()
+
+
+# ---- parity set-up shared by the model-family tests ------------------------------------------
+
+
+def token_batch(seq_len: int = 12, vocab_size: int = 16) -> torch.Tensor:
+    """Batch 2 x `seq_len` of random token ids over the whole (tiny) vocabulary, fixed."""
+    return torch.randint(0, vocab_size, (2, seq_len), generator=torch.Generator().manual_seed(0))
+
+
+def load_megatron(family, hf_dir) -> torch.nn.Module:
+    """`family`'s megatron model with the HF weights of `hf_dir`, in eval mode."""
+    model = family.build_model()
+    family.load_hf_weights(model, hf_dir)
+    return model.eval()
+
+
+def megatron_logits(model, ids: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    """Full-vocabulary logits [b, s, V]: the model's vocab-parallel shards gathered over TP."""
+    from megatron.core import tensor_parallel
+
+    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+    with torch.set_grad_enabled(grad):
+        logits = model(input_ids=ids, position_ids=positions, attention_mask=None)
+        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+
+
+def hf_logits(hf_dir, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' fp32 logits of `ids` for the checkpoint at `hf_dir`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def assert_same_tensors(exported: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Same names, dtypes and values, bit for bit."""
+    assert sorted(exported) == sorted(expected)
+    for name, tensor in expected.items():
+        assert exported[name].dtype == tensor.dtype, name
+        assert torch.equal(exported[name], tensor), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -10,16 +11,30 @@ from rlx.algo.config import AlgoConfig
 from rlx.sample import Sample
 
 
+@dataclass
+class Advantages:
+    """What `Algorithm.advantages` computes for one rollout batch, one entry per sample in batch order."""
+
+    advantages: list[torch.Tensor]  # float32 [response_len] per sample
+    # The critic's regression targets (float32 [response_len] per sample) when the algorithm
+    # `needs_critic`; None otherwise.
+    returns: list[torch.Tensor] | None = None
+    # Statistics the trainer's own advantage statistics cannot see, e.g. "return_mean" (mean
+    # per-sample return before normalisation), "kl_in_reward"; logged as `train/<key>`.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Algorithm(Protocol):
     """Advantage estimator + policy loss + KL terms; pure tensor code, no model, no processes.
 
-    Built as `Cls(cfg.algo)` with the class named by `cfg.algo._target_` (the config object,
-    dataclass or DictConfig, is passed whole; its fields are read as attributes).
+    Built once per process as `Cls(cfg.algo)` with the class named by `cfg.algo._target_`
+    (the config object, dataclass or DictConfig, is passed whole; its fields are read as
+    attributes). An algorithm keeps no state between calls: everything it computes is returned.
 
     Contract:
 
-    `advantages(samples, logprobs) -> list[Tensor]`
+    `advantages(samples, logprobs) -> Advantages`
         `samples` is a whole rollout batch ordered by (group, index): every group's samples
         are contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must
         have a `reward`; a `None` reward raises `ValueError` naming the sample. `logprobs`
@@ -27,20 +42,9 @@ class Algorithm(Protocol):
         `needs_critic`: the critic's value of the state before each response token) to one
         [response_len] tensor per sample, computed by the trainer before any update of this
         rollout, for estimators that shape rewards with them (KL in the reward) or bootstrap
-        from the critic (GAE). Returns one float32 tensor of shape [sample.response_len] per
-        sample, in the same order. Advantages are given for every response token; the trainer
-        applies `loss_mask`.
-
-    `advantage_metrics: dict[str, float]` (optional attribute)
-        Statistics of the last `advantages` call that the trainer's own advantage statistics
-        cannot see, e.g. "return_mean" (mean per-sample return before any normalisation) and
-        "kl_in_reward" (mean per-token KL(old || ref) of the reward penalty). The trainer logs
-        each as `train/<key>` right after calling `advantages`.
-
-    `returns: list[Tensor]` (attribute, set by `advantages` when `needs_critic`)
-        The critic's regression targets of the last `advantages` call: one float32
-        [response_len] tensor per sample, in batch order. The trainer trains the critic on
-        them right after `advantages`, against the "values" it passed in.
+        from the critic (GAE). Returns one float32 advantage tensor of shape
+        [sample.response_len] per sample, in the same order (for every response token; the
+        trainer applies `loss_mask`), the critic's targets when `needs_critic`, and metrics.
 
     `loss(mb, num_global_tokens, num_global_samples) -> (loss, metrics)`
         `mb` holds right-padded [B, T] tensors over response tokens of one micro-batch:
@@ -52,9 +56,10 @@ class Algorithm(Protocol):
             "mask"      float 0/1: tokens that count (loss mask and padding)
             "entropy"   per-token entropy of the current policy
         `num_global_tokens` is the number of masked tokens and `num_global_samples` the number
-        of samples of the whole global batch (all micro-batches of one optimizer step).
-        The returned scalar is this micro-batch's share of the global-batch loss, so the
-        trainer calls backward on each and sums gradients, with no rescaling. Total loss is
+        of samples of the whole global batch (all micro-batches of one optimizer step; the
+        trainer carries both in each micro-batch). The returned scalar is this micro-batch's
+        share of the global-batch loss, so the trainer calls backward on each and sums
+        gradients, with no rescaling. Total loss is
             pg_loss + kl_loss_coef * kl - entropy_coef * entropy
         `metrics` are detached scalars normalised the same way (summing over micro-batches
         gives the batch value): "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "loss", "kl"
@@ -64,11 +69,11 @@ class Algorithm(Protocol):
     `needs_ref`
         True when the loss or the advantages need "ref_logp", so the trainer computes it.
 
-    `needs_critic` (optional class attribute, default False)
+    `needs_critic`
         True when the algorithm learns a value model (PPO): the trainer then builds a critic
         (the policy's family and weights, a fresh scalar head; `algo.critic_lr`,
         `algo.value_clip`, `algo.critic_warmup_steps`), passes its "values" to `advantages`,
-        trains it on `returns`, and holds the policy during the critic's warm-up.
+        trains it on the returned `returns`, and holds the policy during the critic's warm-up.
 
     Class-level hooks, read by `rlx.config.validate` before anything starts (both optional):
     `config_errors(cfg: AlgoConfig) -> list[str]`, a classmethod returning one message per
@@ -78,10 +83,8 @@ class Algorithm(Protocol):
 
     def __init__(self, cfg: AlgoConfig) -> None: ...
 
-    def advantages(
-        self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]]
-    ) -> list[torch.Tensor]:
-        """Per-token advantages, one tensor of length `response_len` per sample."""
+    def advantages(self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]]) -> Advantages:
+        """Per-token advantages (and the critic's targets), one entry per sample."""
         ...
 
     def loss(
@@ -92,5 +95,10 @@ class Algorithm(Protocol):
 
     @property
     def needs_ref(self) -> bool:
-        """Whether `loss` reads "ref_logp"."""
+        """Whether `advantages` or `loss` read "ref_logp"."""
+        ...
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the trainer builds and trains a value model for `advantages`."""
         ...

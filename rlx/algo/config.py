@@ -9,6 +9,10 @@ algorithm classes' `config_errors`, run by `rlx.config.validate` at compose time
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, Rule, one_of
 
 
 @dataclass
@@ -25,16 +29,21 @@ class AlgoConfig:
     # use_kl_in_reward); mutually exclusive with use_kl_loss
     use_kl_in_reward: bool = False
     kl_in_reward_coef: float = 0.0  # the penalty is -kl_in_reward_coef * kl on every loss token
-    kl_in_reward_type: str = "k1"  # k1 | k2 | k3 | low_var_kl
+    kl_in_reward_type: str = "k1"  # a KL estimator: k1 | k2 | k3 | low_var_kl
     # --- policy loss ---
     eps_clip: float = 0.2  # lower clip range of the importance ratio: 1 - eps_clip
     eps_clip_high: float | None = None  # upper clip range: 1 + eps_clip_high (None: eps_clip)
     eps_clip_c: float | None = None  # dual clip, > 1: the loss of a negative advantage is at most c*|A|
     use_kl_loss: bool = False  # add kl_loss_coef * KL(policy || reference) to the loss
     kl_loss_coef: float = 0.0  # weight of the KL loss term
-    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
+    kl_loss_type: str = "low_var_kl"  # a KL estimator: k1 | k2 | k3 | low_var_kl
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
-    loss_agg: str = "token_mean"  # token_mean: over all tokens of the batch; sample_mean: per sample first
+    # token_mean: over all tokens of the batch; sample_mean: per sample first;
+    # seq_mean_token_sum_norm: Dr. GRPO's, each sample's token sum / loss_norm_len (rlx.algo.losses.aggregate)
+    loss_agg: str = "token_mean"
+    # seq_mean_token_sum_norm's constant divisor: the maximum response length (conf/config.yaml sets
+    # ${rollout.max_response_len}); read only by that aggregation
+    loss_norm_len: int | None = None
     # Truncated importance sampling: weight each token's policy loss by min(exp(old_logp - rollout_logp),
     # tis_clip), detached, to correct for the rollout engine's numerics differing from the trainer's.
     # Needs the engine's log-probs; every rollout engine returns them (the loss raises if one did not).
@@ -49,3 +58,20 @@ class AlgoConfig:
     # near the values its advantages were computed with (None: plain squared error)
     value_clip: float | None = 0.2
     critic_warmup_steps: int = 0  # first rollout steps on which only the critic trains (the policy waits)
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "kl_in_reward_type": one_of(KL_ESTIMATORS),
+        "kl_loss_type": one_of(KL_ESTIMATORS),
+        "loss_agg": one_of(LOSS_AGGREGATIONS),
+        "loss_norm_len": AT_LEAST_1,
+        "eps_clip": POSITIVE,
+        "eps_clip_high": POSITIVE,
+        "kl_loss_coef": NON_NEGATIVE,
+        "kl_in_reward_coef": NON_NEGATIVE,
+        "tis_clip": POSITIVE,
+        "gamma": UNIT,
+        "lambd": UNIT,
+        "critic_lr": POSITIVE,
+        "value_clip": POSITIVE,
+        "critic_warmup_steps": NON_NEGATIVE,
+    }

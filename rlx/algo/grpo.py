@@ -21,11 +21,18 @@ class GRPO(PolicyGradient):
     with `normalize_std`, divided by the group's std; every response token gets that value.
     """
 
-    def estimate(self, samples: list[Sample], token_rewards: list[torch.Tensor]) -> list[torch.Tensor]:
+    def estimate(
+        self,
+        samples: list[Sample],
+        token_rewards: list[torch.Tensor],
+        logprobs: dict[str, list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], None]:
         adv_per_sample: list[torch.Tensor] = [torch.zeros(())] * len(samples)
         for group in contiguous_groups(samples):
             returns_1N = torch.stack([token_rewards[i].sum() for i in group]).unsqueeze(0)
             adv_N = group_normalized_advantages(returns_1N, self.cfg.normalize_std)[0]
             for i, adv in zip(group, adv_N, strict=True):
                 adv_per_sample[i] = adv
-        return [adv.expand(s.response_len).clone() for adv, s in zip(adv_per_sample, samples, strict=True)]
+        return [
+            adv.expand(s.response_len).clone() for adv, s in zip(adv_per_sample, samples, strict=True)
+        ], None

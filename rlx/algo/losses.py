@@ -19,13 +19,12 @@ fill padding with finite numbers (0) so that no NaN can appear in the backward p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
-KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
-LossAgg = Literal["token_mean", "sample_mean"]
-LOSS_AGGREGATIONS: tuple[str, ...] = ("token_mean", "sample_mean")
+LossAgg = Literal["token_mean", "sample_mean", "seq_mean_token_sum_norm"]
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAgg)
 
 # exp() of a log-ratio beyond this overflows float32 soon after; clamping before exp keeps
 # both the value and the backward pass finite (verl clamps at the same bound).
@@ -180,7 +179,7 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def kl_estimate(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: KLKind | str) -> torch.Tensor:
+def kl_estimate(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) of the given `kind` (see KL_ESTIMATORS)."""
     try:
         estimator = KL_ESTIMATORS[kind]
@@ -270,6 +269,7 @@ def aggregate(
     mode: LossAgg | str,
     num_global_tokens: int,
     num_global_samples: int,
+    norm_len: int | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values of one micro-batch to a scalar, normalised by GLOBAL counts.
 
@@ -282,6 +282,10 @@ def aggregate(
     sample_mean: each sample's mean over its own masked tokens, summed, / `num_global_samples`
                  (samples in the global batch); every sample weighs the same (original GRPO).
                  A sample with no masked token contributes 0 but still counts as a sample.
+    seq_mean_token_sum_norm: each sample's sum over its masked tokens divided by one constant,
+                 `norm_len` (the maximum response length), summed, / `num_global_samples`:
+                 Dr. GRPO's loss (Liu et al., 2025), which removes the per-sample 1/|o_i|
+                 length bias of sample_mean; verl's "seq-mean-token-sum-norm".
     """
     if mode not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")
@@ -293,5 +297,9 @@ def aggregate(
         return masked_BT.sum() / num_global_tokens
     if num_global_samples <= 0:
         raise ValueError(f"num_global_samples must be positive, got {num_global_samples}")
+    if mode == "seq_mean_token_sum_norm":
+        if norm_len is None or norm_len <= 0:
+            raise ValueError(f"seq_mean_token_sum_norm needs a positive norm_len, got {norm_len}")
+        return masked_BT.sum() / norm_len / num_global_samples
     num_tokens_B = mask_BT.sum(dim=1).clamp(min=1)
     return (masked_BT.sum(dim=1) / num_tokens_B).sum() / num_global_samples

@@ -17,10 +17,9 @@ from typing import ClassVar
 
 import torch
 
+from rlx.algo.base import Advantages
 from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import (
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
     aggregate,
     clipped_policy_loss,
     kl_estimate,
@@ -29,6 +28,7 @@ from rlx.algo.losses import (
     truncated_is_weight,
     whitening_stats,
 )
+from rlx.config.rules import field_errors
 from rlx.sample import Sample
 
 
@@ -50,24 +50,29 @@ class PolicyGradient:
     """
 
     min_group_size: ClassVar[int] = 2  # group-relative estimators compare samples of one prompt
+    needs_critic: ClassVar[bool] = False  # PPO learns a value model; the others need none
 
     def __init__(self, cfg: AlgoConfig) -> None:
         # fail at construction, not at the first loss call after a long rollout
-        errors = _choice_errors(cfg) + self.config_errors(cfg)
+        errors = field_errors(cfg, AlgoConfig, "algo") + self.config_errors(cfg)
         if errors:
             raise ValueError("; ".join(errors))
         self.cfg = cfg
-        # statistics of the last `advantages` call (the trainer logs them as train/<key>)
-        self.advantage_metrics: dict[str, float] = {}
 
     @classmethod
     def config_errors(cls, cfg: AlgoConfig) -> list[str]:
-        """Rules between `algo` fields (single-field choices and ranges are validate's tables)."""
+        """Rules between `algo` fields (single-field choices and ranges are `AlgoConfig.RULES`)."""
         errors = []
         if cfg.use_kl_loss and cfg.use_kl_in_reward:
             errors.append(
                 "algo.use_kl_loss=true and algo.use_kl_in_reward=true both penalise KL to the reference; "
                 "choose one: set algo.use_kl_loss=false or algo.use_kl_in_reward=false"
+            )
+        if cfg.loss_agg == "seq_mean_token_sum_norm" and not cfg.loss_norm_len:
+            errors.append(
+                "algo.loss_agg=seq_mean_token_sum_norm divides each sample's token sum by algo.loss_norm_len, "
+                f"which is {cfg.loss_norm_len!r}; set algo.loss_norm_len to the maximum response length "
+                "(conf/config.yaml sets it to ${rollout.max_response_len})"
             )
         if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1.0:
             errors.append(
@@ -85,7 +90,7 @@ class PolicyGradient:
 
     def advantages(
         self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]] | None = None
-    ) -> list[torch.Tensor]:
+    ) -> Advantages:
         """Per-token advantages, one float32 tensor of length `response_len` per sample."""
         cfg = self.cfg
         masks = [loss_mask(s) for s in samples]
@@ -102,18 +107,23 @@ class PolicyGradient:
         metrics["return_mean"] = (
             float(torch.stack([r.sum() for r in token_rewards]).mean()) if samples else 0.0
         )
-        advs = self.estimate(samples, token_rewards)
+        advs, returns = self.estimate(samples, token_rewards, logprobs or {})
         if cfg.whiten_advantages:
             advs = _whiten_over_loss_tokens(advs, masks)
-        self.advantage_metrics = metrics
-        return [adv.float() for adv in advs]
+        return Advantages([adv.float() for adv in advs], returns, metrics)
 
     def outcome_rewards(self, samples: list[Sample]) -> list[float]:
         """The scalar reward each sample starts from (REINFORCE++-baseline centres it)."""
         return [sample_reward(s) for s in samples]
 
-    def estimate(self, samples: list[Sample], token_rewards: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Advantages [response_len] per sample from per-token rewards [response_len]."""
+    def estimate(
+        self,
+        samples: list[Sample],
+        token_rewards: list[torch.Tensor],
+        logprobs: dict[str, list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Advantages [response_len] per sample from per-token rewards [response_len], and the
+        critic's targets when the algorithm has a critic (None otherwise)."""
         raise NotImplementedError
 
     def _kl_to_ref(self, logprobs: dict[str, list[torch.Tensor]] | None) -> list[torch.Tensor]:
@@ -142,6 +152,7 @@ class PolicyGradient:
             mode=cfg.loss_agg,
             num_global_tokens=num_global_tokens,
             num_global_samples=num_global_samples,
+            norm_len=cfg.loss_norm_len,
         )
         pg_loss_BT, clipfrac_BT, dual_clipfrac_BT = clipped_policy_loss(
             self.log_ratio(mb), mb["adv"], cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c
@@ -226,13 +237,3 @@ def _whiten_over_loss_tokens(advs: list[torch.Tensor], masks: list[torch.Tensor]
         return advs
     mean, rstd = whitening_stats(adv_K)
     return [(a - mean) * rstd for a in advs]
-
-
-def _choice_errors(cfg: AlgoConfig) -> list[str]:
-    errors = []
-    for key in ("kl_loss_type", "kl_in_reward_type"):
-        if getattr(cfg, key) not in KL_ESTIMATORS:
-            errors.append(f"algo.{key}={getattr(cfg, key)!r} is not one of {sorted(KL_ESTIMATORS)}")
-    if cfg.loss_agg not in LOSS_AGGREGATIONS:
-        errors.append(f"algo.loss_agg={cfg.loss_agg!r} is not one of {LOSS_AGGREGATIONS}")
-    return errors

@@ -1,5 +1,5 @@
 """PPO with a learned critic: GAE advantages from per-token rewards and the critic's values,
-the critic's regression targets (returns) exposed for the trainer, PPO's clipped surrogate.
+the critic's regression targets (returns) returned beside them, PPO's clipped surrogate.
 
 Shape legend: T one response's tokens, K loss tokens of the whole rollout batch, concatenated.
 """
@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from rlx.algo.config import AlgoConfig
+from rlx.algo.base import Advantages
 from rlx.algo.losses import gae
 from rlx.algo.policy_gradient import PolicyGradient, loss_mask
 from rlx.sample import Sample
@@ -24,12 +24,12 @@ class PPO(PolicyGradient):
     kl_in_reward_coef * KL(old || ref) on every loss token when `use_kl_in_reward`. The
     trainer's critic gives one value per response token (`logprobs["values"]`, the value of
     the state before that token); `estimate` runs GAE (`gamma`, `lambd`) over each response's
-    loss tokens and keeps the returns, advantages + values, as the critic's targets in
-    `returns`. `whiten_advantages` (on in conf/algo/ppo.yaml, as both reference systems do) then
+    loss tokens and returns the returns, advantages + values, as the critic's targets
+    (`Advantages.returns`). `whiten_advantages` (on in conf/algo/ppo.yaml, as both reference systems do) then
     whitens the advantages over the batch; the returns stay unwhitened. The loss is PPO's
     clipped surrogate, shared with GRPO.
 
-    Logged besides the base class's `advantage_metrics` ("return_mean" there is the mean summed
+    Logged besides the base class's metrics ("return_mean" there is the mean summed
     reward per sample): "values_mean" and "returns_mean" over loss tokens, and
     "explained_variance", 1 - Var(R - V) / Var(R) over loss tokens, of the values the critic gave
     before this rollout's update (1: the critic predicts the returns; <= 0: no better than
@@ -39,33 +39,30 @@ class PPO(PolicyGradient):
     min_group_size: ClassVar[int] = 1  # the critic is the baseline, not the prompt's group
     needs_critic: ClassVar[bool] = True  # the trainer builds a value model and trains it on `returns`
 
-    def __init__(self, cfg: AlgoConfig) -> None:
-        super().__init__(cfg)
-        self.returns: list[torch.Tensor] = []  # the critic's targets from the last `advantages` call
-        self._values: list[torch.Tensor] = []  # the critic's values for the `advantages` call under way
-
     def advantages(
         self, samples: list[Sample], logprobs: dict[str, list[torch.Tensor]] | None = None
-    ) -> list[torch.Tensor]:
-        """GAE advantages per sample; sets `returns` (the critic's targets) as a side result."""
-        if not logprobs or "values" not in logprobs:
-            raise KeyError("PPO's advantages need the critic's values: logprobs['values'] is missing")
-        # `estimate` (called by the base class between reward shaping and whitening) reads them
-        self._values = [v.double() for v in logprobs["values"]]
-        advs = super().advantages(samples, logprobs)
+    ) -> Advantages:
+        """GAE advantages per sample, the critic's targets (`returns`) and value metrics."""
+        result = super().advantages(samples, logprobs)
         masks = [loss_mask(s).bool() for s in samples]
-        values_K = torch.cat([v[m] for v, m in zip(self._values, masks, strict=True)])
-        returns_K = torch.cat([r.double()[m] for r, m in zip(self.returns, masks, strict=True)])
-        self.advantage_metrics |= _value_metrics(values_K, returns_K)
-        return advs
+        values_K = torch.cat([v.double()[m] for v, m in zip(logprobs["values"], masks, strict=True)])
+        returns_K = torch.cat([r.double()[m] for r, m in zip(result.returns, masks, strict=True)])
+        result.metrics |= _value_metrics(values_K, returns_K)
+        return result
 
-    def estimate(self, samples: list[Sample], token_rewards: list[torch.Tensor]) -> list[torch.Tensor]:
+    def estimate(
+        self,
+        samples: list[Sample],
+        token_rewards: list[torch.Tensor],
+        logprobs: dict[str, list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if "values" not in logprobs:
+            raise KeyError("PPO's advantages need the critic's values: logprobs['values'] is missing")
         pairs = [
-            gae(rewards_T, values_T, loss_mask(s), self.cfg.gamma, self.cfg.lambd)
-            for s, rewards_T, values_T in zip(samples, token_rewards, self._values, strict=True)
+            gae(rewards_T, values_T.double(), loss_mask(s), self.cfg.gamma, self.cfg.lambd)
+            for s, rewards_T, values_T in zip(samples, token_rewards, logprobs["values"], strict=True)
         ]
-        self.returns = [returns_T.float() for _, returns_T in pairs]
-        return [adv_T for adv_T, _ in pairs]
+        return [adv_T for adv_T, _ in pairs], [returns_T.float() for _, returns_T in pairs]
 
 
 def _value_metrics(values_K: torch.Tensor, returns_K: torch.Tensor) -> dict[str, float]:

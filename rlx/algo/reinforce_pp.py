@@ -29,5 +29,10 @@ class ReinforcePP(PolicyGradient):
 
     min_group_size: ClassVar[int] = 1  # the baseline is the batch, not the prompt's group
 
-    def estimate(self, samples: list[Sample], token_rewards: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [discounted_returns(rewards_T, self.cfg.gamma) for rewards_T in token_rewards]
+    def estimate(
+        self,
+        samples: list[Sample],
+        token_rewards: list[torch.Tensor],
+        logprobs: dict[str, list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], None]:
+        return [discounted_returns(rewards_T, self.cfg.gamma) for rewards_T in token_rewards], None

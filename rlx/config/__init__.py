@@ -1,79 +1,15 @@
 """Composing, checking and building rlx configs.
 
+    from rlx.config.compose import compose, to_object
     cfg = compose(["algo=grpo", "rollout.n_samples_per_prompt=4"])   # composed and validated
     algo = build(cfg.algo)                                          # GRPO(AlgoConfig(...))
     data = build(cfg.data, tokenizer, seed=cfg.run.seed, max_prompt_len=64)
 
-Programs launched with `@hydra.main` get the same tree from Hydra and call `validate` themselves.
+This package's `__init__` imports only `build` (light: no Hydra, no validation), because
+trainer ranks and engines build their components from config dataclasses too. Composing
+(Hydra) lives in `rlx.config.compose`, the cross-group rules in `rlx.config.validate`.
 """
 
-from __future__ import annotations
+from rlx.config.build import build
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
-from hydra.initialize import get_gh_backup, restore_gh_from_backup
-from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from rlx.config import store  # noqa: F401  (registers the schemas and resolvers)
-from rlx.config.schema import RlxConfig
-from rlx.config.validate import validate
-from rlx.errors import ConfigError
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-__all__ = ["CONF_DIR", "build", "compose", "to_object", "validate"]
-
-
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose `conf/config.yaml` with Hydra command-line style overrides, then `validate` it.
-
-    Works inside a running Hydra app too: the global Hydra state is saved and restored.
-    Raises ConfigError (naming the key) for unknown keys, wrong types and broken rules.
-    """
-    backup = get_gh_backup()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_error_chain(e)) from e
-    finally:
-        restore_gh_from_backup(backup)
-    validate(cfg)
-    return cfg
-
-
-def build(node: Any, *args: Any, **kwargs: Any) -> Any:
-    """Construct `node._target_` with the node's dataclass as first argument, then `args`, `kwargs`.
-
-    `node` is a typed config node (e.g. `cfg.algo`) or the dataclass itself (`to_object(cfg).algo`).
-    """
-    obj = OmegaConf.to_object(node) if isinstance(node, DictConfig) else node
-    return get_class(obj._target_)(obj, *args, **kwargs)
-
-
-def to_object(cfg: DictConfig) -> RlxConfig:
-    """The composed tree as an `RlxConfig` of dataclasses, interpolations resolved."""
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, RlxConfig):
-        raise TypeError(f"expected a config composed on the RlxConfig schema, got {type(obj).__name__}")
-    return obj
-
-
-def _error_chain(e: BaseException) -> str:
-    """Hydra wraps the useful OmegaConf message (which names the key) as the cause; show both."""
-    parts = []
-    while e is not None:
-        text = str(e).strip()
-        if text and text not in parts:
-            parts.append(text)
-        e = e.__cause__
-    return "\n".join(parts)
+__all__ = ["build"]

@@ -1,14 +1,17 @@
-"""Run-level config sections and the root schema that Hydra composes into."""
+"""The `run` section and the root schema that Hydra composes into (`train` is `rlx.trainer.config`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from rlx.algo.config import AlgoConfig
 from rlx.cluster import ClusterConfig
+from rlx.config.rules import NON_NEGATIVE, Rule
 from rlx.data.config import DataConfig
 from rlx.models.config import ModelConfig
 from rlx.rollout.config import RolloutConfig
+from rlx.trainer.config import TrainConfig
 
 
 @dataclass
@@ -28,23 +31,7 @@ class RunConfig:
     tensorboard: bool = True
     progress: bool = True  # progress bar on the console
 
-
-@dataclass
-class TrainConfig:
-    """Optimisation of the policy."""
-
-    global_batch_size: int = 256  # samples per optimizer step
-    micro_batch_size: int = 64  # samples per forward/backward
-    num_steps_per_rollout: int = 1  # optimizer steps per rollout batch
-    lr: float = 2e-3
-    min_lr: float = 0.0
-    lr_warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    RULES: ClassVar[dict[str, Rule]] = {"num_rollout": NON_NEGATIVE, "save_interval": NON_NEGATIVE}
 
 
 @dataclass

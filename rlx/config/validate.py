@@ -7,7 +7,7 @@ ConfigError lists them all, each naming the keys, their values and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -16,81 +16,13 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlx.config.rules import field_errors
 from rlx.config.schema import RlxConfig
-from rlx.data.source import ON_BAD_SAMPLE
 from rlx.errors import ConfigError
 from rlx.reward import load_reward_fn
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
 DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo class may say otherwise
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "algo.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
-    "algo.kl_in_reward_type": ("k1", "k2", "k3", "low_var_kl"),
-    "algo.loss_agg": ("token_mean", "sample_mean"),
-    "train.precision": ("fp32", "bf16", "fp16"),
-    "data.on_bad_sample": ON_BAD_SAMPLE,
-}
-
-_POSITIVE = "> 0"
-_AT_LEAST_1 = ">= 1"
-_NON_NEGATIVE = ">= 0"
-_CHECKS: dict[str, Callable[[Any], bool]] = {
-    _POSITIVE: lambda v: v > 0,
-    _AT_LEAST_1: lambda v: v >= 1,
-    _NON_NEGATIVE: lambda v: v >= 0,
-    "in (0, 1]": lambda v: 0 < v <= 1,
-    "in [0, 1)": lambda v: 0 <= v < 1,
-    "in [0, 1]": lambda v: 0 <= v <= 1,
-    "-1 (off) or >= 1": lambda v: v == -1 or v >= 1,
-}
-# key -> requirement (a key of _CHECKS); None values are allowed where the schema allows them.
-RANGES: dict[str, str] = {
-    "rollout.temperature": _NON_NEGATIVE,
-    "rollout.top_p": "in (0, 1]",
-    "rollout.top_k": "-1 (off) or >= 1",
-    "rollout.batch_size": _AT_LEAST_1,
-    "rollout.max_response_len": _AT_LEAST_1,
-    "rollout.num_engines": _AT_LEAST_1,
-    "rollout.max_concurrency": _AT_LEAST_1,
-    "rollout.engine_threads": _AT_LEAST_1,
-    "algo.eps_clip": _POSITIVE,
-    "algo.eps_clip_high": _POSITIVE,
-    "algo.kl_loss_coef": _NON_NEGATIVE,
-    "algo.kl_in_reward_coef": _NON_NEGATIVE,
-    "algo.tis_clip": _POSITIVE,
-    "algo.gamma": "in [0, 1]",
-    "algo.lambd": "in [0, 1]",
-    "algo.critic_lr": _POSITIVE,
-    "algo.value_clip": _POSITIVE,
-    "algo.critic_warmup_steps": _NON_NEGATIVE,
-    "train.lr": _POSITIVE,
-    "train.min_lr": _NON_NEGATIVE,
-    "train.lr_warmup_steps": _NON_NEGATIVE,
-    "train.weight_decay": _NON_NEGATIVE,
-    "train.adam_beta1": "in [0, 1)",
-    "train.adam_beta2": "in [0, 1)",
-    "train.adam_eps": _POSITIVE,
-    "train.clip_grad": _NON_NEGATIVE,
-    "train.global_batch_size": _AT_LEAST_1,
-    "train.micro_batch_size": _AT_LEAST_1,
-    "train.num_steps_per_rollout": _AT_LEAST_1,
-    "run.num_rollout": _NON_NEGATIVE,
-    "run.save_interval": _NON_NEGATIVE,
-    "cluster.num_nodes": _AT_LEAST_1,
-    "cluster.gpus_per_node": _NON_NEGATIVE,
-    "cluster.num_trainer_procs": _AT_LEAST_1,
-    "cluster.tensor_parallel_size": _AT_LEAST_1,
-    "cluster.pipeline_parallel_size": _AT_LEAST_1,
-    "cluster.expert_parallel_size": _AT_LEAST_1,
-    "cluster.torch_threads": _AT_LEAST_1,
-    "model.num_layers": _AT_LEAST_1,
-    "model.hidden_size": _AT_LEAST_1,
-    "model.num_attention_heads": _AT_LEAST_1,
-    "model.vocab_size": _AT_LEAST_1,
-    "model.max_position_embeddings": _AT_LEAST_1,
-    "data.max_prompt_len": _AT_LEAST_1,
-}
 
 Classes = dict[str, Any]  # group -> the class its `_target_` names (None if it did not import)
 
@@ -109,7 +41,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
             raise ConfigError(str(e)) from e
     classes: Classes = {}
     errors = _targets(cfg, classes)
-    for rule in (_choices, _ranges, _batch_sizes, _parallel_sizes, _group_size, _lengths, _checkpoint):
+    for rule in (_field_rules, _batch_sizes, _parallel_sizes, _placement, _group_size, _lengths, _checkpoint):
         errors += rule(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
@@ -152,25 +84,14 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
     return errors
 
 
-def _choices(cfg: RlxConfig, classes: Classes) -> list[str]:
-    return [
-        f"{key}={_get(cfg, key)!r} is not one of {list(allowed)}; set {key}={allowed[0]}, say"
-        for key, allowed in CHOICES.items()
-        if _get(cfg, key) not in allowed
-    ]
-
-
-def _ranges(cfg: RlxConfig, classes: Classes) -> list[str]:
-    errors = []
-    for key, requirement in RANGES.items():
-        value = _get(cfg, key)
-        if value is not None and not _CHECKS[requirement](value):
-            errors.append(f"{key}={value!r} must be {requirement}; set it to a value {requirement}")
-    return errors
+def _field_rules(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """Each section's single-field rules, declared by its dataclass (`RULES`, rlx.config.rules)."""
+    sections = [(f.name, getattr(cfg, f.name)) for f in fields(cfg)]
+    return [e for name, section in sections for e in field_errors(section, type(section), name)]
 
 
 def _positive(cfg: RlxConfig, *keys: str) -> bool:
-    """The arithmetic rules need these >= 1 (`_ranges` reports them when they are not)."""
+    """The arithmetic rules need these >= 1 (`_field_rules` reports them when they are not)."""
     return all(_get(cfg, key) >= 1 for key in keys)
 
 
@@ -253,6 +174,15 @@ def _parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"{c.pipeline_parallel_size})) = {t.micro_batch_size * dp}; {fix}"
         )
     return errors
+
+
+def _placement(cfg: RlxConfig, classes: Classes) -> list[str]:
+    if not cfg.cluster.colocate:
+        return []
+    return [
+        "cluster.colocate=true is not supported yet (engines and trainer on the same GPUs, alternating, "
+        "comes with the GPU placement work); set cluster.colocate=false"
+    ]
 
 
 def _group_size(cfg: RlxConfig, classes: Classes) -> list[str]:

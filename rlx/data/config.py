@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx.config.rules import AT_LEAST_1, Rule, one_of
+
+ON_BAD_SAMPLE = ("error", "skip")  # what a source does with a bad row (rlx.data.source)
 
 
 @dataclass
@@ -20,3 +25,5 @@ class DataConfig:
     toy_task: str = "reverse"  # ToySource: reverse | copy
     toy_num_digits: int = 3
     toy_num_rows: int = 4096
+
+    RULES: ClassVar[dict[str, Rule]] = {"max_prompt_len": AT_LEAST_1, "on_bad_sample": one_of(ON_BAD_SAMPLE)}

@@ -14,13 +14,12 @@ from typing import Any, Protocol
 
 from hydra.utils import to_absolute_path
 
-from rlx.data.config import DataConfig
+from rlx.data.config import ON_BAD_SAMPLE, DataConfig
 from rlx.errors import DataError
 from rlx.sample import Sample
 
 log = logging.getLogger(__name__)
 
-ON_BAD_SAMPLE = ("error", "skip")
 _TOKENIZE_CHUNK = 1024  # prompts per tokenizer call: batched for speed, bounded for memory
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from rlx.config.rules import AT_LEAST_1, Rule
 
 
 @dataclass
@@ -70,3 +72,8 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0  # YaRN: low-frequency ramp boundary (rotations)
     yarn_mscale: float = 1.0  # YaRN: attention-temperature coefficient of the cos/sin
     yarn_mscale_all_dim: float = 0.0  # YaRN: attention-temperature coefficient of the softmax scale
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        key: AT_LEAST_1
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings")
+    }

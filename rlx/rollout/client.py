@@ -126,16 +126,25 @@ class EngineClient:
         return (await self._request("POST", "/generate", json=payload)).body
 
     async def generate_batch(
-        self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, return_logprob: bool = True
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]],
+        *,
+        return_logprob: bool = True,
     ) -> list[dict[str, Any]]:
         """POST /generate with SGLang's batch form (a list of prompts); one response per prompt.
+        `sampling_params` is one dict for every prompt or one per prompt (SGLang accepts both).
 
         One request per group keeps a group on one engine behind the router, where its shared
         prompt is cached once, and costs one HTTP round trip instead of n.
         """
         payload = {
             "input_ids": [list(ids) for ids in input_ids],
-            "sampling_params": dict(sampling_params),
+            "sampling_params": (
+                dict(sampling_params)
+                if isinstance(sampling_params, dict)
+                else [dict(p) for p in sampling_params]
+            ),
             "return_logprob": return_logprob,
         }
         return (await self._request("POST", "/generate", json=payload)).body

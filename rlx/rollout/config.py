@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, TOP_K, UNIT_OPEN_LOW, Rule
 
 
 @dataclass
@@ -27,3 +29,14 @@ class RolloutConfig:
         "sglang.launch_server"  # rollout=sglang: `python -m` this (a fork's entry point, say)
     )
     router_args: dict[str, Any] = field(default_factory=dict)  # passed to sglang-router unchanged
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "temperature": NON_NEGATIVE,
+        "top_p": UNIT_OPEN_LOW,
+        "top_k": TOP_K,
+        "batch_size": AT_LEAST_1,
+        "max_response_len": AT_LEAST_1,
+        "num_engines": AT_LEAST_1,
+        "max_concurrency": AT_LEAST_1,
+        "engine_threads": AT_LEAST_1,
+    }

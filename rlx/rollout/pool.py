@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import logging
 import time
 
@@ -33,6 +34,7 @@ class RolloutPool:
         self, cfg: RolloutConfig, model_path: str, tokenizer, *, seed: int, num_gpus_per_engine: float = 0
     ):
         self.cfg = cfg
+        self.seed = seed
         self.tokenizer = tokenizer
         self.reward_fn = load_reward_fn(cfg.reward_fn)
         self.actors = [
@@ -64,8 +66,13 @@ class RolloutPool:
 
     # ---- generation --------------------------------------------------------------------------
 
-    def generate(self, prompts: list[Sample], version: int) -> tuple[list[Sample], dict[str, float]]:
-        """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards."""
+    def generate(
+        self, prompts: list[Sample], version: int, step: int = 0
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards.
+
+        Each sample is drawn with its own sampling seed, a function of (run seed, `step`, group,
+        index), so what a sample gets does not depend on how an engine batched the requests."""
         start = time.perf_counter()
         samples = []
         for g, prompt in enumerate(prompts):
@@ -74,29 +81,37 @@ class RolloutPool:
                 s.metadata = dict(prompt.metadata)
                 s.group, s.index = g, i
                 samples.append(s)
-        self._run(self._generate_all(samples, version))
+        self._run(self._generate_all(samples, version, step))
         for s in samples:
             self._reward(s)
         elapsed = time.perf_counter() - start
         return samples, self._metrics(samples, elapsed)
 
-    async def _generate_all(self, samples: list[Sample], version: int) -> None:
+    async def _generate_all(self, samples: list[Sample], version: int, step: int) -> None:
         semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
         groups: dict[int, list[Sample]] = {}
         for s in samples:
             groups.setdefault(s.group, []).append(s)
-        await asyncio.gather(*(self._generate_group(g, semaphore, version) for g in groups.values()))
+        await asyncio.gather(*(self._generate_group(g, semaphore, version, step) for g in groups.values()))
 
-    async def _generate_group(self, group: list[Sample], semaphore: asyncio.Semaphore, version: int) -> None:
+    async def _generate_group(
+        self, group: list[Sample], semaphore: asyncio.Semaphore, version: int, step: int
+    ) -> None:
+        params = [self.sampling_params | {"sampling_seed": self._seed(step, s)} for s in group]
         async with semaphore:
             try:
-                outs = await self.client.generate_batch([s.prompt_ids for s in group], self.sampling_params)
+                outs = await self.client.generate_batch([s.prompt_ids for s in group], params)
             except Exception as e:  # a failed request fails its group, not the run
                 for s in group:
                     s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
                 return
         for s, out in zip(group, outs, strict=True):
             self._fill(s, out, version)
+
+    def _seed(self, step: int, s: Sample) -> int:
+        """A 63-bit sampling seed from (run seed, step, group, index): distinct per sample and step."""
+        key = f"{self.seed}/{step}/{s.group}/{s.index}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
     def _fill(self, s: Sample, out: dict, version: int) -> None:
         """Copy one SGLang /generate response into the sample."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags, free_port
+from rlx.ports import free_port
+from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
 
 
 class Router(ChildService):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from rlx.ports import free_port
 from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, SamplingParams
 
 
@@ -66,13 +66,6 @@ def launch_server_cmd(
         str(port),
         *cli_flags(args),
     ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the child binds it; a race with others is unlikely)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class ChildProcess:

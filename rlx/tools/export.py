@@ -11,15 +11,16 @@ model copy, not of its optimizer.
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from rlx import checkpoint
-from rlx.config import build, to_object
+from rlx.config import build
+from rlx.config.compose import to_object
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
+from rlx.ports import free_port
 from rlx.trainer.weights import write_weight_shards
 
 
@@ -41,7 +42,7 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     out = Path(out) if out else run_dir / "hf_export"
 
     family = build(rc.model)
-    init_distributed(0, 1, "127.0.0.1", _free_port())
+    init_distributed(0, 1, "127.0.0.1", free_port())
     try:
         model = family.build_model()
         state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt / "megatron"))
@@ -51,12 +52,6 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     finally:
         destroy_distributed()
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,7 +6,7 @@ Right padding keeps causal attention exact for the real tokens, so no attention 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -23,6 +23,10 @@ class MicroBatch:
     response_len_B: torch.Tensor
     mask_BT: torch.Tensor  # float: 1 for response tokens that count in the loss
     extras: dict[str, torch.Tensor]  # per-token fields [B, T], e.g. adv, rollout_logp, old_logp
+    # Counts of the whole global batch this micro-batch belongs to (all its micro-batches on all
+    # DP ranks), by which losses normalise; 0 in forward-only micro-batches.
+    num_global_tokens: int = 0  # loss tokens
+    num_global_samples: int = 0
 
     @property
     def num_samples(self) -> int:
@@ -30,10 +34,12 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch on `device` (the model's)."""
-        return MicroBatch(
-            **{k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)},
-            extras={k: v.to(device) for k, v in self.extras.items()},
-        )
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if f.name.endswith(("_BL", "_B", "_BT"))
+        }
+        return replace(self, **moved, extras={k: v.to(device) for k, v in self.extras.items()})
 
 
 def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch.float32) -> torch.Tensor:
@@ -44,8 +50,16 @@ def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch
     return out
 
 
-def make_micro_batch(samples: list[Sample], extras: dict[str, list], pad_multiple: int = 1) -> MicroBatch:
-    """Pad `samples` (and per-sample per-token `extras`, aligned with samples) into tensors.
+def make_micro_batch(
+    samples: list[Sample],
+    extras: dict[str, list],
+    pad_multiple: int = 1,
+    *,
+    num_global_tokens: int = 0,
+    num_global_samples: int = 0,
+) -> MicroBatch:
+    """Pad `samples` (and per-sample per-token `extras`, aligned with samples) into tensors;
+    the global batch's counts travel with it.
 
     The sequence width is rounded up to `pad_multiple` (sequence parallelism splits it over
     tensor-parallel ranks); right padding leaves the real tokens' outputs unchanged.
@@ -62,6 +76,8 @@ def make_micro_batch(samples: list[Sample], extras: dict[str, list], pad_multipl
         response_len_B=torch.tensor([s.response_len for s in samples]),
         mask_BT=pad_2d(masks, width_T),
         extras={k: pad_2d(v, width_T) for k, v in extras.items()},
+        num_global_tokens=num_global_tokens,
+        num_global_samples=num_global_samples,
     )
 
 

@@ -16,15 +16,9 @@ import torch
 from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import aggregate, clipped_value_loss
 from rlx.sample import Sample
-from rlx.trainer.batch import MicroBatch, make_micro_batch, num_loss_tokens, response_slice, split
-from rlx.trainer.trainable import (
-    dp_sum,
-    load_checkpoint,
-    optimizer_step,
-    run_schedule,
-    save_checkpoint,
-    wrap_for_training,
-)
+from rlx.trainer.batch import MicroBatch, response_slice
+from rlx.trainer.config import TrainConfig
+from rlx.trainer.trainable import Trainable
 
 _TRAINED_ROLLOUTS = "critic_trained_rollouts"  # kept in the checkpoint: warm-up survives a resume
 
@@ -89,28 +83,30 @@ class Critic:
         family,
         hf_dir: str | Path,
         algo_cfg: AlgoConfig,
-        train_cfg,
+        train_cfg: TrainConfig,
         *,
+        total_steps: int,
         device: torch.device,
         params_dtype: torch.dtype,
         pad_multiple: int,
         seed: int,
     ):
-        from megatron.core import parallel_state
-
         model = family.build_model(params_dtype=params_dtype).to(device)
         family.load_hf_weights(model, hf_dir)  # the whole policy, output layer included...
         if model.post_process:
             attach_value_head(model, seed)  # ...whose output layer is then replaced
-        self.model, self.optimizer = wrap_for_training(model, train_cfg, algo_cfg.critic_lr, params_dtype)
-        self.train_cfg = train_cfg
+        self.trainable = Trainable(
+            model, train_cfg, peak_lr=algo_cfg.critic_lr, total_steps=total_steps, params_dtype=params_dtype,
+            forward_step=self._forward_step, device=device, pad_multiple=pad_multiple,
+        )  # fmt: skip
         self.value_clip = algo_cfg.value_clip
         self.warmup_steps = algo_cfg.critic_warmup_steps
-        self.device = device
-        self.pad_multiple = pad_multiple
-        self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.dp_size = parallel_state.get_data_parallel_world_size()
         self.num_trained_rollouts = 0
+
+    @property
+    def model(self):
+        """The value model (megatron DDP over the GPTModel with a value head)."""
+        return self.trainable.model
 
     @property
     def warming_up(self) -> bool:
@@ -138,27 +134,18 @@ class Critic:
             aggregate,
             mask_BT=mb.mask_BT,
             mode="token_mean",
-            num_global_tokens=self._num_global_tokens,
-            num_global_samples=mb.num_samples,  # unused by token_mean
+            num_global_tokens=mb.num_global_tokens,
+            num_global_samples=mb.num_global_samples,  # unused by token_mean
         )
         loss = agg(loss_BT)
         metrics = {"value_loss": loss.detach(), "value_clipfrac": agg(clipfrac_BT)}
         # as in the policy's loss: undo megatron's 1 / num_microbatches and DDP's DP average
-        return loss * (num_microbatches * self.dp_size), metrics
+        return loss * (num_microbatches * self.trainable.dp_size), metrics
 
-    @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-sample values [response_len]: entry t is the value of the state before response
         token t (computed at the position whose logits predict it)."""
-        self.model.eval()
-        out = []
-        for chunk in split(samples, self.train_cfg.micro_batch_size):
-            mb = make_micro_batch(chunk, {}, self.pad_multiple).to(self.device)
-            (result,) = run_schedule(
-                self.model, partial(self._forward_step, "values"), [mb], self.train_cfg.micro_batch_size, True
-            )
-            out += [row[: s.response_len].cpu() for row, s in zip(result["values"], chunk, strict=True)]
-        return out
+        return self.trainable.forward_only(samples, "values", "values")
 
     # ---- training ---------------------------------------------------------------------------
 
@@ -171,36 +158,16 @@ class Critic:
         `returns` are the targets and `old_values` the values `values` gave before this update,
         one [response_len] tensor per sample, in batch order.
         """
-        cfg = self.train_cfg
-        self.model.train()
-        steps = split(list(range(len(samples))), cfg.global_batch_size)
-        sums: dict[str, float] = {}
-        grad_norms = []
-        for step in steps:
-            self._num_global_tokens = sum(num_loss_tokens(samples[i]) for i in step)
-            mbs = [
-                make_micro_batch(
-                    [samples[i] for i in chunk],
-                    {"returns": [returns[i] for i in chunk], "old_values": [old_values[i] for i in chunk]},
-                    self.pad_multiple,
-                ).to(self.device)
-                for chunk in split(step[self.dp_rank :: self.dp_size], cfg.micro_batch_size)
-            ]
-            forward_step = partial(self._forward_step, "train")
-            grad_norms.append(
-                optimizer_step(self.model, self.optimizer, forward_step, mbs, cfg.micro_batch_size, sums)
-            )
+        metrics = self.trainable.train(samples, {"returns": returns, "old_values": old_values})
         self.num_trained_rollouts += 1
-        metrics = {f"train/{k}": v / len(steps) for k, v in dp_sum(sums, self.device).items()}
-        metrics["train/critic_grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["train/critic_lr"] = self.optimizer.param_groups[0]["lr"]
-        return metrics
+        renamed = {"grad_norm": "critic_grad_norm", "lr": "critic_lr"}
+        return {f"train/{renamed.get(k, k)}": v for k, v in metrics.items()}
 
     # ---- checkpoints ------------------------------------------------------------------------
 
     def save(self, ckpt_dir: str | Path) -> None:
         """Megatron dist checkpoint of the critic and its optimizer, plus its warm-up count."""
-        save_checkpoint(self.model, self.optimizer, ckpt_dir, {_TRAINED_ROLLOUTS: self.num_trained_rollouts})
+        self.trainable.save(ckpt_dir, {_TRAINED_ROLLOUTS: self.num_trained_rollouts})
 
     def load(self, ckpt_dir: str | Path) -> None:
         """Restore what `save` wrote, whatever TP/DP wrote it."""
@@ -208,5 +175,5 @@ class Critic:
             raise FileNotFoundError(
                 f"no critic checkpoint at {ckpt_dir}: the checkpoint was written by an algorithm without a critic"
             )
-        common = load_checkpoint(self.model, self.optimizer, ckpt_dir, (_TRAINED_ROLLOUTS,))
+        common = self.trainable.load(ckpt_dir, (_TRAINED_ROLLOUTS,))
         self.num_trained_rollouts = int(common[_TRAINED_ROLLOUTS])

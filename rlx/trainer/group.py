@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import ray
 
+from rlx.ports import free_port
 from rlx.trainer.megatron import MegatronTrainer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TrainerGroup:
@@ -32,6 +25,7 @@ class TrainerGroup:
                 master_addr="127.0.0.1",
                 master_port=port,
                 seed=cfg.run.seed,
+                total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
                 temperature=cfg.rollout.temperature,
             )  # fmt: skip
             for rank in range(num_procs)

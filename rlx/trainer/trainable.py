@@ -1,6 +1,7 @@
-"""What the policy and PPO's critic share: a built megatron model wrapped in DDP with its own
-optimizer, micro-batches run through megatron's schedule, optimizer steps, distributed
-checkpoints of model + optimizer, and sums over data-parallel ranks.
+"""What the policy and PPO's critic share: `Trainable`, a built megatron model wrapped in DDP with
+its own optimizer and learning-rate schedule, whose forward-only passes and optimizer steps run
+micro-batches through megatron's schedule; distributed checkpoints of model + optimizer; sums
+over data-parallel ranks.
 
 Each model gets its own `TransformerConfig` from `build_model`, so the schedule hooks set here
 (grad sync, loss scaling) are per model: two trainable models live side by side in one rank.
@@ -15,7 +16,111 @@ from typing import Any
 
 import torch
 
-from rlx.trainer.batch import MicroBatch
+from rlx.sample import Sample
+from rlx.trainer.batch import MicroBatch, make_micro_batch, num_loss_tokens, split
+from rlx.trainer.config import TrainConfig
+from rlx.trainer.schedule import lr_factor
+
+_NUM_UPDATES = "num_updates"  # kept in the checkpoint: the LR schedule continues after a resume
+
+
+class Trainable:
+    """One trainable model on this rank: forward-only passes and optimizer steps over the whole
+    rollout batch, each data-parallel rank taking its shard of every global batch.
+
+    `forward_step(mode, num_microbatches, data_iterator, model)` is the owner's megatron forward
+    step; its loss function reads each micro-batch's global counts, `MicroBatch.num_global_*`.
+    The learning rate follows `rlx.trainer.schedule` from `peak_lr` over `total_steps` updates.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        *,
+        peak_lr: float,
+        total_steps: int,
+        params_dtype: torch.dtype,
+        forward_step: Callable,
+        device: torch.device,
+        pad_multiple: int,
+    ):
+        from megatron.core import parallel_state
+
+        self.model, self.optimizer = wrap_for_training(model, cfg, peak_lr, params_dtype)
+        self.cfg, self.peak_lr, self.total_steps = cfg, peak_lr, total_steps
+        self.forward_step, self.device, self.pad_multiple = forward_step, device, pad_multiple
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.num_updates = 0
+
+    def local_indices(self, num_samples: int) -> list[int]:
+        """This DP rank's samples of a rollout batch of `num_samples`, global batch by global batch."""
+        return [i for step in self._global_batches(num_samples) for i in step[self.dp_rank :: self.dp_size]]
+
+    def _global_batches(self, num_samples: int) -> list[list[int]]:
+        return split(list(range(num_samples)), self.cfg.global_batch_size)
+
+    @torch.no_grad()
+    def forward_only(
+        self, samples: list[Sample], mode: str, key: str, model: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
+        """Per-sample [response_len] rows of the loss function's `key` output in `mode`, under
+        `model` (default: this one; the policy's frozen reference runs through the same steps)."""
+        model = model if model is not None else self.model
+        model.eval()
+        out = []
+        for chunk in split(samples, self.cfg.micro_batch_size):
+            mb = make_micro_batch(chunk, {}, self.pad_multiple).to(self.device)
+            step = partial(self.forward_step, mode)
+            (result,) = run_schedule(model, step, [mb], self.cfg.micro_batch_size, forward_only=True)
+            out += [row[: s.response_len].cpu() for row, s in zip(result[key], chunk, strict=True)]
+        return out
+
+    def train(self, samples: list[Sample], extras: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """One optimizer step per global batch of the rollout batch (`train.num_steps_per_rollout`),
+        forward step in mode "train"; `extras` are per-sample per-token inputs of the loss, in
+        batch order. Returns the loss metrics averaged over steps, "grad_norm" and "lr"."""
+        self.model.train()
+        steps = self._global_batches(len(samples))
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for step in steps:
+            counts = {
+                "num_global_tokens": sum(num_loss_tokens(samples[i]) for i in step),
+                "num_global_samples": len(step),
+            }
+            mbs = [
+                make_micro_batch(
+                    [samples[i] for i in chunk],
+                    {key: [values[i] for i in chunk] for key, values in extras.items()},
+                    self.pad_multiple,
+                    **counts,
+                ).to(self.device)
+                for chunk in split(step[self.dp_rank :: self.dp_size], self.cfg.micro_batch_size)
+            ]
+            lr = self.peak_lr * lr_factor(self.num_updates, self.cfg, self.total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            forward_step = partial(self.forward_step, "train")
+            grad_norms.append(
+                optimizer_step(self.model, self.optimizer, forward_step, mbs, self.cfg.micro_batch_size, sums)
+            )
+            self.num_updates += 1
+        metrics = {k: v / len(steps) for k, v in dp_sum(sums, self.device).items()}
+        return metrics | {"grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr}
+
+    def save(self, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
+        """Megatron distributed checkpoint of model, optimizer, the update count and `common`."""
+        save_checkpoint(
+            self.model, self.optimizer, ckpt_dir, {_NUM_UPDATES: self.num_updates, **(common or {})}
+        )
+
+    def load(self, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Restore what `save` wrote, whatever TP/DP wrote it; the saved values of `common_keys`."""
+        common = load_checkpoint(self.model, self.optimizer, ckpt_dir, (_NUM_UPDATES, *common_keys))
+        self.num_updates = int(common.pop(_NUM_UPDATES) or 0)  # checkpoints before the schedule: 0
+        return common
 
 
 def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype: torch.dtype):

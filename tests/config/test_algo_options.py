@@ -10,7 +10,8 @@ from rlx.algo.gspo import GSPO
 from rlx.algo.ppo import PPO
 from rlx.algo.reinforce_pp import ReinforcePP
 from rlx.algo.reinforce_pp_baseline import ReinforcePPBaseline
-from rlx.config import CONF_DIR, build, compose
+from rlx.config import build
+from rlx.config.compose import CONF_DIR, compose
 from rlx.errors import ConfigError
 
 ALGO_OPTIONS = sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml"))

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rlx.algo.config import AlgoConfig
-from rlx.config import CONF_DIR, build, compose, to_object
+from rlx.config import build
+from rlx.config.compose import CONF_DIR, compose, to_object
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
 from rlx.errors import ConfigError
@@ -195,7 +196,7 @@ def test_all_violations_are_reported_together():
 
 
 def test_expert_parallel_sizes_are_checked_before_anything_starts():
-    from rlx.config import compose
+    from rlx.config.compose import compose
     from rlx.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cluster.expert_parallel_size=2 needs model.num_moe_experts"):

@@ -22,7 +22,8 @@ import sys
 import pytest
 import torch
 
-from rlx.config import build, compose
+from rlx.config import build
+from rlx.config.compose import compose
 
 PUBLISHED_SIZES = {"glm4_9b": 9.4e9, "qwen3_4b": 4.0e9, "qwen3_8b": 8.2e9, "llama3_8b": 8.03e9}
 

@@ -18,7 +18,8 @@ import json
 
 import pytest
 
-from rlx.config import build, compose, to_object
+from rlx.config import build
+from rlx.config.compose import compose, to_object
 from rlx.errors import ConfigError
 
 QWEN3_30B_A3B = {

@@ -19,7 +19,8 @@ import pytest
 import torch
 from helpers import megatron_world  # tests/ is on sys.path (conftest)
 
-from rlx.config import build, compose
+from rlx.config import build
+from rlx.config.compose import compose
 from rlx.models.precision import half_precision
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlx.config import compose
+from rlx.config.compose import compose
 from rlx.runtime import run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

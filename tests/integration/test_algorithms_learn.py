@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from rlx.config import compose
+from rlx.config.compose import compose
 from rlx.runtime import run
 
 MARGIN = 0.4

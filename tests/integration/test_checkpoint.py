@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config import compose
+from rlx.config.compose import compose
 from rlx.errors import ConfigError
 from rlx.runtime import run
 from rlx.tools.export import export

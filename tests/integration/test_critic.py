@@ -15,8 +15,9 @@ import torch
 from helpers import megatron_world, spawn_ranks  # tests/ is on sys.path (conftest)
 
 from rlx.algo.config import AlgoConfig
-from rlx.config import build, compose, to_object
-from rlx.config.schema import TrainConfig
+from rlx.config import build
+from rlx.config.compose import compose, to_object
+from rlx.trainer.config import TrainConfig
 from rlx.runtime import run
 from rlx.sample import Sample
 from rlx.trainer.batch import make_micro_batch
@@ -56,7 +57,7 @@ def make_critic(hf_dir: Path, name: str = "tied", seed: int = 1, pad_multiple: i
     # (values) after a step compares gradients, not the signs of near-zero ones
     train = TrainConfig(global_batch_size=4, micro_batch_size=2, adam_eps=1.0)
     algo_cfg = AlgoConfig(_target_="rlx.algo.ppo.PPO", **({"critic_lr": 0.1} | algo))
-    return Critic(_family(name, hf_dir), hf_dir, algo_cfg, train, device=torch.device("cpu"),
+    return Critic(_family(name, hf_dir), hf_dir, algo_cfg, train, total_steps=1, device=torch.device("cpu"),
                   params_dtype=torch.float32, pad_multiple=pad_multiple, seed=seed)  # fmt: skip
 
 

@@ -18,14 +18,15 @@ import json
 import shutil
 from pathlib import Path
 
+import helpers  # tests/ is on sys.path (conftest)
 import pytest
 import torch
-from helpers import megatron_world, spawn_ranks  # tests/ is on sys.path (conftest)
-from megatron.core import tensor_parallel
+from helpers import assert_same_tensors, megatron_logits, megatron_world, spawn_ranks, token_batch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config import build, compose, to_object
+from rlx.config import build
+from rlx.config.compose import compose, to_object
 from rlx.errors import ConfigError
 from rlx.models.attention import SDPAttention
 from rlx.models.config import ModelConfig
@@ -72,31 +73,9 @@ def configs(tmp_path_factory) -> dict[str, ModelConfig]:
     return configs
 
 
-@pytest.fixture(scope="module")
-def world():
-    """One gloo rank with megatron's parallel state (TP=1) for this module."""
-    with megatron_world():
-        yield
-
-
-def token_batch() -> torch.Tensor:
-    """Batch 2 x 12 of random token ids over the whole vocabulary, fixed."""
-    return torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
-
-
-def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits [b, s, V]: the model's vocab-parallel shards gathered over TP."""
-    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, position_ids=positions, attention_mask=None)
-        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
-
-
 def load_megatron(cfg: ModelConfig):
     family = build(cfg)
-    model = family.build_model()
-    family.load_hf_weights(model, cfg.hf_checkpoint)
-    return family, model.eval()
+    return family, helpers.load_megatron(family, cfg.hf_checkpoint)
 
 
 def load_hf(cfg: ModelConfig):
@@ -105,13 +84,6 @@ def load_hf(cfg: ModelConfig):
 
 def on_disk(cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return load_file(Path(cfg.hf_checkpoint) / "model.safetensors")
-
-
-def assert_same_tensors(exported: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert sorted(exported) == sorted(expected)
-    for name, tensor in expected.items():
-        assert exported[name].dtype == tensor.dtype, name
-        assert torch.equal(exported[name], tensor), name
 
 
 @pytest.mark.parametrize("option", FAMILIES)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlx.config import compose
+from rlx.config.compose import compose
 from rlx.runtime import run
 
 REQUIRED_METRICS = {

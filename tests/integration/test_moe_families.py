@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import helpers  # tests/ is on sys.path (conftest)
 import pytest
 import torch
-from helpers import megatron_world, spawn_ranks  # tests/ is on sys.path (conftest)
-from megatron.core import tensor_parallel
+from helpers import assert_same_tensors, hf_logits, megatron_logits, megatron_world, spawn_ranks
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config import build, compose, to_object
+from rlx.config import build
+from rlx.config.compose import compose, to_object
 from rlx.models.attention import SDPAttention
 from rlx.models.config import ModelConfig
 
@@ -71,35 +72,13 @@ def randomise_selection_bias(file: Path) -> None:
     save_file(tensors, str(file), metadata={"format": "pt"})
 
 
-@pytest.fixture(scope="module")
-def world():
-    """One gloo rank with megatron's parallel state (TP=1, EP=1) for this module."""
-    with megatron_world():
-        yield
-
-
 def token_batch(seq_len: int = SEQ_LEN) -> torch.Tensor:
-    return torch.randint(0, 16, (2, seq_len), generator=torch.Generator().manual_seed(0))
+    return helpers.token_batch(seq_len)
 
 
 def load_megatron(cfg: ModelConfig, hf_dir: Path):
     family = build(cfg)
-    model = family.build_model()
-    family.load_hf_weights(model, hf_dir)
-    return family, model.eval()
-
-
-def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits [b, s, V] (vocab-parallel shards gathered over TP)."""
-    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-    logits = model(input_ids=ids, position_ids=positions, attention_mask=None)
-    return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
-
-
-def hf_logits(hf_dir: Path, ids: torch.Tensor) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids=ids).logits
+    return family, helpers.load_megatron(family, hf_dir)
 
 
 def megatron_grads(family, model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -113,7 +92,7 @@ def megatron_grads(family, model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     )
     ddp.train()
     ddp.zero_grad_buffer()
-    logits = megatron_logits(ddp, ids)
+    logits = megatron_logits(ddp, ids, grad=True)
     weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2))
     (logits * weights).sum().backward()
     finalize_model_grads([ddp])
@@ -126,13 +105,6 @@ def megatron_grads(family, model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     finally:
         for p, data in zip(params, saved, strict=True):
             p.data = data
-
-
-def assert_same_tensors(exported: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert sorted(exported) == sorted(expected)
-    for name, tensor in expected.items():
-        assert exported[name].dtype == tensor.dtype, name
-        assert torch.equal(exported[name], tensor), name
 
 
 # ---- one process ---------------------------------------------------------------------------------

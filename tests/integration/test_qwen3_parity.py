@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import helpers  # tests/ is on sys.path (conftest)
 import pytest
 import torch
-from helpers import megatron_world, spawn_ranks  # tests/ is on sys.path (conftest)
-from megatron.core import tensor_parallel
+from helpers import assert_same_tensors, megatron_logits, megatron_world, spawn_ranks, token_batch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -39,42 +39,13 @@ def checkpoints(tmp_path_factory) -> dict[bool, Path]:
     return dirs
 
 
-@pytest.fixture(scope="module")
-def world():
-    """One gloo rank with megatron's parallel state (TP=1) for this module."""
-    with megatron_world():
-        yield
-
-
 def family_for(hf_dir: Path, tie: bool) -> Qwen3:
     return Qwen3(ModelConfig(hf_checkpoint=str(hf_dir), tie_word_embeddings=tie))
 
 
-def token_batch() -> torch.Tensor:
-    """Batch 2 x 12 of random token ids over the whole vocabulary, fixed."""
-    return torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
-
-
-def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits [b, s, V]: the model's vocab-parallel shards gathered over TP."""
-    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, position_ids=positions, attention_mask=None)
-        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
-
-
 def load_megatron(hf_dir: Path, tie: bool):
     family = family_for(hf_dir, tie)
-    model = family.build_model()
-    family.load_hf_weights(model, hf_dir)
-    return family, model.eval()
-
-
-def assert_same_tensors(exported: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert sorted(exported) == sorted(expected)
-    for name, tensor in expected.items():
-        assert exported[name].dtype == tensor.dtype, name
-        assert torch.equal(exported[name], tensor), name
+    return family, helpers.load_megatron(family, hf_dir)
 
 
 @pytest.mark.parametrize("tie", TIES)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config import compose, to_object
+from rlx.config.compose import compose, to_object
 from rlx.models.qwen3 import Qwen3
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup

@@ -178,13 +178,15 @@ def test_reinforce_pp_discounted_returns_with_kl_in_reward(whiten, expected):
     )
     algo = ReinforcePP(cfg)
     assert algo.needs_ref
-    advs = algo.advantages(samples, logprobs)
+    result = algo.advantages(samples, logprobs)
+    advs = result.advantages
     assert [a.dtype for a in advs] == [torch.float32] * 2
+    assert result.returns is None  # no critic
     for adv, exp in zip(advs, expected, strict=True):
         assert_close(adv, exp)
     # kl over loss tokens (0.1 + 0.2 - 0.1 + 0.3 - 0.2) / 5 = 0.06;
     # returns per sample: 1 - 0.5 * 0.2 = 0.9 and 0.5 - 0.5 * 0.1 = 0.45, mean 0.675
-    assert algo.advantage_metrics == pytest.approx({"kl_in_reward": 0.06, "return_mean": 0.675})
+    assert result.metrics == pytest.approx({"kl_in_reward": 0.06, "return_mean": 0.675})
 
 
 def test_kl_in_reward_needs_ref_logprobs():
@@ -203,12 +205,12 @@ def test_reinforce_pp_baseline_centres_on_the_group_mean_then_whitens_over_the_b
     samples = make_samples([[(1.0, [1, 1]), (0.0, [1, 1])], [(0.0, [1, 1]), (0.6, [1, 1]), (0.3, [1])]])
     algo = ReinforcePPBaseline(cfg_for(ReinforcePPBaseline, whiten_advantages=True))
     assert not algo.needs_ref
-    advs = algo.advantages(samples, {"old_logp": [torch.zeros(s.response_len) for s in samples]})
+    advs = algo.advantages(samples, {"old_logp": [torch.zeros(s.response_len) for s in samples]}).advantages
     expected = [[1.2862394] * 2, [-1.2862394] * 2, [-0.7717436] * 2, [0.7717436] * 2, [0.0]]
     for adv, exp in zip(advs, expected, strict=True):
         assert_close(adv, exp)
     # without whitening: the centred rewards themselves
-    advs = ReinforcePPBaseline(cfg_for(ReinforcePPBaseline)).advantages(samples)
+    advs = ReinforcePPBaseline(cfg_for(ReinforcePPBaseline)).advantages(samples).advantages
     assert_close(advs[2], [-0.3, -0.3])
     assert_close(advs[4], [0.0])
 
@@ -223,7 +225,7 @@ def test_grpo_with_kl_in_reward_normalises_the_shaped_return():
         "ref_logp": [torch.zeros(2), torch.zeros(1)],
     }
     cfg = cfg_for(GRPO, normalize_std=False, use_kl_in_reward=True, kl_in_reward_coef=0.5)
-    advs = GRPO(cfg).advantages(samples, logprobs)
+    advs = GRPO(cfg).advantages(samples, logprobs).advantages
     assert_close(advs[0], [0.5, 0.5])
     assert_close(advs[1], [-0.5])
 
@@ -233,7 +235,7 @@ def test_grpo_with_batch_whitening():
     # mean -0.25, var (0.75^2 + 3 * 0.25^2) / 4 = 0.1875, std 0.4330127:
     # 0.75 / std = sqrt(3) = 1.7320508, -0.25 / std = -1 / sqrt(3) = -0.5773503
     samples = make_samples([[(1.0, [1]), (0.0, [1, 1, 1])]])
-    advs = GRPO(cfg_for(GRPO, normalize_std=False, whiten_advantages=True)).advantages(samples)
+    advs = GRPO(cfg_for(GRPO, normalize_std=False, whiten_advantages=True)).advantages(samples).advantages
     assert_close(advs[0], [1.7320508])
     assert_close(advs[1], [-0.5773503] * 3)
 
@@ -241,7 +243,7 @@ def test_grpo_with_batch_whitening():
 def test_gspo_advantages_are_grpo_advantages():
     samples = make_samples([[(1.0, [1, 1]), (0.0, [1]), (0.0, [1, 1, 1])]])
     # group [1, 0, 0]: centred [2/3, -1/3, -1/3] (normalize_std off)
-    advs = GSPO(cfg_for(GSPO, normalize_std=False)).advantages(samples)
+    advs = GSPO(cfg_for(GSPO, normalize_std=False)).advantages(samples).advantages
     assert_close(advs[0], [0.6666667] * 2)
     assert_close(advs[2], [-0.3333333] * 3)
 

@@ -70,7 +70,7 @@ def _samples(rewards: list[list[float | None]], response_lens: list[list[int]]) 
 
 def test_grpo_advantages_broadcast_over_response_tokens():
     samples = _samples(REWARDS_GN, [[2, 3, 1], [1, 2, 2]])
-    advs = GRPO(AlgoConfig(normalize_std=True)).advantages(samples)
+    advs = GRPO(AlgoConfig(normalize_std=True)).advantages(samples).advantages
     # default eps = 1e-6 is added to the std: (2/3) / (0.5773503 + 1e-6) = 1.1546985,
     # (-1/3) / 0.5773513 = -0.5773493, and 1 / (1 + 1e-6) = 0.999999
     expected = [
@@ -86,7 +86,7 @@ def test_grpo_advantages_broadcast_over_response_tokens():
         assert adv.dtype == torch.float32
         assert_close(adv, exp)
 
-    advs = GRPO(AlgoConfig(normalize_std=False)).advantages(samples)
+    advs = GRPO(AlgoConfig(normalize_std=False)).advantages(samples).advantages
     assert_close(advs[0], [0.6666667] * 2)
     assert_close(advs[4], [-1.0] * 2)
 

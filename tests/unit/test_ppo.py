@@ -97,19 +97,20 @@ def test_ppo_advantages_and_returns(whiten, expected):
     samples, logprobs = _samples_and_values()
     algo = PPO(AlgoConfig(_target_="rlx.algo.ppo.PPO", gamma=0.5, lambd=0.5, whiten_advantages=whiten))
     assert algo.needs_critic and not algo.needs_ref and algo.min_group_size == 1
-    advs = algo.advantages(samples, logprobs)
+    result = algo.advantages(samples, logprobs)
+    advs = result.advantages
     assert [a.dtype for a in advs] == [torch.float32] * 2
     for adv, exp in zip(advs, expected, strict=True):
         assert_close(adv, exp)
     # the returns are never whitened: they are the critic's targets
-    assert [r.dtype for r in algo.returns] == [torch.float32] * 2
-    for ret, exp in zip(algo.returns, RETURNS, strict=True):
+    assert [r.dtype for r in result.returns] == [torch.float32] * 2
+    for ret, exp in zip(result.returns, RETURNS, strict=True):
         assert_close(ret, exp)
     # over loss tokens: values [0.5, 0.2, 0.4, 0.3, 0.6] mean 0.4; returns [0.1375, 0.35, 1.0, 0.275, 0.5]
     # mean 0.4525, var (0.099225 + 0.01050625 + 0.29975625 + 0.03150625 + 0.00225625) / 5 = 0.08865;
     # R - V are the advantages, var 0.10215: explained variance 1 - 0.10215 / 0.08865 = -0.1522843.
     # return_mean (the base class's): summed rewards per sample (1.0 + 0.5) / 2 = 0.75
-    assert algo.advantage_metrics == pytest.approx(
+    assert result.metrics == pytest.approx(
         {"return_mean": 0.75, "values_mean": 0.4, "returns_mean": 0.4525, "explained_variance": -0.1522843}
     )
 
@@ -122,8 +123,8 @@ def test_ppo_explained_variance_is_one_when_the_values_are_the_returns():
     ]
     values = [torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.5])]
     algo = PPO(AlgoConfig(_target_="rlx.algo.ppo.PPO", lambd=1.0))
-    algo.advantages(samples, {"old_logp": [torch.zeros(1)] * 3, "values": values})
-    assert algo.advantage_metrics["explained_variance"] == pytest.approx(1.0)
+    result = algo.advantages(samples, {"old_logp": [torch.zeros(1)] * 3, "values": values})
+    assert result.metrics["explained_variance"] == pytest.approx(1.0)
 
 
 def test_ppo_needs_the_critics_values():

@@ -1,0 +1,29 @@
+"""`build`: a component from its config node, by the node's `_target_` (no heavy imports)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def build(node: Any, *args: Any, **kwargs: Any) -> Any:
+    """Construct `node._target_` with the node's dataclass as first argument, then `args`, `kwargs`.
+
+    `node` is a typed config node (e.g. `cfg.algo`) or the dataclass itself (`to_object(cfg).algo`).
+    """
+    if not hasattr(type(node), "__dataclass_fields__"):  # a DictConfig: only then is omegaconf needed
+        from omegaconf import OmegaConf
+
+        node = OmegaConf.to_object(node)
+    return locate(node._target_)(node, *args, **kwargs)
+
+
+def locate(path: str) -> Any:
+    """The object a dotted path names (`package.module.Name`); ImportError naming the path if none."""
+    module_path, _, name = path.rpartition(".")
+    if not module_path:
+        raise ImportError(f"{path!r} is not a dotted path (package.module.Name)")
+    try:
+        return getattr(importlib.import_module(module_path), name)
+    except AttributeError:
+        raise ImportError(f"module {module_path!r} has no attribute {name!r}") from None

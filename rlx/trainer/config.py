@@ -1,0 +1,48 @@
+"""The `train` section's schema: how the trainer optimises the policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH, Rule, one_of
+
+# train.precision -> the torch dtype (by name) the trainer builds its models in
+PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LR_DECAY_STYLES = ("constant", "cosine")  # rlx.trainer.schedule.learning_rate
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation of the policy."""
+
+    global_batch_size: int = 256  # samples per optimizer step
+    micro_batch_size: int = 64  # samples per forward/backward
+    num_steps_per_rollout: int = 1  # optimizer steps per rollout batch
+    lr: float = 2e-3  # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule)
+    # learning-rate schedule over the run's optimizer steps (run.num_rollout x num_steps_per_rollout):
+    lr_warmup_steps: int = 0  # linear warmup: optimizer step k (from 0) uses lr * (k + 1) / lr_warmup_steps
+    lr_decay: str = "constant"  # after warmup: constant at lr, or cosine from lr down to min_lr at the end
+    min_lr: float = 0.0  # where the cosine decay ends
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # gradient-norm clipping (0: off)
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "global_batch_size": AT_LEAST_1,
+        "micro_batch_size": AT_LEAST_1,
+        "num_steps_per_rollout": AT_LEAST_1,
+        "lr": POSITIVE,
+        "lr_warmup_steps": NON_NEGATIVE,
+        "lr_decay": one_of(LR_DECAY_STYLES),
+        "min_lr": NON_NEGATIVE,
+        "weight_decay": NON_NEGATIVE,
+        "adam_beta1": UNIT_OPEN_HIGH,
+        "adam_beta2": UNIT_OPEN_HIGH,
+        "adam_eps": POSITIVE,
+        "clip_grad": NON_NEGATIVE,
+        "precision": one_of(PRECISION_DTYPES),
+    }
