@@ -58,7 +58,8 @@ def build_step_inputs(
     )
     _decode_metadata(meta, batch, block_size, device)
     _prefill_metadata(meta, batch, block_size, device)
-    inputs = StepInputs(longs[0], longs[1], meta, torch.tensor(sample_rows, device=device), sample_seqs)
+    rows = torch.tensor(sample_rows, dtype=torch.int64, device=device)
+    inputs = StepInputs(longs[0], longs[1], meta, rows, sample_seqs)
     if prompt_rows:
         inputs.prompt_rows = torch.tensor(prompt_rows, device=device)
         inputs.prompt_targets = torch.tensor(prompt_targets, device=device)

@@ -94,7 +94,9 @@ def _inputs(batch: ScheduledBatch, lengths: list[int], width: int, device) -> St
                 prompt_rows.append(row * width + p)
                 targets.append(seq.token_ids[p + 1])
                 owners.append(seq)
-    inputs = StepInputs(None, None, None, torch.tensor(sample_rows, device=device), sample_seqs)
+    inputs = StepInputs(
+        None, None, None, torch.tensor(sample_rows, dtype=torch.int64, device=device), sample_seqs
+    )
     if prompt_rows:
         inputs.prompt_rows = torch.tensor(prompt_rows, device=device)
         inputs.prompt_targets = torch.tensor(targets, device=device)

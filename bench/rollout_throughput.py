@@ -1,0 +1,173 @@
+"""Rollout throughput of rlx's engine against transformers, on the GPU; prints one JSON line.
+
+For a Qwen3-0.6B-shaped and a Qwen3-1.7B-shaped random model (bf16), batch 64 and 256,
+prompt 256 tokens, 512 new tokens, ignore_eos, temperature 1: output tokens/s, time to first
+token, and the fraction of the memory-bandwidth roofline. Byte model of a decode step: every
+weight read once (the tied embedding counted once, as the LM head reads it) plus the K and V
+of every sequence's context, at 4.8 TB/s (H200); the roofline time of a run is the sum over
+its 512 decode steps. transformers `generate` (bf16, sdpa) runs side by side, with 128 new
+tokens only to bound the GPU time (per token it only gets slower with length, so its
+figure is an upper bound); `generate_batch` (transformers' continuous batching) once.
+
+    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+BANDWIDTH = 4.8e12  # H200 HBM3e, bytes/s
+PROMPT, NEW = 256, 512
+SHAPES = {
+    "qwen3_0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28),
+    "qwen3_1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28),
+}
+
+
+def write_model(name: str, root: Path) -> Path:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from rlx.models.tiny import write_word_tokenizer
+
+    config = Qwen3Config(
+        vocab_size=151936, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
+        **SHAPES[name],
+    )  # fmt: skip
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    path = root / name
+    model.save_pretrained(str(path))
+    write_word_tokenizer(path)
+    return path
+
+
+def roofline_s(engine, batch: int) -> float:
+    cfg = engine.hf_config
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    tokens_read = batch * sum(PROMPT + t + 1 for t in range(NEW))
+    return (NEW * weights + tokens_read * kv_per_token) / BANDWIDTH
+
+
+def run_engine(engine, batch: int, new: int = NEW) -> dict:
+    from rlx.engine.sequence import GenerateRequest, SamplingParams
+
+    g = torch.Generator().manual_seed(batch)
+    seqs = []
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(batch):
+        ids = torch.randint(2, engine.vocab_size, (PROMPT,), generator=g).tolist()
+        seqs.append(engine.add(GenerateRequest(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))))
+    first: dict[int, float] = {}
+    decode_start = None
+    while engine.has_work():
+        engine.step()
+        now = time.perf_counter()
+        for s in seqs:
+            if s.num_output and s.seq_id not in first:
+                first[s.seq_id] = now - start
+        if decode_start is None and len(first) == batch:
+            decode_start, decode_tokens0 = now, sum(s.num_output for s in seqs)
+    total = time.perf_counter() - start
+    out_tokens = sum(s.num_output for s in seqs)
+    decode_s = time.perf_counter() - decode_start
+    return {
+        "tokens_per_s": out_tokens / total,
+        "decode_tokens_per_s": (out_tokens - decode_tokens0) / decode_s,
+        "ttft_mean_s": sum(first.values()) / batch,
+        "ttft_max_s": max(first.values()),
+        "wall_s": total,
+        "output_tokens": out_tokens,
+    }
+
+
+def run_transformers(path: Path, batch: int, new: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).cuda()
+    ids = torch.randint(2, 151936, (batch, PROMPT), device="cuda")
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0, pad_token_id=0)
+    model.generate(ids[:, :16], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    result = {"tokens_per_s": batch * (out.shape[1] - PROMPT) / seconds, "new_tokens": new}
+    del model
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_generate_batch(path: Path, batch: int, new: int) -> dict:
+    """transformers' own continuous batching with paged attention (the library option)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.bfloat16, attn_implementation="sdpa_paged"
+        ).cuda()
+        g = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        prompts = torch.randint(2, 151936, (batch, PROMPT)).tolist()
+        model.generate_batch(prompts[:4], generation_config=g)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = model.generate_batch(prompts, generation_config=g)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.generated_tokens) for o in outs.values())
+        del model
+        torch.cuda.empty_cache()
+        return {"tokens_per_s": tokens / seconds, "new_tokens": new}
+    except Exception as exc:  # report, do not fail the bench
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="0.6B only, batch 256")
+    parser.add_argument("--hf-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    from rlx.engine import Engine, EngineArgs
+
+    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    root = Path(tempfile.mkdtemp())
+    for name in ["qwen3_0.6b"] if args.quick else list(SHAPES):
+        path = write_model(name, root)
+        engine = Engine(EngineArgs(
+            model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16,
+            max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8,
+        ))  # fmt: skip
+        run_engine(engine, 8, new=8)  # warm-up: graph capture, Triton compile
+        for batch in [256] if args.quick else [64, 256]:
+            ours = run_engine(engine, batch)
+            ideal = roofline_s(engine, batch)
+            ours["roofline_fraction"] = ideal / ours["wall_s"]
+            ours["roofline_tokens_per_s"] = batch * NEW / ideal
+            entry = {"model": name, "batch": batch, "rlx": ours}
+            results["runs"].append(entry)
+            print(json.dumps(entry), flush=True)
+        engine.release_memory()
+        del engine
+        torch.cuda.empty_cache()
+        for batch in [256] if args.quick else [64, 256]:
+            hf = run_transformers(path, batch, args.hf_new_tokens)
+            entry = next(e for e in results["runs"] if e["model"] == name and e["batch"] == batch)
+            entry["transformers_generate"] = hf
+            entry["speedup"] = entry["rlx"]["tokens_per_s"] / hf["tokens_per_s"]
+        if name == "qwen3_0.6b":
+            results["transformers_generate_batch_b256"] = run_generate_batch(path, 256, args.hf_new_tokens)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
