@@ -50,3 +50,12 @@ def tiny_qwen3_factory(tmp_path_factory):
         return write_tiny_qwen3(root / f"seed{seed}", seed=seed)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def world():
+    """One gloo rank with megatron's parallel state (TP=1, EP=1) for the test module."""
+    from helpers import megatron_world  # tests/ is on sys.path
+
+    with megatron_world():
+        yield

@@ -1,8 +1,8 @@
 """Built-in verifiable toy tasks whose answer depends on the prompt.
 
-Every toy task shares one small word-level vocabulary (`VOCAB`), which is also the
-vocabulary of the tiny models' tokenizer, so a random tiny model can learn the task on CPU
-in minutes. Prompts and answers are space-separated tokens, e.g. reverse: "3 7 1 =" -> "1 7 3".
+Prompts and answers are space-separated digits and "=", e.g. reverse: "3 7 1 =" -> "1 7 3",
+tokenised by the model's own tokenizer (the tiny models' word-level vocabulary has each of
+these words as one token, so a random tiny model learns a task on CPU in minutes).
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from rlx.data.config import DataConfig
 from rlx.data.source import PromptSource
 from rlx.errors import ConfigError
 
-PAD = "<pad>"
-EOS = "<eos>"
 DIGITS = [str(d) for d in range(10)]
-VOCAB: list[str] = [PAD, EOS, *DIGITS, "=", "+", "-", "?"]
 TASKS = ("reverse", "copy")  # the kinds ToyTask knows
 
 

@@ -56,7 +56,7 @@ class ModelFamily:
     # ---- family-specific pieces (subclasses override) --------------------------------------
 
     def hf_config(self):
-        """The transformers `PretrainedConfig` for this shape (pad/eos from the toy vocab when tiny)."""
+        """The transformers `PretrainedConfig` for this shape (pad/eos from the tiny vocabulary when tiny)."""
         return self.bridge_module.hf_config(self.cfg)
 
     def hf_fields(self) -> dict[str, HFField]:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlx.data.toy import EOS, PAD, VOCAB
 from rlx.models.config import ModelConfig
+from rlx.models.tiny import EOS, PAD, VOCAB
 
 MISSING = object()  # a config.json key that is absent (and has no default)
 
@@ -123,8 +123,8 @@ def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
     return params
 
 
-def toy_token_ids(cfg: ModelConfig) -> dict[str, Any]:
-    """pad/eos/bos ids of a tiny model over the toy vocabulary; {} (the config class's) otherwise.
+def tiny_token_ids(cfg: ModelConfig) -> dict[str, Any]:
+    """pad/eos/bos ids of a tiny model over the tiny vocabulary; {} (the config class's) otherwise.
 
     Some config classes default to ids far outside a 16-token vocabulary (GLM-4: pad 151329).
     """
@@ -137,7 +137,7 @@ def dense_hf_kwargs(cfg: ModelConfig, **overrides: Any) -> dict[str, Any]:
     """The transformers config kwargs every decoder family shares, from `cfg`'s shape.
 
     Families add or override their own (biases, MoE sizes, RoPE extras) through `overrides`;
-    tiny models get the toy vocabulary's pad/eos ids.
+    tiny models get the tiny vocabulary's pad/eos ids.
     """
     return {
         "vocab_size": cfg.vocab_size,
@@ -151,6 +151,6 @@ def dense_hf_kwargs(cfg: ModelConfig, **overrides: Any) -> dict[str, Any]:
         "rope_parameters": rope_parameters(cfg),
         "rms_norm_eps": cfg.norm_epsilon,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        **toy_token_ids(cfg),
+        **tiny_token_ids(cfg),
         **overrides,
     }

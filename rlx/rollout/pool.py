@@ -71,8 +71,14 @@ class RolloutPool:
     ) -> tuple[list[Sample], dict[str, float]]:
         """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards.
 
-        Each sample is drawn with its own sampling seed, a function of (run seed, `step`, group,
-        index), so what a sample gets does not depend on how an engine batched the requests."""
+        With one engine (addressed directly), each sample is drawn with its own sampling seed, a
+        function of (run seed, `step`, group, index), so what a sample gets does not depend on how
+        the engine batched requests and a seeded run repeats exactly. sglang-router 0.3.2 accepts
+        only one `sampling_params` object per batch request, so behind the router a group shares
+        the engines' own random streams instead (one seed for all would repeat one sample n times).
+
+        Raises RuntimeError naming the first failure when every request of the step failed (an
+        engine that is down or rejects the requests), rather than training on nothing."""
         start = time.perf_counter()
         samples = []
         for g, prompt in enumerate(prompts):
@@ -82,6 +88,10 @@ class RolloutPool:
                 s.group, s.index = g, i
                 samples.append(s)
         self._run(self._generate_all(samples, version, step))
+        if all(s.status is Status.FAILED for s in samples):
+            raise RuntimeError(
+                f"every rollout request of step {step} failed; the first: {samples[0].status_reason}"
+            )
         for s in samples:
             self._reward(s)
         elapsed = time.perf_counter() - start
@@ -97,7 +107,9 @@ class RolloutPool:
     async def _generate_group(
         self, group: list[Sample], semaphore: asyncio.Semaphore, version: int, step: int
     ) -> None:
-        params = [self.sampling_params | {"sampling_seed": self._seed(step, s)} for s in group]
+        params: dict | list[dict] = self.sampling_params
+        if self.router is None:
+            params = [self.sampling_params | {"sampling_seed": self._seed(step, s)} for s in group]
         async with semaphore:
             try:
                 outs = await self.client.generate_batch([s.prompt_ids for s in group], params)

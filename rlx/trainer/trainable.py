@@ -108,7 +108,11 @@ class Trainable:
             )
             self.num_updates += 1
         metrics = {k: v / len(steps) for k, v in dp_sum(sums, self.device).items()}
-        return metrics | {"grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr}
+        # the rate the optimizer stepped with, read back from it
+        return metrics | {
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
 
     def save(self, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
         """Megatron distributed checkpoint of model, optimizer, the update count and `common`."""

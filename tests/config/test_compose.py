@@ -177,6 +177,13 @@ FAILURES = {
         ["data.prompt_path='/no/such.jsonl'", "no such file"],
     ),
     "toy task": (["data.toy_task=sort"], ["data.toy_task='sort'", "reverse"]),
+    "colocate": (["cluster.colocate=true"], ["cluster.colocate=true", "set cluster.colocate=false"]),
+    "lr_decay": (["train.lr_decay=linear"], ["train.lr_decay='linear'", "cosine"]),
+    "lr_warmup_steps": (["train.lr_warmup_steps=-1"], ["train.lr_warmup_steps=-1", ">= 0"]),
+    "Dr. GRPO without its divisor": (
+        ["algo=dr_grpo", "algo.loss_norm_len=null"],
+        ["algo.loss_agg=seq_mean_token_sum_norm", "algo.loss_norm_len"],
+    ),
 }
 
 

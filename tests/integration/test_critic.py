@@ -17,10 +17,10 @@ from helpers import megatron_world, spawn_ranks  # tests/ is on sys.path (confte
 from rlx.algo.config import AlgoConfig
 from rlx.config import build
 from rlx.config.compose import compose, to_object
-from rlx.trainer.config import TrainConfig
 from rlx.runtime import run
 from rlx.sample import Sample
 from rlx.trainer.batch import make_micro_batch
+from rlx.trainer.config import TrainConfig
 from rlx.trainer.critic import Critic, ValueHead
 from rlx.trainer.megatron import critic_dir
 

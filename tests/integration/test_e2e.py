@@ -29,6 +29,8 @@ def test_short_run_writes_every_output(tmp_path):
                 "rollout.batch_size=8",
                 "rollout.n_samples_per_prompt=4",
                 "train.micro_batch_size=16",
+                "train.lr=1e-3",
+                "train.lr_warmup_steps=2",
                 "run.progress=false",
             ]
         )
@@ -37,6 +39,8 @@ def test_short_run_writes_every_output(tmp_path):
     metrics = _rows(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert REQUIRED_METRICS <= set(metrics[0])
+    # the optimizer used the schedule: warmup over 2 steps, then the peak
+    assert [m["train/lr"] for m in metrics] == pytest.approx([5e-4, 1e-3, 1e-3])
     # Same weights, same temperature-1 distribution, fp32: the trainer reproduces the engine.
     assert metrics[0]["train/logprob_abs_diff"] <= 1e-5
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))

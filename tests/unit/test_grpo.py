@@ -202,6 +202,16 @@ def test_aggregate_divides_by_global_counts():
     assert_close(aggregate(values_BT, mask_BT, "sample_mean", 10, 4), 2.25)
 
 
+def test_seq_mean_token_sum_norm_divides_each_sum_by_one_constant():
+    # Dr. GRPO: (9 / 8 + 12 / 8) / 2 = (1.125 + 1.5) / 2 = 1.3125 with norm_len 8 (the max response
+    # length), whatever each sample's own length; over a global batch of 4 samples: 2.625 / 4 = 0.65625
+    values_BT, mask_BT = torch.tensor(VALUES_BT), torch.tensor(MASK_BT)
+    assert_close(aggregate(values_BT, mask_BT, "seq_mean_token_sum_norm", 5, 2, norm_len=8), 1.3125)
+    assert_close(aggregate(values_BT, mask_BT, "seq_mean_token_sum_norm", 10, 4, norm_len=8), 0.65625)
+    with pytest.raises(ValueError, match="norm_len"):
+        aggregate(values_BT, mask_BT, "seq_mean_token_sum_norm", 5, 2)
+
+
 def test_sample_with_no_loss_tokens_contributes_zero_but_counts():
     values_BT = torch.tensor([*VALUES_BT, [7.0, 7.0, 7.0, 7.0]])
     mask_BT = torch.tensor([*MASK_BT, [0.0, 0.0, 0.0, 0.0]])
@@ -229,11 +239,15 @@ def _ratio_one_mb() -> dict[str, torch.Tensor]:
         ("token_mean", 0.3, [[-0.1, -0.1, -0.1, 0.0], [0.3, 0.3, 0.0, 0.0]]),
         # -(0.5 + -1.5) / 2 = 0.5; d/dlogp = -A / (len * 2) = -0.5 / 6 and 1.5 / 4
         ("sample_mean", 0.5, [[-0.0833333] * 3 + [0.0], [0.375, 0.375, 0.0, 0.0]]),
+        # Dr. GRPO, loss_norm_len 4: -(3 * 0.5 / 4 + 2 * -1.5 / 4) / 2 = 0.1875;
+        # d/dlogp = -A / (4 * 2) = -0.0625 and 0.1875, the same divisor for both samples
+        ("seq_mean_token_sum_norm", 0.1875, [[-0.0625] * 3 + [0.0], [0.1875, 0.1875, 0.0, 0.0]]),
     ],
 )
 def test_loss_at_ratio_one_is_minus_mean_advantage(loss_agg, expected_loss, expected_grad):
     mb = _ratio_one_mb()
-    loss, metrics = GRPO(AlgoConfig(loss_agg=loss_agg)).loss(mb, num_global_tokens=5, num_global_samples=2)
+    algo = GRPO(AlgoConfig(loss_agg=loss_agg, loss_norm_len=4))
+    loss, metrics = algo.loss(mb, num_global_tokens=5, num_global_samples=2)
     assert_close(loss, expected_loss)
     assert_close(metrics["pg_loss"], expected_loss)
     assert_close(metrics["ppo_kl"], 0.0, atol=0.0)

@@ -12,7 +12,7 @@ from typing import Any
 from rlx.errors import ConfigError
 from rlx.models.bridge import TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
-from rlx.models.hf_config import HFField, toy_token_ids
+from rlx.models.hf_config import HFField, tiny_token_ids
 from rlx.models.moe_bridge import mla_mappings, moe_mappings
 
 
@@ -118,7 +118,7 @@ def hf_config(cfg: ModelConfig):
         rope_interleave=True,
         attention_bias=False,
         num_nextn_predict_layers=0,
-        **toy_token_ids(cfg),
+        **tiny_token_ids(cfg),
     )
 
 

@@ -21,7 +21,7 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
 
 
 def hf_config(cfg: ModelConfig):
-    """`transformers.Glm4Config` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    """`transformers.Glm4Config` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
     from transformers import Glm4Config
 
     return Glm4Config(

@@ -17,7 +17,7 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
 
 
 def hf_config(cfg: ModelConfig):
-    """`transformers.LlamaConfig` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    """`transformers.LlamaConfig` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
     from transformers import LlamaConfig
 
     return LlamaConfig(

@@ -13,7 +13,7 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
 
 
 def hf_config(cfg: ModelConfig):
-    """`transformers.Qwen3Config` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    """`transformers.Qwen3Config` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
     from transformers import Qwen3Config
 
     return Qwen3Config(

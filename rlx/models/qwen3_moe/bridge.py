@@ -29,7 +29,7 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
 
 
 def hf_config(cfg: ModelConfig):
-    """`transformers.Qwen3MoeConfig` for `cfg`'s shape; tiny models get the toy vocab's pad/eos ids."""
+    """`transformers.Qwen3MoeConfig` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(

@@ -1,0 +1,41 @@
+"""What each layer may import: a model family knows no task, and a trainer rank loads no Hydra
+composition, validation, data or reward code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+RLX = Path(__file__).resolve().parents[2] / "rlx"
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """file -> the rlx modules it imports (at any depth, lazy imports included)."""
+    out = {}
+    for path in sorted((RLX / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+        out[str(path.relative_to(RLX))] = {n for n in names if n.startswith("rlx.")}
+    return out
+
+
+def test_model_families_import_no_task_data_or_rollout_code():
+    forbidden = ("rlx.data", "rlx.reward", "rlx.rollout", "rlx.trainer", "rlx.algo", "rlx.runtime")
+    bad = {f: sorted(m for m in mods if m.startswith(forbidden)) for f, mods in _imports("models").items()}
+    assert not {f: m for f, m in bad.items() if m}
+
+
+def test_a_trainer_rank_imports_no_composition_validation_data_or_reward_code():
+    probe = (
+        "import sys, rlx.trainer.megatron, rlx.trainer.group\n"
+        "heavy = ('rlx.config.compose', 'rlx.config.validate', 'rlx.data', 'rlx.reward', 'hydra')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
