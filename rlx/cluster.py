@@ -14,7 +14,11 @@ class ClusterConfig:
 
     num_nodes: int = 1
     gpus_per_node: int = 0  # 0: CPU (gloo); trainer processes = num_trainer_procs
-    num_trainer_procs: int = 1  # trainer ranks (one per GPU on GPU machines); DP = procs / (TP * PP)
+    # trainer ranks: on GPU clusters the trainer's GPUs, one per rank; DP = procs / (TP * PP)
+    num_trainer_procs: int = 1
+    # GPUs for rollout engines (rollout.num_engines x rollout.gpus_per_engine); 0 on CPU. Split
+    # placement: GPUs of their own, beside the trainer's; colocated: the trainer's GPUs, shared.
+    num_rollout_gpus: int = 0
     colocate: bool = False  # engines and trainer share GPUs, alternating (not wired yet: true is rejected)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -27,6 +31,7 @@ class ClusterConfig:
         "num_nodes": AT_LEAST_1,
         "gpus_per_node": NON_NEGATIVE,
         "num_trainer_procs": AT_LEAST_1,
+        "num_rollout_gpus": NON_NEGATIVE,
         "tensor_parallel_size": AT_LEAST_1,
         "pipeline_parallel_size": AT_LEAST_1,
         "expert_parallel_size": AT_LEAST_1,

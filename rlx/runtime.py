@@ -19,6 +19,7 @@ from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
+from rlx.placement import plan
 from rlx.rollout.pool import RolloutPool
 from rlx.tracking import Tracker
 from rlx.trainer.group import TrainerGroup
@@ -31,12 +32,14 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     job = _prepare(cfg)
     rc, out, data = job.cfg, job.out, job.data
     _start_ray(rc.cluster)
-    trainer = pool = tracker = None
+    trainer = pool = tracker = placement = None
     history = []
     try:
-        gpus_per_proc = 1 if rc.cluster.gpus_per_node > 0 else 0  # one GPU per trainer rank
-        trainer = TrainerGroup(rc, num_procs=rc.cluster.num_trainer_procs, num_gpus_per_proc=gpus_per_proc)
-        pool = RolloutPool(rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed)
+        placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
+        trainer = TrainerGroup(rc, placement.trainer)
+        pool = RolloutPool(
+            rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
+        )
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync = _WeightSync(trainer, pool, out / "weight_sync")
         start_step, version = _resume(job.resume, trainer, data, sync) if job.resume else (0, 0)
@@ -67,6 +70,8 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         for part in (pool, trainer):
             if part is not None:
                 _quietly(part.shutdown)
+        if placement is not None:
+            _quietly(placement.remove)
         if tracker is not None:
             tracker.close()
         ray.shutdown()

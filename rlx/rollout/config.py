@@ -14,6 +14,8 @@ class RolloutConfig:
 
     _target_: str = "rlx.rollout.servers.LocalServer"  # engine launcher run by each engine actor
     num_engines: int = 1  # >= 2 puts the engines behind sglang-router
+    # GPUs each engine spans (SGLang's tp_size; rlx's own engine runs on one); GPU clusters only
+    gpus_per_engine: int = 1
     batch_size: int = 32  # prompts per rollout step
     n_samples_per_prompt: int = 8  # group size
     max_response_len: int = 4  # max new tokens per sample
@@ -37,6 +39,7 @@ class RolloutConfig:
         "batch_size": AT_LEAST_1,
         "max_response_len": AT_LEAST_1,
         "num_engines": AT_LEAST_1,
+        "gpus_per_engine": AT_LEAST_1,
         "max_concurrency": AT_LEAST_1,
         "engine_threads": AT_LEAST_1,
     }

@@ -31,17 +31,23 @@ class RolloutPool:
     """`generate` expands prompts into groups and fills responses, logprobs, rewards, status."""
 
     def __init__(
-        self, cfg: RolloutConfig, model_path: str, tokenizer, *, seed: int, num_gpus_per_engine: float = 0
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        tokenizer,
+        *,
+        seed: int,
+        actor_options: list[dict] | None = None,
     ):
+        """`actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU."""
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
         self.reward_fn = load_reward_fn(cfg.reward_fn)
+        options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self.actors = [
-            ray.remote(num_cpus=0, num_gpus=num_gpus_per_engine)(EngineActor).remote(
-                cfg, model_path, seed=seed + i
-            )
-            for i in range(cfg.num_engines)
+            ray.remote(EngineActor).options(**options[i]).remote(cfg, model_path, seed=seed + i)
+            for i in range(len(options))
         ]
         self.router: Router | None = None
         self._loop = asyncio.new_event_loop()

@@ -51,7 +51,9 @@ class SGLangServer:
     def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
         from rlx.rollout.sglang import ServerProcess
 
-        args = {"random_seed": seed, **dict(cfg.engine_args)}
+        # an engine over several GPUs is SGLang's tensor parallelism (the actor holds them all)
+        spread = {"tp_size": cfg.gpus_per_engine} if cfg.gpus_per_engine > 1 else {}
+        args = {"random_seed": seed, **spread, **dict(cfg.engine_args)}
         self._process = ServerProcess(model_path, engine_args=args, module=cfg.server_module)
         self._process.start()
 

@@ -9,13 +9,16 @@ from rlx.trainer.megatron import MegatronTrainer
 
 
 class TrainerGroup:
-    """`num_procs` MegatronTrainer actors forming one torch.distributed world."""
+    """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world."""
 
-    def __init__(self, cfg, *, num_procs: int, num_gpus_per_proc: float = 0):
+    def __init__(self, cfg, actor_options: list[dict] | None = None):
+        """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU."""
+        options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
+        num_procs = len(options)
         port = free_port()
-        actor_cls = ray.remote(num_cpus=0, num_gpus=num_gpus_per_proc)(MegatronTrainer)
+        actor_cls = ray.remote(MegatronTrainer)
         self.actors = [
-            actor_cls.remote(
+            actor_cls.options(**options[rank]).remote(
                 cfg.model,
                 cfg.algo,
                 cfg.train,

@@ -45,7 +45,7 @@ def _train_once(tmp_path, name, *overrides):
     # With eps = 1 the update is ~lr * g, and comparing weights compares gradients.
     cfg = to_object(compose([f"run.output_dir={tmp_path}", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
                              "train.micro_batch_size=16", "train.adam_eps=1.0", "train.lr=0.1", *overrides]))  # fmt: skip
-    group = TrainerGroup(cfg, num_procs=cfg.cluster.num_trainer_procs)
+    group = TrainerGroup(cfg)
     try:
         metrics = group.train(_batch(Qwen3(cfg.model).checkpoint_dir()))
         group.export_weights(str(tmp_path / name))

@@ -1,0 +1,92 @@
+"""Where every process of a run goes: trainer ranks and rollout engines pinned to GPUs through one
+Ray placement group (on CPU, plain fractional actors).
+
+Split placement gives the trainer `cluster.num_trainer_procs` GPUs and the engines
+`cluster.num_rollout_gpus` others: one bundle per trainer rank ({"GPU": 1}), then one per engine
+({"GPU": rollout.gpus_per_engine}). Colocated placement makes one bundle per trainer GPU and puts
+a trainer rank and an engine on each, half a GPU apiece in Ray's accounting (the two take turns:
+the engine releases its memory while the trainer works and the reverse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlx.cluster import ClusterConfig
+from rlx.rollout.config import RolloutConfig
+
+COLOCATED_SHARE = 0.5  # each of the trainer rank and the engine on a colocated GPU
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Placement:
+    """Ray actor options (`.options(**...)`) for each trainer rank and each engine, in order."""
+
+    trainer: list[dict[str, Any]]
+    engines: list[dict[str, Any]]
+    bundles: list[dict[str, float]] = field(default_factory=list)  # the placement group's; [] on CPU
+    group: Any = None  # the Ray placement group (None on CPU)
+
+    def remove(self) -> None:
+        """Give the reserved GPUs back to Ray."""
+        if self.group is not None:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(self.group)
+            self.group = None
+
+
+def bundles_for(cluster: ClusterConfig, rollout: RolloutConfig) -> tuple[list[dict], list[int], list[int]]:
+    """(bundles, trainer rank -> bundle, engine -> bundle) for a GPU cluster."""
+    num_trainer = cluster.num_trainer_procs
+    if cluster.colocate:
+        return (
+            [{"GPU": 1.0, "CPU": 0.0}] * num_trainer,
+            list(range(num_trainer)),
+            list(range(rollout.num_engines)),
+        )
+    engine_bundle = {"GPU": float(rollout.gpus_per_engine), "CPU": 0.0}
+    bundles = [{"GPU": 1.0, "CPU": 0.0}] * num_trainer + [engine_bundle] * rollout.num_engines
+    return bundles, list(range(num_trainer)), [num_trainer + e for e in range(rollout.num_engines)]
+
+
+def plan(cluster: ClusterConfig, rollout: RolloutConfig) -> Placement:
+    """Reserve the run's GPUs (a Ray placement group; Ray must be started) and say where each
+    process goes. Raises RuntimeError naming the counts if the Ray cluster has too few GPUs."""
+    if cluster.gpus_per_node == 0:  # CPU: nothing to pin; zero CPUs so small machines never wait
+        return Placement(
+            [{"num_cpus": 0}] * cluster.num_trainer_procs, [{"num_cpus": 0}] * rollout.num_engines
+        )
+    import ray
+    from ray.util import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundles, trainer_at, engine_at = bundles_for(cluster, rollout)
+    # what the config asks for (compose-time rules tie it to the engines' count and size)
+    needed = cluster.num_trainer_procs + (0 if cluster.colocate else cluster.num_rollout_gpus)
+    available = ray.cluster_resources().get("GPU", 0.0)
+    if needed > available:
+        raise RuntimeError(
+            f"the run needs {needed:g} GPUs (cluster.num_trainer_procs={cluster.num_trainer_procs}"
+            f"{'' if cluster.colocate else f' + cluster.num_rollout_gpus={cluster.num_rollout_gpus}'}) "
+            f"but the Ray cluster has {available:g}; lower them or add nodes"
+        )
+    group = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=READY_TIMEOUT_S)
+    if not ready:
+        raise RuntimeError(f"Ray could not place {len(bundles)} GPU bundles within {READY_TIMEOUT_S:.0f} s")
+
+    def at(bundle: int, gpus: float) -> dict[str, Any]:
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+        return {"num_cpus": 0, "num_gpus": gpus, "scheduling_strategy": strategy}
+
+    trainer_gpus = COLOCATED_SHARE if cluster.colocate else 1.0
+    engine_gpus = COLOCATED_SHARE if cluster.colocate else float(rollout.gpus_per_engine)
+    return Placement(
+        trainer=[at(b, trainer_gpus) for b in trainer_at],
+        engines=[at(b, engine_gpus) for b in engine_at],
+        bundles=bundles,
+        group=group,
+    )
