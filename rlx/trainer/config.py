@@ -9,7 +9,14 @@ from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH,
 
 # train.precision -> the torch dtype (by name) the trainer builds its models in
 PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LR_DECAY_STYLES = ("constant", "cosine")  # rlx.trainer.schedule.learning_rate
+LR_DECAY_STYLES = ("constant", "cosine")  # rlx.trainer.schedule.lr_factor
+# train.recompute -> megatron TransformerConfig settings: activations recomputed in the backward
+# pass instead of kept (full: every layer's input only; selective: core attention's internals)
+RECOMPUTE: dict[str, dict] = {
+    "none": {},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    "selective": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+}
 
 
 @dataclass
@@ -29,7 +36,12 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0  # gradient-norm clipping (0: off)
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    # fp32 | bf16 | fp16: bf16/fp16 run the models in megatron's Float16Module with fp32 master
+    # weights in the optimizer
+    precision: str = "fp32"
+    recompute: str = "none"  # none | full | selective: activation recompute, memory for compute
+    # shard the optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
+    distributed_optimizer: bool = False
 
     RULES: ClassVar[dict[str, Rule]] = {
         "global_batch_size": AT_LEAST_1,
@@ -45,4 +57,5 @@ class TrainConfig:
         "adam_eps": POSITIVE,
         "clip_grad": NON_NEGATIVE,
         "precision": one_of(PRECISION_DTYPES),
+        "recompute": one_of(RECOMPUTE),
     }

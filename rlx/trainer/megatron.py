@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from rlx.algo.config import AlgoConfig
 from rlx.cluster import ClusterConfig
 from rlx.config import build
 from rlx.models.config import ModelConfig
+from rlx.models.precision import half_precision
 from rlx.sample import Sample
 from rlx.trainer.batch import MicroBatch, response_slice
-from rlx.trainer.config import PRECISION_DTYPES, TrainConfig
+from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
 from rlx.trainer.critic import Critic
 from rlx.trainer.logprobs import logprobs_and_entropy
 from rlx.trainer.parallel import destroy_distributed, init_distributed
@@ -65,7 +67,9 @@ class MegatronTrainer:
         # Sequence parallelism (MoE under TP) splits the sequence over TP ranks.
         pad_multiple = cluster_cfg.tensor_parallel_size
         self.algo = build(algo_cfg)
-        self.family = build(model_cfg)
+        # activation recompute is a TransformerConfig setting; the model config's own overrides win
+        overrides = RECOMPUTE[train_cfg.recompute] | model_cfg.megatron_overrides
+        self.family = build(replace(model_cfg, megatron_overrides=overrides))
         hf_dir = self.family.checkpoint_dir()
         params_dtype = getattr(torch, PRECISION_DTYPES[train_cfg.precision])
 
@@ -79,9 +83,9 @@ class MegatronTrainer:
         )  # fmt: skip
         self.ref_model = None
         if self.algo.needs_ref:
-            self.ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
-            self.family.load_hf_weights(self.ref_model, hf_dir)
-            self.ref_model.eval()
+            ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
+            self.family.load_hf_weights(ref_model, hf_dir)
+            self.ref_model = half_precision(ref_model).eval()
         self.critic = None
         if self.algo.needs_critic:
             self.critic = Critic(

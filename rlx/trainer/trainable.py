@@ -136,11 +136,15 @@ def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype
     )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from rlx.models.precision import half_precision
+
     tf_config = model.config
     ddp_model = DistributedDataParallel(
         config=tf_config,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
-        module=model,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=train_cfg.distributed_optimizer
+        ),
+        module=half_precision(model),  # bf16/fp16: Float16Module (fp32 outputs), as Megatron-LM wraps
     )
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
@@ -155,6 +159,7 @@ def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype
             bf16=train_cfg.precision == "bf16",
             fp16=train_cfg.precision == "fp16",
             params_dtype=params_dtype,
+            use_distributed_optimizer=train_cfg.distributed_optimizer,
         ),
         [ddp_model],
     )

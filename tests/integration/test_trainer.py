@@ -66,6 +66,10 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
     for name, overrides in {
         "tp2": ["cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"],
         "dp2": ["cluster.num_trainer_procs=2"],
+        # Adam's state sharded over the two DP ranks: the same step
+        "dp2_distributed_optimizer": ["cluster.num_trainer_procs=2", "train.distributed_optimizer=true"],
+        # activations recomputed in the backward pass: the same gradients
+        "recompute": ["train.recompute=full"],
     }.items():
         metrics, weights = _train_once(tmp_path, name, *overrides)
         for key in (
