@@ -2,8 +2,8 @@
 
     python bench/train_mfu.py                                     # Qwen3-1.7B shape, seq 4096, 4 x 8
     python bench/train_mfu.py --seq-len 8192 --micro-batch 2 --accum 8 --profile 20
-    python bench/train_mfu.py megatron_overrides.bias_activation_fusion=true \\
-        megatron_overrides.cross_entropy_loss_fusion=true megatron_overrides.cross_entropy_fusion_impl=native
+    python bench/train_mfu.py kernels=torch                        # megatron's unfused layers (no fusions)
+    python bench/train_mfu.py kernels=compile                      # torch.compile'd norms/RoPE, no liger
     python bench/train_mfu.py num_layers=36 hidden_size=2560 ffn_hidden_size=9728 \\
         num_attention_heads=32                                    # Qwen3-4B shape
     # on the GPU machine:
@@ -14,7 +14,7 @@ Qwen3-1.7B shape below, `_target_` (the family) and `megatron_overrides.<key>` i
 random (no checkpoint: speed does not depend on them); tokens are uniform random ids.
 
 What is trained: the family's `build_model` (megatron's local spec, SDPA core attention, no
-Transformer Engine) in bf16 through megatron's `Float16Module` (`rlx.models.precision`), megatron's
+Transformer Engine, the fused kernels `model.kernels` selects: rlx.models.kernels) in bf16 through megatron's `Float16Module` (`rlx.models.precision`), megatron's
 `DistributedDataParallel` (fp32 gradient buffer) and `get_megatron_optimizer` (Adam, bf16=True:
 fp32 master weights), one optimizer step per `--micro-batch` x `--accum` sequences of `--seq-len`
 tokens through `get_forward_backward_func`, loss = megatron's vocab-parallel cross entropy. No
@@ -275,10 +275,11 @@ def main(argv: list[str]) -> dict:
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,
+        "kernels": build(cfg).kernels().name,
         "gpu": torch.cuda.get_device_name(),
     }
     print(
-        f"{cfg.name}: {n_params / 1e9:.3f}B params ({n_matmul / 1e9:.3f}B in matmuls), "
+        f"{cfg.name} (kernels: {result['kernels']}): {n_params / 1e9:.3f}B params ({n_matmul / 1e9:.3f}B in matmuls), "
         f"seq {args.seq_len}, micro-batch {args.micro_batch} x {args.accum} accumulation "
         f"= {tokens_per_step} tokens/step\n"
         f"  step {mean_s:.3f} s mean, {result['step_s_median']:.3f} s median over {args.steps} steps "

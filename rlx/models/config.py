@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rlx.config.rules import AT_LEAST_1, Rule
+from rlx.config.rules import AT_LEAST_1, Rule, one_of
+
+# `model.kernels` choices: the kernel sets of rlx.models.kernels (which imports torch; this
+# schema module must not) plus "auto".
+KERNEL_CHOICES = ("auto", "liger", "compile", "torch")
 
 
 @dataclass
@@ -43,6 +47,11 @@ class ModelConfig:
     rope_scaling_high_freq_factor: float = 4.0  # llama3: wavelengths < original / this: kept; between: mixed
     rope_scaling_original_max_position_embeddings: int = 8192  # llama3: pre-training context ("original")
     init_seed: int = 0  # seed of a tiny model's random weights
+    kernels: str = "auto"  # fused GPU kernels for the dense layers (rlx.models.kernels), used only when
+    #   CUDA is available (the CPU always builds megatron's torch layers): liger (liger-kernel's
+    #   Triton RMSNorm and SwiGLU, the `gpu` extra) | compile (torch.compile of the same math) |
+    #   auto (liger if installed, else compile) | torch (megatron's unfused layers). Any but torch
+    #   also turns on megatron's fused SwiGLU and (bf16) fused cross entropy, and compiled RoPE.
     megatron_overrides: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig kwargs
 
     # ---- Mixture of experts and multi-latent attention (Qwen3-MoE, DeepSeek-V3) ----------------
@@ -74,6 +83,15 @@ class ModelConfig:
     yarn_mscale_all_dim: float = 0.0  # YaRN: attention-temperature coefficient of the softmax scale
 
     RULES: ClassVar[dict[str, Rule]] = {
-        key: AT_LEAST_1
-        for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings")
+        **{
+            key: AT_LEAST_1
+            for key in (
+                "num_layers",
+                "hidden_size",
+                "num_attention_heads",
+                "vocab_size",
+                "max_position_embeddings",
+            )
+        },
+        "kernels": one_of(KERNEL_CHOICES),
     }

@@ -151,7 +151,8 @@ class ModelFamily:
             fp16=params_dtype == torch.float16,
             hidden_dropout=0.0,
             attention_dropout=0.0,
-            # These fusions need Transformer Engine / apex kernels, which rlx does not require.
+            # These fusions need Transformer Engine / apex kernels, which rlx does not require;
+            # the ones that need neither come from `fusion_kwargs` (on CUDA).
             masked_softmax_fusion=False,
             gradient_accumulation_fusion=False,
             apply_rope_fusion=False,
@@ -161,16 +162,36 @@ class ModelFamily:
         )
         kwargs["add_qkv_bias"] = cfg.add_qkv_bias
         kwargs.update(self.transformer_kwargs())
+        kwargs.update(
+            self.fusion_kwargs(params_dtype, rotary_interleaved=kwargs.get("rotary_interleaved", False))
+        )
         kwargs.update(cfg.megatron_overrides)
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)
 
-    def layer_spec(self, config):
-        """Megatron's local (no Transformer Engine) layer spec, core attention on torch SDPA, with
-        post-sublayer norms when `model.post_sublayer_norms` (see `rlx.models.layers`)."""
-        from rlx.models.layers import local_layer_spec
+    def kernels(self):
+        """The `rlx.models.kernels.KernelSet` `model.kernels` selects on this machine ("torch",
+        megatron's unfused layers, without CUDA)."""
+        from rlx.models.kernels import resolve
 
-        return local_layer_spec(config, post_sublayer_norms=self.cfg.post_sublayer_norms)
+        return resolve(self.cfg.kernels)
+
+    def fusion_kwargs(self, params_dtype: torch.dtype, *, rotary_interleaved: bool) -> dict[str, Any]:
+        """TransformerConfig flags of `kernels()` (fused SwiGLU, cross entropy, RoPE); none on CPU."""
+        from rlx.models.kernels import fusion_kwargs
+
+        return fusion_kwargs(self.kernels(), params_dtype=params_dtype, rotary_interleaved=rotary_interleaved)
+
+    def layer_spec(self, config):
+        """Megatron's local (no Transformer Engine) layer spec, core attention on torch SDPA,
+        `kernels()`' fused norms and SwiGLU on CUDA, post-sublayer norms when
+        `model.post_sublayer_norms`, as a block spec where the final norm is fused too
+        (see `rlx.models.layers`)."""
+        from rlx.models.layers import block_spec, local_layer_spec
+
+        kernels = self.kernels()
+        spec = local_layer_spec(config, post_sublayer_norms=self.cfg.post_sublayer_norms, kernels=kernels)
+        return block_spec(config, spec, kernels)
 
     def build_model(
         self,

@@ -1,7 +1,9 @@
 """Megatron layer pieces shared by the dense families, beyond what megatron-core's local spec offers.
 
 - `local_layer_spec`: megatron's local (no Transformer Engine) GPT layer spec with the core
-  attention on torch SDPA, and `PostNormTransformerLayer` where the architecture asks for it.
+  attention on torch SDPA, fused GPU kernels where a `rlx.models.kernels.KernelSet` brings them,
+  and `PostNormTransformerLayer` where the architecture asks for it; `block_spec` adds the
+  decoder's final norm.
 - `PostNormTransformerLayer`: a TransformerLayer that also normalises the attention output and the
   MLP output before each residual add (GLM-4's `post_self_attn_layernorm` / `post_mlp_layernorm`).
   megatron-core 0.16 has no option for these norms.
@@ -25,12 +27,18 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from rlx.models.attention import SDPAttention
 from rlx.models.bridge import unwrap
 from rlx.models.config import ModelConfig
+from rlx.models.kernels import KernelSet
 
 
-def local_layer_spec(config: TransformerConfig, *, post_sublayer_norms: bool = False) -> ModuleSpec:
-    """The decoder layer spec: megatron's local spec, SDPA core attention, optional post-norms."""
+def local_layer_spec(
+    config: TransformerConfig, *, post_sublayer_norms: bool = False, kernels: KernelSet | None = None
+) -> ModuleSpec:
+    """The decoder layer spec: megatron's local spec, SDPA core attention, `kernels`' norm and
+    SwiGLU modules (where set), optional post-norms."""
     spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if kernels is not None:
+        _use_kernels(spec, config, kernels)
     if not post_sublayer_norms:
         return spec
     base = spec.submodules
@@ -42,6 +50,35 @@ def local_layer_spec(config: TransformerConfig, *, post_sublayer_norms: bool = F
             post_self_attn_layernorm=norm,
             post_mlp_layernorm=norm,
         ),
+    )
+
+
+def _use_kernels(spec: ModuleSpec, config: TransformerConfig, kernels: KernelSet) -> None:
+    """Put `kernels`' RMSNorm in every norm slot of `spec` and its SwiGLU in the MLP's activation
+    slot (read by megatron's MLP only under `use_te_activation_func`, see rlx.models.kernels)."""
+    layer = spec.submodules
+    if kernels.norm is not None and config.normalization == "RMSNorm":
+        norm = kernels.norm()
+        layer.input_layernorm = layer.pre_mlp_layernorm = norm
+        if config.qk_layernorm:
+            attention = layer.self_attention.submodules
+            attention.q_layernorm = attention.k_layernorm = norm
+    if kernels.swiglu is not None and config.use_te_activation_func:
+        layer.mlp.submodules.activation_func = kernels.swiglu()
+
+
+def block_spec(config: TransformerConfig, layer_spec: ModuleSpec, kernels: KernelSet | None = None):
+    """`layer_spec` for this pipeline stage's layers, as a block whose final norm is `kernels`'
+    RMSNorm; just `layer_spec` (megatron adds its own final norm) when there is none."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    if kernels is None or kernels.norm is None or config.normalization != "RMSNorm":
+        return layer_spec
+    return TransformerBlockSubmodules(
+        layer_specs=[layer_spec] * get_num_layers_to_build(config), layer_norm=kernels.norm()
     )
 
 

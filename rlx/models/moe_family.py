@@ -104,6 +104,11 @@ class MoEFamily(ModelFamily):
 
     # ---- Megatron side -------------------------------------------------------------------------
 
+    def fusion_kwargs(self, params_dtype: torch.dtype, *, rotary_interleaved: bool) -> dict[str, Any]:
+        """None: `model.kernels` covers the dense layer spec only; the MoE and MLA layers keep
+        megatron's unfused ones (their parity is tested that way)."""
+        return {}
+
     def transformer_config(self, *, params_dtype: torch.dtype = torch.float32, **overrides):
         """The base TransformerConfig, as an `MLATransformerConfig` when the model uses MLA."""
         self.check_routing()

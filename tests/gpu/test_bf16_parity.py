@@ -60,6 +60,14 @@ BF16_MEAN_DIFF = 2e-3
 LOGP_MAX_DIFF = 0.03
 ERROR_RATIO_MAX = 1.1  # Megatron's bf16 error against fp32 over transformers' (max and mean)
 DIFF_TO_ERROR_MAX = 0.25  # mean |Megatron - transformers| in bf16 over transformers' mean bf16 error
+# With the fused kernels (`model.kernels`, the default on CUDA; rlx.models.kernels) Megatron no
+# longer rounds to bf16 where transformers does (compiled RoPE keeps fp32 inside, the norms and
+# cross entropy round elsewhere), so the two bf16 runs no longer share most of their error:
+# measured 2026-11-23 (liger set), bf16 Megatron vs fp32 6.18e-2 / 8.07e-3 (0.98x transformers'
+# error, max and mean), Megatron vs transformers 5.08e-2 / 7.10e-3, next-token log-probs
+# 3.54e-2 / 7.30e-3. Bounds: the error ratio as above, and the difference at most transformers'
+# own bf16 error (measured 0.81x max, 0.86x mean).
+FUSED_DIFF_TO_ERROR_MAX = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +127,11 @@ def abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return d.max().item(), d.mean().item()
 
 
-def test_bf16_logits_match_transformers(device, family_and_dir):
-    family, hf_dir = family_and_dir
+@pytest.mark.parametrize("kernels", ["torch", "auto"])
+def test_bf16_logits_match_transformers(device, family_and_dir, kernels):
+    _, hf_dir = family_and_dir
+    family = build(compose([*SHAPE, f"model.kernels={kernels}"]).model)
+    fused = family.kernels().name != "torch"
     vocab = family.cfg.vocab_size
     ids_BL = torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).to(device)
 
@@ -140,9 +151,14 @@ def test_bf16_logits_match_transformers(device, family_and_dir):
     )
     assert ref.std() > 0.1  # a real, non-degenerate output
     assert fp32[0] <= FP32_MAX_DIFF
+    assert mg_err[0] <= ERROR_RATIO_MAX * hf_err[0] and mg_err[1] <= ERROR_RATIO_MAX * hf_err[1]
+    if fused:
+        assert (
+            diff[0] <= FUSED_DIFF_TO_ERROR_MAX * hf_err[0] and diff[1] <= FUSED_DIFF_TO_ERROR_MAX * hf_err[1]
+        )
+        return
     assert diff[0] <= BF16_MAX_DIFF and diff[1] <= BF16_MEAN_DIFF
     assert logp[0] <= LOGP_MAX_DIFF
-    assert mg_err[0] <= ERROR_RATIO_MAX * hf_err[0] and mg_err[1] <= ERROR_RATIO_MAX * hf_err[1]
     assert diff[1] <= DIFF_TO_ERROR_MAX * hf_err[1]
 
 

@@ -1,0 +1,202 @@
+"""Fused GPU kernels for the dense families' layers, chosen by `model.kernels` (CUDA only).
+
+Without Transformer Engine, megatron's local spec runs RMSNorm, SwiGLU and RoPE as chains of
+unfused torch ops; on 1xH200 (Qwen3-1.7B shape, seq 4096) that elementwise work was 41% of the
+GPU time of a bf16 training step (docs/benchmarks.md). A `KernelSet` replaces those pieces
+through the hooks megatron has for them, so the layer's forward is megatron's own:
+
+- norms: the module in every RMSNorm slot of the layer spec (input, pre-MLP, q/k norms) and the
+  block's final norm;
+- SwiGLU: a module in `MLPSubmodules.activation_func`, which megatron calls on fc1's
+  [gate | up] output when `use_te_activation_func` is set (the flag only selects the
+  spec-provided activation module; nothing of Transformer Engine is used);
+- RoPE: megatron's `fused_apply_rotary_pos_emb` slot (`apply_rope_fusion`), empty without TE.
+
+Kernel sets (`KERNEL_SETS`): "liger" (liger-kernel's Triton RMSNorm and gate-up SwiGLU, the
+`gpu` extra), "compile" (torch.compile of the same torch math, no extra dependency), "torch"
+(megatron's unfused layers). RoPE is torch.compile of megatron's own `_apply_rotary_pos_emb_bshd`
+in both fused sets: liger's RoPE kernel wants [b, s, h, d] memory and megatron's is [s, b, h, d].
+
+On a machine without CUDA every set resolves to "torch": the CPU path (and CI, which has no
+triton) builds exactly the layers it always did. Nothing here imports triton or liger until a
+fused set is resolved on CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from rlx.errors import ConfigError
+from rlx.models.config import KERNEL_CHOICES
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """What replaces megatron's unfused layers; None leaves megatron's own in place."""
+
+    name: str
+    norm: Callable[[], type] | None = None  # -> RMSNorm module class (megatron norm constructor)
+    swiglu: Callable[[], type] | None = None  # -> activation module class: [.., 2f] -> [.., f]
+    rope: Callable[[], Callable] | None = None  # -> fused_apply_rotary_pos_emb(t, freqs, interleaved)
+    cross_entropy: Callable[[], Callable] | None = (
+        None  # -> (logits [s,b,V/tp], labels, tp_group, _) -> loss [s,b]
+    )
+    requires: str | None = None  # the package (pip name) the set imports, checked when resolved
+
+
+def _liger_norm() -> type:
+    from liger_kernel.megatron import LigerMegatronRMSNorm
+
+    return LigerMegatronRMSNorm
+
+
+def _liger_swiglu() -> type:
+    return LigerSwiGLU
+
+
+def _liger_cross_entropy() -> Callable:
+    from liger_kernel.megatron import LigerMegatronCrossEntropy
+
+    ce = LigerMegatronCrossEntropy()
+    return lambda logits, labels, tp_group, is_cg_capturable=False: ce(logits, labels, tp_group=tp_group)
+
+
+def _compiled_norm() -> type:
+    return CompiledRMSNorm
+
+
+def _compiled_rope() -> Callable:
+    return compiled_rope
+
+
+KERNEL_SETS: dict[str, KernelSet] = {
+    "torch": KernelSet("torch"),
+    "liger": KernelSet(
+        "liger",
+        norm=_liger_norm,
+        swiglu=_liger_swiglu,
+        rope=_compiled_rope,
+        cross_entropy=_liger_cross_entropy,
+        requires="liger-kernel",
+    ),
+    "compile": KernelSet("compile", norm=_compiled_norm, rope=_compiled_rope),
+}
+
+
+def resolve(name: str) -> KernelSet:
+    """The kernel set `model.kernels=name` selects on this machine: "torch" without CUDA;
+    "auto" is "liger" where liger-kernel is installed, else "compile"."""
+    if name not in KERNEL_CHOICES:
+        raise ConfigError(f"model.kernels={name}: choose one of {', '.join(KERNEL_CHOICES)}")
+    if not torch.cuda.is_available():
+        return KERNEL_SETS["torch"]
+    if name == "auto":
+        name = "liger" if importlib.util.find_spec("liger_kernel") else "compile"
+    kernels = KERNEL_SETS[name]
+    if kernels.requires and importlib.util.find_spec(kernels.requires.replace("-", "_")) is None:
+        raise ConfigError(
+            f"model.kernels={name} needs {kernels.requires} on the GPU machine: pip install 'rlx[gpu]' "
+            "(or model.kernels=compile, which needs nothing extra)"
+        )
+    return kernels
+
+
+def fusion_kwargs(kernels: KernelSet, *, params_dtype: torch.dtype, rotary_interleaved: bool) -> dict:
+    """TransformerConfig flags for `kernels` (resolved for this machine) and the model's dtype.
+
+    Megatron's two fusions that need neither TE nor apex are on with any fused set: SwiGLU
+    through torch.compile (`bias_activation_fusion`, unless the set brings its own SwiGLU
+    module) and the native fused cross entropy (unless the set brings its own, which goes in
+    megatron's TE cross-entropy slot), which returns bf16 logit gradients whatever the logits'
+    dtype, so it is on for bf16 models only. RoPE fusion is left off for interleaved RoPE
+    (GLM-4), which megatron routes to TE >= 2.3 only.
+    """
+    if kernels.name == "torch":
+        return {}
+    kwargs: dict = dict(
+        bias_activation_fusion=kernels.swiglu is None,
+        use_te_activation_func=kernels.swiglu is not None,
+        cross_entropy_loss_fusion=params_dtype == torch.bfloat16,
+        cross_entropy_fusion_impl="native",
+    )
+    if kernels.cross_entropy is not None and kwargs["cross_entropy_loss_fusion"]:
+        _fill_slot(
+            "megatron.core.models.common.language_module.language_module",
+            "te_parallel_cross_entropy",
+            kernels.cross_entropy,
+        )
+        kwargs["cross_entropy_fusion_impl"] = "te"
+    if kernels.rope is not None and not rotary_interleaved:
+        _fill_slot(
+            "megatron.core.models.common.embeddings.rope_utils", "fused_apply_rotary_pos_emb", kernels.rope
+        )
+        kwargs["apply_rope_fusion"] = True
+    return kwargs
+
+
+def _fill_slot(module: str, name: str, make: Callable[[], Callable]) -> None:
+    """Put `make()` in the megatron module global `name`, a Transformer Engine kernel that is None
+    without TE (RoPE: `rope_utils.fused_apply_rotary_pos_emb`, read when a config with
+    `apply_rope_fusion` is built and at every call; cross entropy: `language_module.
+    te_parallel_cross_entropy`, read under `cross_entropy_fusion_impl="te"`). A slot TE already
+    filled is left alone; megatron reads these flags only where this module set them."""
+    target = importlib.import_module(module)
+    if getattr(target, name) is None:
+        setattr(target, name, make())
+
+
+@cache
+def _compiled_rope_bshd() -> Callable:
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    return torch.compile(_apply_rotary_pos_emb_bshd)
+
+
+def compiled_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_) -> torch.Tensor:
+    """Megatron's unfused RoPE over [s, b, h, d] (`freqs` [s, 1, 1, rot_dim] angles), compiled:
+    the same arithmetic as `apply_rope_fusion=False`, in one kernel each way."""
+    return _compiled_rope_bshd()(t, freqs, rotary_interleaved=interleaved)
+
+
+@cache
+def _compiled_rms_norm() -> Callable:
+    return torch.compile(torch.nn.functional.rms_norm)
+
+
+class CompiledRMSNorm(torch.nn.RMSNorm):
+    """`torch.nn.RMSNorm` (what megatron's local spec builds) with a torch.compile'd forward.
+
+    Takes megatron's norm constructor arguments; parameters and state-dict keys are the same
+    as the torch norm's (`weight`)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _compiled_rms_norm()(x, self.normalized_shape, self.weight, self.eps)
+
+
+class LigerSwiGLU(torch.nn.Module):
+    """SwiGLU on fc1's [gate | up] output with liger's one-kernel gate-up SiLU-multiply.
+
+    Built by megatron's MLP from `MLPSubmodules.activation_func` (as `cls(config=...)`) and
+    called on [s, b, 2 * ffn] (or [tokens, 2 * ffn]); returns [..., ffn]."""
+
+    def __init__(self, config=None):
+        super().__init__()
+        from liger_kernel.ops import LigerFusedGateUpSiLUMulFunction
+
+        self._function = LigerFusedGateUpSiLUMulFunction
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._function.apply(x.reshape(-1, x.shape[-1]), False)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+__all__ = ["KERNEL_SETS", "KernelSet", "fusion_kwargs", "resolve"]

@@ -1,0 +1,251 @@
+"""Fused kernels (rlx.models.kernels) against megatron's unfused layers, in bf16, on a GPU.
+
+Skipped without a GPU. Run on the GPU machine:
+    source .whl/install.sh && python3 -m pytest tests/gpu/test_kernels.py -q -s
+
+bf16 results of two implementations cannot agree bit for bit, so each fused piece is measured,
+with the unfused one, against an fp32 computation from the same bf16 inputs and weights, and
+must be no less accurate: its max and mean error at most `RATIO` times the unfused error (plus
+`FLOOR`, for outputs the unfused path gets exactly right). This holds for the forward output and
+every gradient. `-s` prints the figures. Whole models: a 4-layer Qwen3 (hidden 1024) with each
+kernel set against `model.kernels=torch`, same HF weights, per-token losses and gradients.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import megatron_world  # tests/ is on sys.path (conftest)
+
+from rlx.config import build
+from rlx.config.compose import compose
+from rlx.models.kernels import KERNEL_SETS, compiled_rope
+from rlx.models.precision import half_precision
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+HAVE_LIGER = importlib.util.find_spec("liger_kernel") is not None
+FUSED_SETS = [
+    pytest.param("liger", marks=pytest.mark.skipif(not HAVE_LIGER, reason="no liger-kernel")),
+    "compile",
+]
+RATIO = 1.5  # fused error / unfused error against fp32, max and mean
+# liger's RMSNorm rounds as transformers' Qwen3RMSNorm does (normalised x to bf16, then times the
+# bf16 weight): two bf16 roundings where torch's norm has one. Measured on 1xH200 (output, max /
+# mean error over torch's): 1.86x / 1.34x at width 2048, 1.59x / 1.34x at 128; gradients 1.0x.
+LIGER_NORM_RATIO = 2.0
+FLOOR = 1e-5  # slack, relative to max |fp32|, for outputs the unfused path computes in fp32 exactly
+
+
+def errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max, mean) |got - ref|, in fp64."""
+    d = (got.double() - ref.double()).abs()
+    return d.max().item(), d.mean().item()
+
+
+def assert_no_less_accurate(name: str, fused, unfused, ref, ratio: float = RATIO) -> None:
+    """Each tensor of `fused` is at least about as close to `ref` (fp32) as `unfused` is."""
+    for i, (f, u, r) in enumerate(zip(fused, unfused, ref, strict=True)):
+        fe, ue = errors(f, r), errors(u, r)
+        floor = FLOOR * r.abs().max().item()
+        print(
+            f"\n{name}[{i}] |fused-fp32| {fe[0]:.2e}/{fe[1]:.2e}  |unfused-fp32| {ue[0]:.2e}/{ue[1]:.2e}",
+            end="",
+        )
+        assert fe[0] <= ratio * ue[0] + floor, (name, i, fe, ue)
+        assert fe[1] <= ratio * ue[1] + floor, (name, i, fe, ue)
+
+
+def run(fn, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> list[torch.Tensor]:
+    """[output, grad of each input] of `fn(*inputs)` backpropagating `grad_out`."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out.to(out.dtype))
+    return [out.detach(), *(x.grad for x in leaves)]
+
+
+@pytest.fixture(scope="module")
+def device():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with megatron_world():
+        yield torch.device("cuda", torch.cuda.current_device())
+
+
+class _Config:
+    """The TransformerConfig fields the norm modules read."""
+
+    normalization = "RMSNorm"
+    sequence_parallel = False
+    layernorm_zero_centered_gamma = False
+
+
+@pytest.mark.parametrize("kernels", FUSED_SETS)
+@pytest.mark.parametrize("width", [2048, 128])  # a hidden state; one q/k head (qk-norm)
+def test_rms_norm(device, kernels, width):
+    torch.manual_seed(0)
+    x = torch.randn(1024, 4, width, device=device, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(width, device=device)).to(torch.bfloat16)
+    dy = torch.randn_like(x)
+    norm = KERNEL_SETS[kernels].norm()(_Config(), width, eps=1e-6).to(device, torch.bfloat16)
+    unfused_norm = torch.nn.RMSNorm(width, eps=1e-6).to(device, torch.bfloat16)
+    reference_norm = torch.nn.RMSNorm(width, eps=1e-6).to(device)
+
+    def with_weight(module):
+        return lambda x, w: torch.func.functional_call(module, {"weight": w}, (x,))
+
+    fused = run(with_weight(norm), [x, w], dy)
+    unfused = run(with_weight(unfused_norm), [x, w], dy)
+    ref = run(with_weight(reference_norm), [x.float(), w.float()], dy.float())
+    ratio = LIGER_NORM_RATIO if kernels == "liger" else RATIO
+    assert_no_less_accurate(f"rms_norm[{kernels},{width}]", fused, unfused, ref, ratio)
+
+
+@pytest.mark.skipif(not HAVE_LIGER, reason="no liger-kernel")
+def test_swiglu(device):
+    torch.manual_seed(0)
+    y = torch.randn(1024, 4, 2 * 3072, device=device, dtype=torch.bfloat16)
+    dc = torch.randn(1024, 4, 3072, device=device, dtype=torch.bfloat16)
+
+    def unfused(y):
+        gate, up = torch.chunk(y, 2, dim=-1)
+        return F.silu(gate) * up
+
+    fused = run(KERNEL_SETS["liger"].swiglu()(), [y], dc)
+    assert_no_less_accurate(
+        "swiglu[liger]", fused, run(unfused, [y], dc), run(unfused, [y.float()], dc.float())
+    )
+
+
+def test_megatron_swiglu_fusion(device):
+    """megatron's own fused SwiGLU (`bias_activation_fusion`, on with the fused sets)."""
+    from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+
+    torch.manual_seed(0)
+    y = torch.randn(1024, 4, 2 * 3072, device=device, dtype=torch.bfloat16)
+    dc = torch.randn(1024, 4, 3072, device=device, dtype=torch.bfloat16)
+
+    def unfused(y):
+        gate, up = torch.chunk(y, 2, dim=-1)
+        return F.silu(gate) * up
+
+    fused = run(lambda y: bias_swiglu_impl(y, None), [y], dc)
+    assert_no_less_accurate(
+        "swiglu[megatron]", fused, run(unfused, [y], dc), run(unfused, [y.float()], dc.float())
+    )
+
+
+@pytest.mark.parametrize("rot_dim,interleaved", [(128, False), (64, False), (64, True)])
+def test_rope(device, rot_dim, interleaved):
+    """Compiled RoPE against megatron's unfused one: full, partial (GLM-4's half), interleaved."""
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    torch.manual_seed(0)
+    s, b, h, d = 1024, 4, 16, 128
+    t = torch.randn(s, b, h, d, device=device, dtype=torch.bfloat16)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
+    angles = torch.outer(torch.arange(s, device=device).float(), inv_freq)
+    freqs = torch.cat([angles, angles], dim=-1)[:, None, None, :]
+    dt = torch.randn_like(t)
+
+    def unfused(t):
+        return _apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
+
+    fused = run(lambda t: compiled_rope(t, freqs, interleaved=interleaved), [t], dt)
+    ref = run(unfused, [t.float()], dt.float())
+    assert_no_less_accurate(f"rope[{rot_dim},{interleaved}]", fused, run(unfused, [t], dt), ref)
+
+
+@pytest.mark.parametrize("kernels", [pytest.param("liger", marks=FUSED_SETS[0].marks), "compile"])
+def test_cross_entropy(device, kernels):
+    """The fused cross entropy over bf16 logits (`cross_entropy_loss_fusion`, on for bf16):
+    liger's in the liger set, megatron's native one otherwise."""
+    from megatron.core import parallel_state
+    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    make = KERNEL_SETS[kernels].cross_entropy
+    fused_ce = (
+        make() if make else lambda x, target, group: fused_vocab_parallel_cross_entropy(x, target, group)
+    )
+
+    torch.manual_seed(0)
+    logits = (2 * torch.randn(512, 4, 32768, device=device)).to(torch.bfloat16)
+    target = torch.randint(0, 32768, (512, 4), device=device)
+    dl = torch.rand(512, 4, device=device)
+    group = parallel_state.get_tensor_model_parallel_group()
+    fused = run(lambda x: fused_ce(x.clone(), target, group), [logits], dl)  # liger's writes into x
+    unfused = run(lambda x: vocab_parallel_cross_entropy(x, target), [logits], dl)
+    ref = run(lambda x: vocab_parallel_cross_entropy(x, target), [logits.float()], dl)
+    assert_no_less_accurate(f"cross_entropy[{kernels}]", fused, unfused, ref)
+
+
+# ---- whole models ------------------------------------------------------------------------------
+
+SHAPE = [
+    "model=tiny_qwen3",
+    "model.name=qwen3_kernels",
+    "model.num_layers=4",
+    "model.hidden_size=1024",
+    "model.ffn_hidden_size=3072",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=4",
+    "model.kernels=torch",
+    "model.kv_channels=128",
+    "model.vocab_size=8192",
+    "model.max_position_embeddings=1024",
+    "model.rotary_base=1000000.0",
+]
+MODEL_RATIO = 1.25  # fused model's error / unfused model's error against fp32: losses and gradients
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLX_CACHE", str(tmp_path_factory.mktemp("rlx_cache")))
+        return build(compose(SHAPE).model).checkpoint_dir()
+
+
+def losses_and_grads(kernels: str, hf_dir, dtype: torch.dtype, ids_BL: torch.Tensor):
+    """Per-token losses [b, s-1] and {name: fp32 gradient} of `model.kernels=kernels` in `dtype`."""
+    family = build(compose([*SHAPE, f"model.kernels={kernels}"]).model)
+    gpt = family.build_model(params_dtype=dtype).to(ids_BL.device)
+    family.load_hf_weights(gpt, hf_dir)
+    model = half_precision(gpt)
+    loss_BL = model(input_ids=ids_BL[:, :-1], position_ids=None, attention_mask=None, labels=ids_BL[:, 1:])
+    loss_BL.mean().backward()
+    grads = {name: p.grad.float() for name, p in gpt.named_parameters()}
+    return loss_BL.detach().float(), grads
+
+
+@pytest.mark.parametrize("kernels", FUSED_SETS)
+def test_model_losses_and_gradients(device, hf_dir, kernels):
+    ids_BL = torch.randint(0, 8192, (4, 513), generator=torch.Generator().manual_seed(0)).to(device)
+    ref_loss, ref_grads = losses_and_grads("torch", hf_dir, torch.float32, ids_BL)
+    loss16, grads16 = losses_and_grads("torch", hf_dir, torch.bfloat16, ids_BL)
+    fused_loss, fused_grads = losses_and_grads(kernels, hf_dir, torch.bfloat16, ids_BL)
+    assert fused_grads.keys() == ref_grads.keys()  # same parameters, same names
+
+    fe, ue = errors(fused_loss, ref_loss), errors(loss16, ref_loss)
+    print(
+        f"\n[{kernels}] per-token loss |fused-fp32| {fe[0]:.2e}/{fe[1]:.2e}  |unfused-fp32| {ue[0]:.2e}/{ue[1]:.2e}"
+    )
+    assert fe[0] <= MODEL_RATIO * ue[0] and fe[1] <= MODEL_RATIO * ue[1]
+
+    def relative(grads, name):
+        return ((grads[name] - ref_grads[name]).norm() / ref_grads[name].norm()).item()
+
+    worst = []
+    for name in ref_grads:
+        fused_rel, unfused_rel = relative(fused_grads, name), relative(grads16, name)
+        worst.append((fused_rel / max(unfused_rel, 1e-6), name, fused_rel, unfused_rel))
+    worst.sort(reverse=True)
+    for ratio, name, fused_rel, unfused_rel in worst[:3]:
+        print(
+            f"  grad {name}: relative error fused {fused_rel:.2e}, unfused {unfused_rel:.2e} (x{ratio:.2f})"
+        )
+    assert all(fused_rel <= MODEL_RATIO * unfused_rel + 1e-3 for _, _, fused_rel, unfused_rel in worst), (
+        worst[:3]
+    )
