@@ -199,17 +199,20 @@ class ModelFamily:
         params_dtype: torch.dtype = torch.float32,
         pre_process: bool | None = None,
         post_process: bool | None = None,
+        **config_overrides,
     ):
         """This rank's `GPTModel` (its TP shard and PP stage); parallel_state must be initialised.
 
-        Logits come out vocab-parallel: [b, s, vocab_size / tp].
+        `config_overrides` are TransformerConfig kwargs applied last (the trainer's activation
+        recompute: `recompute_granularity="full", recompute_method="uniform",
+        recompute_num_layers=1`). Logits come out vocab-parallel: [b, s, vocab_size / tp].
         """
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
 
         if not parallel_state.model_parallel_is_initialized():
             raise RuntimeError("build_model needs megatron's parallel state: call init_distributed first")
-        config = self.transformer_config(params_dtype=params_dtype)
+        config = self.transformer_config(params_dtype=params_dtype, **config_overrides)
         tp = config.tensor_model_parallel_size
         for key in ("vocab_size", "num_query_groups"):
             if getattr(self.cfg, key) % tp:
