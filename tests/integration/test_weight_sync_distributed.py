@@ -1,0 +1,134 @@
+"""Weight sync over a private gloo group (CPU): a sender and two receivers in spawned processes.
+
+Every process wait and queue read has a timeout, so a broken group fails the test instead of
+hanging it.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlx.ports import free_port
+from rlx.weight_sync.distributed import WeightReceiver, WeightSender, WeightSyncError
+
+ADDRESS = "127.0.0.1"
+BUCKET_BYTES = 4096
+NUM_ROUNDS = 2  # the second round re-initialises the group on the same port after close()
+WAIT_S = 20.0
+
+
+def _weights(round_index: int) -> list[tuple[str, torch.Tensor]]:
+    """Seeded mixed-dtype tensors, regenerated bit-identically in every process."""
+    gen = torch.Generator().manual_seed(1000 + round_index)
+    return [
+        ("embed.weight", torch.randn(40, 16, generator=gen)),  # 2560 bytes
+        ("layers.0.norm.weight", torch.randn(16, generator=gen).to(torch.bfloat16)),
+        ("layers.0.proj.weight", torch.randn(64, 32, generator=gen).to(torch.bfloat16)),  # over the bound
+        ("layers.0.counts", torch.randint(0, 2**40, (33,), generator=gen)),
+        ("lm_head.weight", torch.randn(20, 16, generator=gen)),
+    ]
+
+
+def _sender(port: int, world_size: int, meta_queues: list, results) -> None:
+    try:
+        sender = WeightSender()
+        for round_index in range(NUM_ROUNDS):
+            sender.init(ADDRESS, port, world_size, backend="gloo", timeout_s=WAIT_S)
+            announce = lambda meta: [q.put(meta) for q in meta_queues] and None  # noqa: E731
+            metas = sender.send(iter(_weights(round_index)), BUCKET_BYTES, announce=announce)
+            sender.close()
+            for q in meta_queues:  # end of round, only once the group is gone
+                q.put(None)
+            results.put(("sender", round_index, [meta.names for meta in metas]))
+    except BaseException:
+        results.put(("error", "sender", traceback.format_exc()))
+        raise
+
+
+def _receiver(rank: int, port: int, world_size: int, meta_queue, results) -> None:
+    try:
+        receiver = WeightReceiver()
+        for round_index in range(NUM_ROUNDS):
+            receiver.init(ADDRESS, port, rank, world_size, backend="gloo", timeout_s=WAIT_S)
+            received = []
+            while (meta := meta_queue.get(timeout=WAIT_S)) is not None:
+                received += [(name, view.clone()) for name, view in receiver.receive(meta)]
+            receiver.close()
+            exact = [
+                name == want_name and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+                for (name, got), (want_name, want) in zip(received, _weights(round_index), strict=True)
+            ]
+            results.put(("receiver", rank, round_index, all(exact)))
+    except BaseException:
+        results.put(("error", f"receiver {rank}", traceback.format_exc()))
+        raise
+
+
+def _run_all(procs: list, results, num_results: int) -> list:
+    for proc in procs:
+        proc.start()
+    got, deadline = [], time.monotonic() + 3 * WAIT_S
+    try:
+        while len(got) < num_results:
+            item = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert item[0] != "error", f"{item[1]} failed:\n{item[2]}"
+            got.append(item)
+        for proc in procs:
+            proc.join(timeout=WAIT_S)
+            assert proc.exitcode == 0, f"{proc.name} exited with {proc.exitcode}"
+    except queue.Empty:
+        pytest.fail(f"weight sync timed out; results so far: {got}")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+    return got
+
+
+def test_broadcast_to_two_receivers_bit_exact_and_reinitialisable():
+    ctx = mp.get_context("spawn")
+    port, world_size = free_port(), 3
+    results = ctx.Queue()
+    meta_queues = [ctx.Queue() for _ in range(world_size - 1)]
+    procs = [ctx.Process(target=_sender, args=(port, world_size, meta_queues, results), name="sender")]
+    procs += [
+        ctx.Process(
+            target=_receiver,
+            args=(rank, port, world_size, meta_queues[rank - 1], results),
+            name=f"rank{rank}",
+        )
+        for rank in range(1, world_size)
+    ]
+    got = _run_all(procs, results, NUM_ROUNDS * world_size)
+    buckets = [item[2] for item in got if item[0] == "sender"]
+    # 4096-byte bound: embed (2560) + norm (32) | proj alone (4096) | counts (264) + lm_head (1280).
+    expected = [
+        ["embed.weight", "layers.0.norm.weight"],
+        ["layers.0.proj.weight"],
+        ["layers.0.counts", "lm_head.weight"],
+    ]
+    assert buckets == [expected] * NUM_ROUNDS
+    assert sorted(item[1:] for item in got if item[0] == "receiver") == [
+        (rank, round_index, True) for rank in (1, 2) for round_index in range(NUM_ROUNDS)
+    ]
+
+
+def test_init_times_out_naming_the_address_when_a_peer_never_joins():
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(WeightSyncError, match=f"127.0.0.1:{port}.*did not form within 1 s"):
+        WeightSender().init(ADDRESS, port, world_size=2, timeout_s=1)
+    with pytest.raises(WeightSyncError, match=f"127.0.0.1:{port}.*rank 1 of 2"):
+        WeightReceiver().init(ADDRESS, port, rank=1, world_size=2, timeout_s=1)
+    assert time.monotonic() - started < 15
+
+
+def test_send_before_init_fails_clearly():
+    with pytest.raises(WeightSyncError, match="init"):
+        WeightSender().send([("w", torch.zeros(1))], BUCKET_BYTES)
