@@ -34,9 +34,12 @@ FUSED_SETS = [
 ]
 RATIO = 1.5  # fused error / unfused error against fp32, max and mean
 # liger's RMSNorm rounds as transformers' Qwen3RMSNorm does (normalised x to bf16, then times the
-# bf16 weight): two bf16 roundings where torch's norm has one. Measured on 1xH200 (output, max /
-# mean error over torch's): 1.86x / 1.34x at width 2048, 1.59x / 1.34x at 128; gradients 1.0x.
-LIGER_NORM_RATIO = 2.0
+# bf16 weight): two bf16 roundings where torch's norm has one; its weight gradient (a sum over
+# 4096 rows, about 1 bf16 ulp of error either way) is rounded differently too. Measured on 1xH200
+# (max / mean error over torch's): output 1.86x / 1.34x, input gradient 1.0x, weight gradient
+# 1.52x / 2.04x (width 2048; at 128: 1.59x / 1.34x, 1.0x, 1.31x / 2.01x). In a whole model the
+# norm weights' gradients stay within 1.05x of the unfused model's (test below).
+LIGER_NORM_RATIO = 2.5
 FLOOR = 1e-5  # slack, relative to max |fp32|, for outputs the unfused path computes in fp32 exactly
 
 
