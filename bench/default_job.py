@@ -1,7 +1,7 @@
 """Time the embedded default job (tiny Qwen3, GRPO, copy task) phase by phase.
 
     python bench/default_job.py                      # CPU, the default config
-    python bench/default_job.py cluster.gpus_per_node=1 run.num_rollout=50
+    python bench/default_job.py cluster=1gpu run.num_rollout=50
 
 Prints wall time, median per-phase seconds, throughput, and the reward curve; record the
 figures with machine and date in docs/benchmarks.md.

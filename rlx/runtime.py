@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlx import checkpoint
+from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.schema import RlxConfig
@@ -37,21 +38,31 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     try:
         placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
         trainer = TrainerGroup(rc, placement.trainer)
-        pool = RolloutPool(
+        turns = GpuTurns(rc.cluster.colocate, trainer)
+        start_step, version, resumed = _load(job.resume, trainer, data) if job.resume else (0, 0, False)
+        turns.before_engines_start()
+        turns.pool = pool = RolloutPool(
             rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
         )
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync = _WeightSync(trainer, pool, out / "weight_sync")
-        start_step, version = _resume(job.resume, trainer, data, sync) if job.resume else (0, 0)
+        if resumed:  # engines start from the restored policy
+            turns.to_trainer()
+            turns.publish(sync, version)
         bar = tqdm(
             range(start_step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress
         )
         for step in bar:
             step_start = time.perf_counter()
             samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version, step)
+            metrics |= turns.to_trainer()
             metrics |= trainer.train(samples)  # old/ref log-probs, advantages, optimizer steps
             version += 1
-            metrics["time/weight_sync_s"] = sync(version)
+            if _should_save(rc.run, step):
+                checkpoint.save(
+                    trainer, out, step, {"step": step, "version": version, "data": data.state_dict()}
+                )
+            metrics |= turns.publish(sync, version)
 
             metrics["time/step_s"] = time.perf_counter() - step_start
             metrics["perf/tokens_per_s"] = sum(len(s.tokens) for s in samples) / metrics["time/step_s"]
@@ -60,11 +71,8 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             line = tracker.log(step, metrics)
             bar.write(line) if rc.run.progress else log.info(line)
             history.append({"step": step, **metrics})
-            if _should_save(rc.run, step):
-                checkpoint.save(
-                    trainer, out, step, {"step": step, "version": version, "data": data.state_dict()}
-                )
         if rc.run.save_hf:
+            turns.to_trainer()
             checkpoint.export_hf(trainer, out / "hf", job.hf_dir)
     finally:
         for part in (pool, trainer):
@@ -109,14 +117,13 @@ def _prepare(cfg: DictConfig) -> _Job:
     return _Job(rc, out, hf_dir, tokenizer, data, resume)
 
 
-def _resume(path: Path, trainer: TrainerGroup, data, sync: _WeightSync) -> tuple[int, int]:
-    """Restore trainer, data position and engines from a checkpoint; return (next step, version)."""
+def _load(path: Path, trainer: TrainerGroup, data) -> tuple[int, int, bool]:
+    """Restore trainer and data position from a checkpoint; return (next step, version, True)."""
     state = checkpoint.load_state(path)
     trainer.load(str(path / "megatron"))
     data.load_state_dict(state["data"])
-    sync(state["version"])  # engines start from the restored policy
     log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
-    return state["step"] + 1, state["version"]
+    return state["step"] + 1, state["version"], True
 
 
 class _WeightSync:

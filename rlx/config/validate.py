@@ -321,12 +321,21 @@ def _nodes(cfg: RlxConfig, classes: Classes) -> list[str]:
 
 
 def _placement(cfg: RlxConfig, classes: Classes) -> list[str]:
-    if not cfg.cluster.colocate:
+    """Colocation alternates trainer and engines on GPUs: there must be GPUs, one engine on each."""
+    c = cfg.cluster
+    if not c.colocate:
         return []
-    return [
-        "cluster.colocate=true is not supported yet (engines and trainer on the same GPUs, alternating, "
-        "comes with the GPU placement work); set cluster.colocate=false"
-    ]
+    if c.gpus_per_node == 0:
+        return [
+            "cluster.colocate=true shares GPUs between the trainer and the engines, but cluster.gpus_per_node=0 "
+            "(CPU); set cluster.colocate=false, or cluster=1gpu on a GPU machine"
+        ]
+    if cfg.rollout.gpus_per_engine != 1:
+        return [
+            f"cluster.colocate=true puts one engine on each trainer GPU, but rollout.gpus_per_engine="
+            f"{cfg.rollout.gpus_per_engine}; set rollout.gpus_per_engine=1 or cluster.colocate=false"
+        ]
+    return []
 
 
 def _group_size(cfg: RlxConfig, classes: Classes) -> list[str]:

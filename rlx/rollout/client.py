@@ -186,6 +186,14 @@ class EngineClient:
             return str((await self.get_model_info())["weight_version"])
         return str(reply.body["weight_version"])
 
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """POST /release_memory_occupation: free `tags` ("weights", "kv_cache"; all when None) on the GPU."""
+        await self._request("POST", "/release_memory_occupation", json={} if tags is None else {"tags": tags})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """POST /resume_memory_occupation: allocate `tags` again (all when None)."""
+        await self._request("POST", "/resume_memory_occupation", json={} if tags is None else {"tags": tags})
+
     async def flush_cache(self) -> bool:
         """POST /flush_cache; False when SGLang refuses (requests still running)."""
         return (await self._request("POST", "/flush_cache", ok_statuses=(400,))).is_success

@@ -194,6 +194,14 @@ class RolloutPool:
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
 
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""
+        self._run(self._on_engines("release_memory_occupation", tags))
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Every engine allocates `tags` again (all when None)."""
+        self._run(self._on_engines("resume_memory_occupation", tags))
+
     async def _on_engines(self, method: str, *args, **kwargs) -> list:
         """Call one client method on every engine at once."""
         return await asyncio.gather(*(getattr(c, method)(*args, **kwargs) for c in self.engine_clients))

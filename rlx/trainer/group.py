@@ -38,6 +38,14 @@ class TrainerGroup:
         samples_ref = ray.put(samples)  # one copy in the object store, shared by every rank
         return ray.get([a.train.remote(samples_ref) for a in self.actors])[0]
 
+    def offload(self) -> dict[str, float]:
+        """Colocated GPUs: every rank's models and optimizer state to CPU; rank 0's memory figures."""
+        return ray.get([a.offload.remote() for a in self.actors])[0]
+
+    def onload(self) -> dict[str, float]:
+        """Colocated GPUs: every rank back onto its GPU; rank 0's memory figures from just before."""
+        return ray.get([a.onload.remote() for a in self.actors])[0]
+
     def export_weights(self, out_dir: str) -> str:
         return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]
 

@@ -29,6 +29,7 @@ from rlx.trainer.batch import MicroBatch, response_slice
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
 from rlx.trainer.critic import Critic
 from rlx.trainer.logprobs import logprobs_and_entropy
+from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 from rlx.trainer.trainable import Trainable
 from rlx.trainer.weights import write_weight_shards
@@ -86,6 +87,7 @@ class MegatronTrainer:
             ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
             self.family.load_hf_weights(ref_model, hf_dir)
             self.ref_model = half_precision(ref_model).eval()
+            self._ref_offloader = Offloader(self.ref_model)
         self.critic = None
         if self.algo.needs_critic:
             self.critic = Critic(
@@ -97,6 +99,26 @@ class MegatronTrainer:
     def model(self):
         """The policy (megatron DDP over the GPTModel)."""
         return self.policy.model
+
+    # ---- colocated GPUs -------------------------------------------------------------------------
+
+    def _offloaders(self) -> list[Offloader]:
+        ref = [self._ref_offloader] if self.ref_model is not None else []
+        return [self.policy.offloader, *ref, *([self.critic.trainable.offloader] if self.critic else [])]
+
+    def offload(self) -> dict[str, float]:
+        """Every model, gradient buffer and optimizer state of this rank to pinned CPU memory (the
+        engines take the GPU); the GPU memory this process still holds, and the device's."""
+        for offloader in self._offloaders():
+            offloader.offload()
+        return {f"colocate/trainer_offloaded_{k}": v for k, v in gpu_memory_gib().items()}
+
+    def onload(self) -> dict[str, float]:
+        """Back onto the GPU; the device's memory use just before (what the engines left behind)."""
+        before = {f"colocate/before_onload_{k}": v for k, v in gpu_memory_gib().items()}
+        for offloader in self._offloaders():
+            offloader.onload(self.device)
+        return before
 
     # ---- forward passes -------------------------------------------------------------------
 

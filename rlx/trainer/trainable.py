@@ -19,6 +19,7 @@ import torch
 from rlx.sample import Sample
 from rlx.trainer.batch import MicroBatch, make_micro_batch, num_loss_tokens, split
 from rlx.trainer.config import TrainConfig
+from rlx.trainer.offload import Offloader
 from rlx.trainer.schedule import lr_factor
 
 _NUM_UPDATES = "num_updates"  # kept in the checkpoint: the LR schedule continues after a resume
@@ -53,6 +54,7 @@ class Trainable:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.num_updates = 0
+        self.offloader = Offloader(self.model, self.optimizer)  # colocated GPUs: yield to the engines
 
     def local_indices(self, num_samples: int) -> list[int]:
         """This DP rank's samples of a rollout batch of `num_samples`, global batch by global batch."""

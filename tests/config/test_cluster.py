@@ -89,15 +89,10 @@ def test_cluster_configs_compose_with_the_models_that_fit(overrides, counts, che
     assert got == counts
 
 
-def test_1gpu_is_refused_only_because_colocation_is_not_wired_yet():
-    """`cluster=1gpu` shares its GPU (cluster.colocate=true); every count fits. When colocation
-    lands this must compose: then assert its counts here, as for the others (1 node, 1 GPU,
-    1 trainer GPU, 1 rollout GPU shared, 1 engine, DP 1)."""
-    with pytest.raises(ConfigError) as e:
-        compose(["cluster=1gpu"])
-    assert str(e.value).startswith(
-        "invalid config (1 problem):\n  - cluster.colocate=true is not supported yet"
-    )
+def test_1gpu_shares_its_gpu():
+    """`cluster=1gpu`: one trainer rank and one engine take turns on the one GPU."""
+    c = to_object(compose(["cluster=1gpu"])).cluster
+    assert (c.num_nodes, c.gpus_per_node, c.num_trainer_procs, c.num_rollout_gpus, c.colocate) == (1, 1, 1, 1, True)
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTER_DIR.glob("*.yaml")), ids=lambda p: p.stem)

@@ -29,17 +29,6 @@ CLUSTER_NEEDS = {
     "2x8": ["rollout.num_engines=8", "train.micro_batch_size=32"],
     "4x8": ["rollout.num_engines=16", "train.micro_batch_size=16"],
 }
-NEEDS_COLOCATION = {("cluster", "1gpu")}  # one GPU: the engine and the trainer take turns on it
-COLOCATE_REFUSED = "cluster.colocate=true is not supported yet"
-
-
-def colocation_is_refused() -> bool:
-    """Whether `cluster.colocate=true` is still refused as such (until the placement work lands)."""
-    try:
-        compose(["cluster.colocate=true"])
-    except ConfigError as e:
-        return COLOCATE_REFUSED in str(e)
-    return False
 
 
 def needs(group: str, option: str, prompts) -> list[str]:
@@ -81,11 +70,6 @@ def test_every_group_has_options():
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_shipped_option_composes_and_validates(group, option, prompts):
     overrides = [f"{group}={option}", *needs(group, option, prompts)]
-    if (group, option) in NEEDS_COLOCATION and colocation_is_refused():
-        # refused for that reason alone; once colocation is allowed this option must validate
-        with pytest.raises(ConfigError, match=rf"\(1 problem\):\n  - {COLOCATE_REFUSED}"):
-            compose(overrides)
-        return
     cfg = compose(overrides)
     validate(to_object(cfg))  # the dataclass form validates too
 
@@ -205,7 +189,12 @@ FAILURES = {
         ["data.prompt_path='/no/such.jsonl'", "no such file"],
     ),
     "toy task": (["data.toy_task=sort"], ["data.toy_task='sort'", "reverse"]),
-    "colocate": (["cluster.colocate=true"], ["cluster.colocate=true", "set cluster.colocate=false"]),
+    "colocate on CPU": (["cluster.colocate=true"], ["cluster.colocate=true", "cluster.gpus_per_node=0"]),
+    "colocate over engines of 2 GPUs": (
+        ["cluster=1x8", "cluster.colocate=true", "rollout.num_engines=2", "rollout.gpus_per_engine=2",
+         "rollout._target_=rlx.rollout.servers.SGLangServer", "rollout.server_module=rlx.rollout.http_server"],
+        ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
+    ),  # fmt: skip
     "lr_decay": (["train.lr_decay=linear"], ["train.lr_decay='linear'", "cosine"]),
     "lr_warmup_steps": (["train.lr_warmup_steps=-1"], ["train.lr_warmup_steps=-1", ">= 0"]),
     "Dr. GRPO without its divisor": (
