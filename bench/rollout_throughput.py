@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-BANDWIDTH = 4.8e12  # H200 HBM3e, bytes/s
+# HBM bandwidth by device (datasheet, bytes/s): the roofline uses the device it runs on
+BANDWIDTHS = {"H200": 4.8e12, "H100": 3.35e12}
 PROMPT, NEW = 256, 512
 SHAPES = {
     "qwen3_0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28),
@@ -48,12 +49,16 @@ def write_model(name: str, root: Path) -> Path:
     return path
 
 
+def bandwidth(device_name: str) -> float:
+    return next((v for k, v in BANDWIDTHS.items() if k in device_name), BANDWIDTHS["H200"])
+
+
 def roofline_s(engine, batch: int) -> float:
     cfg = engine.hf_config
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     tokens_read = batch * sum(PROMPT + t + 1 for t in range(NEW))
-    return (NEW * weights + tokens_read * kv_per_token) / BANDWIDTH
+    return (NEW * weights + tokens_read * kv_per_token) / bandwidth(torch.cuda.get_device_name())
 
 
 def run_engine(engine, batch: int, new: int = NEW) -> dict:
@@ -110,32 +115,37 @@ def run_transformers(path: Path, batch: int, new: int) -> dict:
 
 
 def run_generate_batch(path: Path, batch: int, new: int) -> dict:
-    """transformers' own continuous batching with paged attention (the library option)."""
+    """transformers' own continuous batching with paged attention (the library option), under
+    the first attention name the installed transformers accepts for it."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch.bfloat16, attn_implementation="sdpa_paged"
-        ).cuda()
-        g = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        prompts = torch.randint(2, 151936, (batch, PROMPT)).tolist()
-        model.generate_batch(prompts[:4], generation_config=g)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        outs = model.generate_batch(prompts, generation_config=g)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(o.generated_tokens) for o in outs.values())
-        del model
-        torch.cuda.empty_cache()
-        return {"tokens_per_s": tokens / seconds, "new_tokens": new}
-    except Exception as exc:  # report, do not fail the bench
-        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    errors = {}
+    for attn in ("paged|sdpa", "sdpa", "paged|eager"):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=torch.bfloat16, attn_implementation=attn
+            ).cuda()
+            g = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+            prompts = torch.randint(2, 151936, (batch, PROMPT)).tolist()
+            model.generate_batch(prompts[:4], generation_config=g)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            outs = model.generate_batch(prompts, generation_config=g)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(o.generated_tokens) for o in outs.values())
+            del model
+            torch.cuda.empty_cache()
+            return {"attn_implementation": attn, "tokens_per_s": tokens / seconds, "new_tokens": new}
+        except Exception as exc:  # report, do not fail the bench
+            errors[attn] = f"{type(exc).__name__}: {exc}"[:200]
+    return {"errors": errors}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="0.6B only, batch 256")
     parser.add_argument("--hf-new-tokens", type=int, default=128)
+    parser.add_argument("--engine-only", action="store_true", help="skip the transformers and flex runs")
     args = parser.parse_args()
     from rlx.engine import Engine, EngineArgs
 
@@ -159,6 +169,8 @@ def main() -> None:
         engine.release_memory()
         del engine
         torch.cuda.empty_cache()
+        if args.engine_only:
+            continue
         for batch in [256] if args.quick else [64, 256]:
             hf = run_transformers(path, batch, args.hf_new_tokens)
             entry = next(e for e in results["runs"] if e["model"] == name and e["batch"] == batch)
@@ -166,6 +178,13 @@ def main() -> None:
             entry["speedup"] = entry["rlx"]["tokens_per_s"] / hf["tokens_per_s"]
         if name == "qwen3_0.6b":
             results["transformers_generate_batch_b256"] = run_generate_batch(path, 256, args.hf_new_tokens)
+            from engine_step_profile import flex_paged_decode, triton_decode
+
+            ctx = PROMPT + NEW // 2  # the run's mean context
+            results[f"attention_one_layer_b256_ctx{ctx}"] = {
+                "rlx_triton": triton_decode(256, ctx),
+                "flex_attention_paged": flex_paged_decode(256, ctx),
+            }
     print(json.dumps(results))
 
 

@@ -67,10 +67,13 @@ def paged_attention(
     kv: tuple[torch.Tensor, torch.Tensor],
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,
 ) -> torch.Tensor:
-    """Attention for the step's queries q [T, heads, head_dim]; writes k, v into the cache first."""
+    """Attention for the step's queries q [T, heads, head_dim]; writes k, v into the cache first
+    (unless the fused rotary kernel already stored them: `kv_written`)."""
     k_cache, v_cache = kv
-    write_kv(k_cache, v_cache, k, v, meta)
+    if not kv_written:
+        write_kv(k_cache, v_cache, k, v, meta)
     num_decode, num_tokens = meta.num_decode, q.shape[0]
     if num_decode == num_tokens:
         return _decode(q, k_cache, v_cache, meta, scale)

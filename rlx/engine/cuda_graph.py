@@ -1,10 +1,14 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch size in a ladder up to
-`cuda_graph_max_bs`; a batch is padded up to the next captured size.
+"""Decode steps captured in CUDA graphs, one graph per batch size in a ladder, sampler included.
 
 An eager decode step of a 28-layer model launches hundreds of small kernels and is bound by
-launch latency (about 15 us each on the H200); a graph replays them in one launch. The graphs
-bake in the addresses of the weights and the KV cache: weights are loaded in place, and after
-a memory release/resume moved either, the graphs are captured again before the next replay.
+launch latency (about 15 us each on the H200); a graph replays them in one launch. Each graph
+runs the forward, the LM head and the fused sampler (`triton_sample`), so a step costs the
+host three copies in (ids/positions/sampling keys, 1/T, block tables, from pinned buffers
+filled in one pass over the rows), one replay, and one copy out (tokens and logprobs). The
+KV slots and context lengths are derived from positions and block tables inside the graph.
+
+The graphs bake in the addresses of the weights and the KV cache: weights are loaded in
+place, and a memory release clears the graphs (they are captured again at the next decode).
 Padded rows read and write the reserved block 0 only.
 """
 
@@ -13,6 +17,11 @@ from __future__ import annotations
 import torch
 
 from rlx.engine.attention import AttentionMetadata
+from rlx.engine.sampler import inverse_temperature, row_seed
+from rlx.engine.sequence import Sequence
+
+# rows of the packed int64 inputs
+IDS, POSITIONS, SEEDS, STEPS, GREEDY = range(5)
 
 
 def batch_size_ladder(max_bs: int) -> list[int]:
@@ -22,33 +31,47 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, kv_cache, max_bs: int, max_blocks: int, device: torch.device):
-        self.model, self.kv_cache = model, kv_cache
+        self.model, self.kv_cache, self.block_size = model, kv_cache, kv_cache.block_size
         self.sizes = batch_size_ladder(max_bs)
         self.max_bs = self.sizes[-1]
-        long = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(self.max_bs, **long)
-        self.positions = torch.zeros(self.max_bs, **long)
-        self.slot_block = torch.zeros(self.max_bs, **long)
-        self.slot_offset = torch.zeros(self.max_bs, **long)
-        self.tables = torch.zeros(self.max_bs, max_blocks, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(self.max_bs, dtype=torch.int32, device=device)
+        pinned = dict(pin_memory=True)
+        # host side: filled in place each step; a step reads its outputs back (a sync)
+        # before the next one refills them, so one set of pinned buffers is enough
+        self.host_ints = torch.zeros(5, self.max_bs, dtype=torch.int64, **pinned)
+        self.host_inv_t = torch.ones(self.max_bs, dtype=torch.float32, **pinned)
+        self.host_tables = torch.zeros(self.max_bs, max_blocks, dtype=torch.int32, **pinned)
+        self.host_out = torch.zeros(2, self.max_bs, dtype=torch.float32, **pinned)
+        self.ints = torch.zeros_like(self.host_ints, device=device)
+        self.inv_t = torch.ones_like(self.host_inv_t, device=device)
+        self.tables = torch.zeros_like(self.host_tables, device=device)
+        self.out = torch.zeros_like(self.host_out, device=device)  # [token, logprob] per row
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pointers: list[int] = []
 
     def _forward(self, bs: int) -> torch.Tensor:
+        from rlx.engine.triton_sample import fused_sample
+
+        positions, tables = self.ints[POSITIONS, :bs], self.tables[:bs]
         meta = AttentionMetadata(
-            slot_block=self.slot_block[:bs],
-            slot_offset=self.slot_offset[:bs],
+            slot_block=tables.gather(1, (positions // self.block_size)[:, None].int())[:, 0].long(),
+            slot_offset=positions % self.block_size,
             num_decode=bs,
-            decode_block_tables=self.tables[:bs],
-            decode_context_lens=self.context_lens[:bs],
+            decode_block_tables=tables,
+            decode_context_lens=(positions + 1).int(),
             use_decode_kernel=True,
         )
-        hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_cache, meta)
-        return self.model.logits(hidden)
-
-    def _current_pointers(self) -> list[int]:
-        return [self.kv_cache.data.data_ptr(), *(p.data_ptr() for p in self.model.parameters())]
+        hidden = self.model(self.ints[IDS, :bs], positions, self.kv_cache, meta)
+        logits = self.model.logits(hidden)
+        ints = self.ints[:, :bs]
+        fused_sample(
+            logits,
+            self.inv_t[:bs],
+            ints[GREEDY],
+            ints[SEEDS],
+            ints[STEPS],
+            self.out[0, :bs],
+            self.out[1, :bs],
+        )
+        return logits
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -67,33 +90,48 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[bs] = (graph, logits)
         torch.cuda.synchronize()
-        self.pointers = self._current_pointers()
 
     def clear(self) -> None:
         self.graphs.clear()
-        self.pointers = []
 
     def can_run(self, num_rows: int) -> bool:
         return num_rows <= self.max_bs
 
-    def run(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits [rows, V] of a decode-only step."""
-        if not self.graphs or self._current_pointers() != self.pointers:
+    def run(self, seqs: list[Sequence]) -> tuple[int, torch.Tensor]:
+        """Launch a decode step of `seqs` (one pending token each); returns the graph's batch
+        size and its logits [size, V]. The sampled tokens and logprobs land in `self.out`."""
+        if not self.graphs:
             self.capture()
-        rows = input_ids.shape[0]
+        rows = len(seqs)
         size = next(s for s in self.sizes if s >= rows)
-        width = meta.decode_block_tables.shape[1]
-        self.input_ids[:rows].copy_(input_ids)
-        self.positions[:rows].copy_(positions)
-        self.slot_block[:rows].copy_(meta.slot_block)
-        self.slot_offset[:rows].copy_(meta.slot_offset)
-        self.tables[:rows, :width].copy_(meta.decode_block_tables)
-        self.context_lens[:rows].copy_(meta.decode_context_lens)
-        if size > rows:  # padded rows: token 0 at position 0 in block 0
-            for buffer in (self.input_ids, self.positions, self.slot_block, self.slot_offset):
-                buffer[rows:size].zero_()
-            self.tables[rows:size, 0].zero_()
-            self.context_lens[rows:size].fill_(1)
+        self._fill_host(seqs, size)
+        self.ints[:, :size].copy_(self.host_ints[:, :size], non_blocking=True)
+        self.inv_t[:size].copy_(self.host_inv_t[:size], non_blocking=True)
+        self.tables[:size].copy_(self.host_tables[:size], non_blocking=True)
         graph, logits = self.graphs[size]
         graph.replay()
-        return logits[:rows]
+        return size, logits
+
+    def _fill_host(self, seqs: list[Sequence], size: int) -> None:
+        """One pass over the rows into the pinned buffers; padded rows: token 0 at position 0
+        of block 0, greedy."""
+        ints, inv_t, tables = self.host_ints.numpy(), self.host_inv_t.numpy(), self.host_tables.numpy()
+        for row, seq in enumerate(seqs):
+            sampling = seq.sampling
+            greedy = sampling.greedy
+            ints[:, row] = (seq.token_ids[-1], seq.num_tokens - 1, row_seed(seq), seq.num_output, greedy)
+            inv_t[row] = inverse_temperature(sampling)
+            table = seq.block_table
+            tables[row, : len(table)] = table
+        rows = len(seqs)
+        if size > rows:
+            ints[:, rows:size] = 0
+            ints[GREEDY, rows:size] = 1
+            inv_t[rows:size] = 1.0
+            tables[rows:size, 0] = 0
+
+    def read_out(self, rows: int) -> list[list[float]]:
+        """[tokens, logprobs] of the last step: one copy out, then the step's one sync."""
+        self.host_out.copy_(self.out, non_blocking=True)  # 2 KB: cheaper whole than sliced
+        torch.cuda.current_stream().synchronize()
+        return self.host_out[:, :rows].tolist()

@@ -12,7 +12,7 @@ from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.kv_cache import KVCache
 from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import load_weights
-from rlx.engine.sampler import Sampler, SamplingBatch
+from rlx.engine.sampler import Sampler, SamplingBatch, truncates
 from rlx.engine.scheduler import ScheduledBatch
 from rlx.engine.sequence import Sequence
 from rlx.engine.step_inputs import StepInputs, build_step_inputs
@@ -52,15 +52,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
-        inputs = build_step_inputs(batch, self.block_size, self.device, self.use_decode_kernel)
         decode_only = batch.num_decode == len(batch.seqs)
-        hidden = None
         if decode_only and self.graphs is not None and self.graphs.can_run(batch.num_decode):
-            sample_logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
-            sample_logits = self.model.logits(hidden[inputs.sample_rows])
+            return self._run_graph(batch.seqs)
+        inputs = build_step_inputs(batch, self.block_size, self.device, self.use_decode_kernel)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
+        sample_logits = self.model.logits(hidden[inputs.sample_rows])
         return self.sample(sample_logits, hidden, inputs)
+
+    def _run_graph(self, seqs: list[Sequence]) -> StepResult:
+        """A decode step in a CUDA graph that samples too; rows with top-k / top-p / min-p are
+        sampled again by the torch path before the one readback."""
+        graphs, rows = self.graphs, len(seqs)
+        _, logits = graphs.run(seqs)
+        if any(truncates(s.sampling, self.vocab_size) for s in seqs):
+            params = SamplingBatch.build(seqs, self.vocab_size, self.device)
+            self.sampler.resample_truncated(logits[:rows], params, graphs.out[0, :rows], graphs.out[1, :rows])
+        tokens, logprobs = graphs.read_out(rows)
+        return StepResult([(s, int(t), p) for s, t, p in zip(seqs, tokens, logprobs, strict=True)], [])
 
     def sample(
         self, sample_logits: torch.Tensor, hidden: torch.Tensor | None, inputs: StepInputs

@@ -5,10 +5,14 @@ log_softmax(logits / temperature) in fp32 at the chosen token, before truncation
 (temperature < 1e-6) take the argmax and report log_softmax(logits). A draw is the
 exponential race argmax(p / E) with E ~ Exp(1), as vLLM and SGLang draw.
 
-Randomness: rows without a seed take E from the engine's generator, one kernel for the whole
-batch. A row with `sampling_seed` takes E from a counter-based hash of (seed, output index,
-token id), so its stream is its own: the same draws alone or in any batch, and after a
-preemption recomputes it. Nothing here reads a tensor back to the host.
+Randomness: a row with `sampling_seed` takes E from a counter-based hash of (seed, output
+index, token id), so its stream is its own: the same draws alone or in any batch, and after a
+preemption recomputes it. On CPU, rows without a seed take E from the engine's generator, one
+kernel for the whole batch. On CUDA, rows without top-k/top-p/min-p go through one fused
+Triton pass (`triton_sample`, also captured in the decode CUDA graphs) that draws from the
+same hash, keyed by the request's own seed for rows without `sampling_seed` (drawn from the
+engine's seed when the request arrived); only truncating rows take the torch path below.
+Nothing here reads a tensor back to the host.
 
 Legend: N rows, V vocabulary.
 """
@@ -34,6 +38,7 @@ class SamplingBatch:
     """Per-row parameters as device tensors, plus which work the batch needs at all."""
 
     temperature_N: torch.Tensor
+    inv_temperature_N: torch.Tensor  # 1 / T rounded once on the host, as the graphs get it
     greedy_N: torch.Tensor
     top_k_N: torch.Tensor
     top_p_N: torch.Tensor
@@ -43,6 +48,7 @@ class SamplingBatch:
     seeded_rows: torch.Tensor | None  # indices of rows with their own seed
     all_greedy: bool
     truncate: bool
+    truncate_rows: list[int]  # rows that need top-k / top-p / min-p
 
     @classmethod
     def build(cls, seqs: list[Sequence], vocab: int, device: torch.device) -> SamplingBatch:
@@ -52,20 +58,27 @@ class SamplingBatch:
             vocab if g or p.top_k < 0 else min(p.top_k, vocab) for g, p in zip(greedy, params, strict=True)
         ]
         seeded = [i for i, p in enumerate(params) if p.sampling_seed is not None and not greedy[i]]
+        truncate_rows = [
+            i for i, (k, p) in enumerate(zip(top_k, params, strict=True)) if needs_truncation(p, k, vocab)
+        ]
         # one host-to-device copy for all float and all int fields
         floats = torch.tensor(
-            [[1.0 if g else p.temperature, p.top_p, p.min_p] for g, p in zip(greedy, params, strict=True)],
+            [
+                [1.0 if g else p.temperature, p.top_p, p.min_p, inverse_temperature(p)]
+                for g, p in zip(greedy, params, strict=True)
+            ],
             dtype=torch.float32,
         ).to(device, non_blocking=True)
         ints = torch.tensor(
             [
-                [k, p.sampling_seed or 0, s.num_output, g]
+                [k, row_seed(s) if device.type == "cuda" else p.sampling_seed or 0, s.num_output, g]
                 for k, p, s, g in zip(top_k, params, seqs, greedy, strict=True)
             ],
             dtype=torch.int64,
         ).to(device, non_blocking=True)
         return cls(
             temperature_N=floats[:, 0],
+            inv_temperature_N=floats[:, 3],
             greedy_N=ints[:, 3].bool(),
             top_k_N=ints[:, 0],
             top_p_N=floats[:, 1],
@@ -74,8 +87,47 @@ class SamplingBatch:
             step_N=ints[:, 2],
             seeded_rows=torch.tensor(seeded, device=device) if seeded else None,
             all_greedy=all(greedy),
-            truncate=any(k < vocab for k in top_k) or any(p.top_p < 1.0 or p.min_p > 0.0 for p in params),
+            truncate=bool(truncate_rows),
+            truncate_rows=truncate_rows,
         )
+
+    def rows(self, index: list[int]) -> SamplingBatch:
+        """The batch restricted to rows `index` (seed rows re-derived from the seeds kept)."""
+        at = torch.tensor(index, device=self.seed_N.device)
+        return SamplingBatch(
+            temperature_N=self.temperature_N[at],
+            inv_temperature_N=self.inv_temperature_N[at],
+            greedy_N=self.greedy_N[at],
+            top_k_N=self.top_k_N[at],
+            top_p_N=self.top_p_N[at],
+            min_p_N=self.min_p_N[at],
+            seed_N=self.seed_N[at],
+            step_N=self.step_N[at],
+            seeded_rows=torch.arange(len(index), device=at.device),
+            all_greedy=False,
+            truncate=True,
+            truncate_rows=list(range(len(index))),
+        )
+
+
+def row_seed(seq: Sequence) -> int:
+    """The hash key of a row's draws: its sampling_seed, else the seed the engine gave it."""
+    seed = seq.sampling.sampling_seed
+    return seq.seed if seed is None else seed
+
+
+def inverse_temperature(params) -> float:
+    """What the fused pass multiplies logits by: 1 / T, or 1 for greedy rows (raw log_softmax)."""
+    return 1.0 if params.greedy else 1.0 / params.temperature
+
+
+def truncates(params, vocab: int) -> bool:
+    top_k = vocab if params.top_k < 0 else min(params.top_k, vocab)
+    return needs_truncation(params, top_k, vocab)
+
+
+def needs_truncation(params, top_k: int, vocab: int) -> bool:
+    return not params.greedy and (top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0)
 
 
 class Sampler:
@@ -83,6 +135,38 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits_NV: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if logits_NV.device.type != "cuda":
+            return self.sample_torch(logits_NV, batch)
+        from rlx.engine.triton_sample import fused_sample
+
+        rows = logits_NV.shape[0]
+        tokens_N = torch.empty(rows, dtype=torch.int64, device=logits_NV.device)
+        logprobs_N = torch.empty(rows, dtype=torch.float32, device=logits_NV.device)
+        greedy_N = batch.greedy_N.to(torch.int32)
+        fused_sample(
+            logits_NV, 1.0 / batch.temperature_N, greedy_N, batch.seed_N, batch.step_N, tokens_N, logprobs_N
+        )
+        if batch.truncate_rows:
+            self.resample_truncated(logits_NV, batch, tokens_N, logprobs_N)
+        return tokens_N, logprobs_N
+
+    def resample_truncated(
+        self,
+        logits_NV: torch.Tensor,
+        batch: SamplingBatch,
+        tokens_N: torch.Tensor,
+        out_logprobs_N: torch.Tensor,
+    ) -> None:
+        """Overwrite the fused pass's choice for rows with top-k / top-p / min-p (torch path, in
+        place; tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer)."""
+        at = torch.tensor(batch.truncate_rows, device=logits_NV.device)
+        tokens, logprobs = self.sample_torch(logits_NV[at], batch.rows(batch.truncate_rows))
+        tokens_N[at] = tokens.to(tokens_N.dtype)
+        out_logprobs_N[at] = logprobs
+
+    def sample_torch(
+        self, logits_NV: torch.Tensor, batch: SamplingBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits_NV = logits_NV.float()
         logp_NV = torch.log_softmax(logits_NV / batch.temperature_N[:, None], dim=-1)
         if batch.all_greedy:

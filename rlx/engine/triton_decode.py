@@ -67,8 +67,12 @@ def paged_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
-    """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1."""
+    """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1.
+    The launch settings are arguments so that bench/engine_step_profile.py can sweep them."""
     rows, num_heads, head_dim = q.shape
     _, num_kv_heads, page, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -78,6 +82,6 @@ def paged_decode(
         q, k_cache, v_cache, out, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
-        BLOCK_N=64, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

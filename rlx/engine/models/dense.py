@@ -45,11 +45,23 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, positions)
-        out = paged_attention(q, k, v, kv, meta, self.scale)
+        if x.is_cuda and rotary.rotary_dim == self.head_dim and not rotary.interleaved:
+            self._fused_qk(q, k, v, positions, rotary, kv, meta)
+            out = paged_attention(q, k, v, kv, meta, self.scale, kv_written=True)
+        else:
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotary(q, k, positions)
+            out = paged_attention(q, k, v, kv, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def _fused_qk(self, q, k, v, positions, rotary: RotaryTable, kv, meta: AttentionMetadata) -> None:
+        """q/k norm, rotary and the KV store in one kernel (in place on q and k)."""
+        from rlx.engine.triton_layers import qk_norm_rope_store
+
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else None
+        eps = self.q_norm.eps if self.qk_norm else 0.0
+        qk_norm_rope_store(q, k, v, norms, eps, rotary.cos, rotary.sin, positions, kv, meta)
 
 
 class DecoderLayer(nn.Module):
@@ -63,6 +75,18 @@ class DecoderLayer(nn.Module):
         if self.post_norms:
             self.post_self_attn_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward_fused(self, h, residual, positions, rotary, kv, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """CUDA: (this layer's MLP output, residual stream before it); each residual add is
+        fused into the next norm. `h` None at the first layer (`residual` is the embedding)."""
+        from rlx.engine.triton_layers import add_rms_norm
+
+        norm = self.input_layernorm
+        normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps)
+        h = self.self_attn(normed, positions, rotary, kv, meta)
+        norm = self.post_attention_layernorm
+        normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps)
+        return self.mlp(normed), residual
 
     def forward(self, x, positions, rotary, kv, meta) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), positions, rotary, kv, meta)
@@ -115,6 +139,13 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        if x.is_cuda and not self.model.layers[0].post_norms:  # fused kernels; GLM's post-norms: not
+            from rlx.engine.triton_layers import add_rms_norm
+
+            h = None
+            for index, layer in enumerate(self.model.layers):
+                h, x = layer.forward_fused(h, x, positions, self.rotary, kv_cache.layer(index), meta)
+            return add_rms_norm(h, x, self.model.norm.weight, self.model.norm.eps)[0]
         for index, layer in enumerate(self.model.layers):
             x = layer(x, positions, self.rotary, kv_cache.layer(index), meta)
         return self.model.norm(x)

@@ -1,0 +1,282 @@
+"""Where one decode step of rlx's engine spends its time, on the GPU; prints one JSON line.
+
+Qwen3-0.6B-shaped random bf16 model, 256 sequences, prompt 256: after the prefill, decode
+steps are timed piece by piece (host clock for the CPU work, CUDA events for the GPU work,
+one synchronised pass for each piece's own GPU time), then a torch.profiler pass lists the
+heaviest kernels. Beside it, the attention of one layer alone: the Triton paged kernel, and
+torch FlexAttention over the same paged KV with a block mask built from the block tables
+(`flex_paged_decode`, also used by bench/rollout_throughput.py).
+
+    source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rollout_throughput import BANDWIDTHS, PROMPT, bandwidth, write_model
+
+
+def prefill_all(engine, batch: int) -> list:
+    from rlx.engine.sequence import GenerateRequest, SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(batch):
+        ids = torch.randint(2, engine.vocab_size, (PROMPT,), generator=g).tolist()
+        request = GenerateRequest(ids, SamplingParams(max_new_tokens=1 << 20, ignore_eos=True))
+        seqs.append(engine.add(request))
+    while any(s.num_output == 0 for s in seqs):
+        engine.step()
+    return seqs
+
+
+def wall_steps(engine, steps: int) -> float:
+    for _ in range(3):  # the first decode step captures the graphs
+        engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def piecewise(engine, steps: int) -> dict:
+    """Milliseconds per piece of a decode step, each piece synchronised so that it owns its
+    GPU time (the sum exceeds an unsynchronised step by what overlapped)."""
+    runner, totals = engine.runner, {}
+
+    def clock(name, fn, *args):
+        start = time.perf_counter()
+        value = fn(*args)
+        torch.cuda.synchronize()
+        totals[name] = totals.get(name, 0.0) + (time.perf_counter() - start) / steps * 1e3
+        return value
+
+    pieces = _graph_sampler_pieces if hasattr(runner, "_run_graph") else _eager_sampler_pieces
+    for _ in range(steps):
+        batch = clock("schedule", engine.scheduler.schedule)
+        values = pieces(runner, batch, clock)
+        clock("bookkeeping", _bookkeeping, engine, batch, values)
+    return {k: round(v, 3) for k, v in totals.items()}
+
+
+def _graph_sampler_pieces(runner, batch, clock) -> list:
+    """This tree's engine: the graph samples; host fill + copies + replay, then one readback."""
+    clock("fill_copy_replay_incl_gpu", runner.graphs.run, batch.seqs)
+    return clock("readback", runner.graphs.read_out, len(batch.seqs))
+
+
+def _eager_sampler_pieces(runner, batch, clock) -> list:
+    """The engine before this change (commit 3172d00): inputs as new tensors, the graph gives
+    logits, the torch sampler runs outside it."""
+    from rlx.engine.sampler import SamplingBatch
+    from rlx.engine.step_inputs import build_step_inputs
+
+    def readback(tokens, logprobs):
+        values = torch.cat([tokens.float(), logprobs]).tolist()
+        return [values[: len(tokens)], values[len(tokens) :]]
+
+    inputs = clock("build_inputs_h2d", build_step_inputs, batch, runner.block_size, runner.device, True)
+    logits = clock("graph_copy_replay", runner.graphs.run, inputs.input_ids, inputs.positions, inputs.meta)
+    params = clock(
+        "sampling_params_h2d", SamplingBatch.build, inputs.sample_seqs, runner.vocab_size, runner.device
+    )
+    tokens, logprobs = clock("sampler", runner.sampler, logits, params)
+    return clock("readback", readback, tokens, logprobs)
+
+
+def _bookkeeping(engine, batch, values) -> None:
+    for seq, token, logprob in zip(batch.seqs, *values, strict=True):
+        seq.num_computed += 1
+        seq.token_ids.append(int(token))
+        seq.output_logprobs.append(logprob)
+        engine._check_finished(seq, int(token))
+
+
+def kernel_table(engine, steps: int, top: int = 15) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+        if device_us and event.device_type.name == "CUDA":
+            rows.append((device_us / steps / 1e3, event.count // steps, event.key[:90]))
+    rows.sort(reverse=True)
+    return [{"ms_per_step": round(ms, 3), "calls": n, "kernel": k} for ms, n, k in rows[:top]]
+
+
+def paged_kv(batch: int, context: int, kv_heads: int, head_dim: int, page: int, layout: str):
+    """A KV cache with `batch` sequences of `context` tokens in shuffled pages, and its tables."""
+    per_seq = -(-context // page)
+    num_blocks = batch * per_seq + 1
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (
+        (num_blocks, kv_heads, page, head_dim) if layout == "bhsd" else (kv_heads, num_blocks, page, head_dim)
+    )
+    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    tables = (torch.randperm(num_blocks - 1, device="cuda", generator=g)[: batch * per_seq] + 1).view(
+        batch, per_seq
+    )
+    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    return k, v, tables.to(torch.int32), lens
+
+
+def time_cuda(fn, iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
+def triton_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, **launch) -> dict:
+    from rlx.engine.triton_decode import paged_decode
+
+    k, v, tables, lens = paged_kv(batch, context, kv_heads, head_dim, page, "bhsd")
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    seconds = time_cuda(lambda: paged_decode(q, k, v, tables, lens, head_dim**-0.5, **launch))
+    kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+    return {"ms": round(seconds * 1e3, 4), "TB_per_s": round(kv_bytes / seconds / 1e12, 3)}
+
+
+def sweep_decode_launch(batch: int, context: int) -> dict:
+    """The Triton kernel's tile and pipeline settings, one line each."""
+    results = {}
+    for block_n in (32, 64, 128):
+        for num_warps in (4, 8):
+            for num_stages in (2, 3, 4):
+                key = f"n{block_n}_w{num_warps}_s{num_stages}"
+                try:
+                    launch = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+                    results[key] = triton_decode(batch, context, **launch)["TB_per_s"]
+                except Exception as exc:  # e.g. out of shared memory
+                    results[key] = type(exc).__name__
+    return results
+
+
+def flex_paged_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16) -> dict:
+    """FlexAttention decode over a paged cache [1, kv_heads, blocks x page, D]: the block mask's
+    KV blocks are the pages of each row's block table (full pages, then the partial last page
+    under a mask_mod), so no KV is gathered; compiled, as flex must be to be fast."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    try:
+        k, v, tables, lens = paged_kv(batch, context, kv_heads, head_dim, page, "hbsd")
+        k = k.reshape(1, kv_heads, -1, head_dim)
+        v = v.reshape(1, kv_heads, -1, head_dim)
+        q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
+        num_pages = (lens + page - 1) // page
+        last_len = lens - (num_pages - 1) * page
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx % page < last_len[b]
+
+        # flex sizes the mask's KV extent from the index width: pad it to every page
+        width = k.shape[2] // page
+
+        def build() -> BlockMask:
+            rows = torch.arange(batch, device="cuda")
+            full = torch.zeros(batch, 1, 1, width, dtype=torch.int32, device="cuda")
+            full[:, 0, 0, : tables.shape[1]] = tables
+            last = torch.zeros_like(full)
+            last[:, 0, 0, 0] = tables[rows, (num_pages - 1).long()]
+            return BlockMask.from_kv_blocks(
+                kv_num_blocks=torch.ones(batch, 1, 1, dtype=torch.int32, device="cuda"),
+                kv_indices=last,
+                full_kv_num_blocks=(num_pages - 1).view(batch, 1, 1).to(torch.int32),
+                full_kv_indices=full,
+                BLOCK_SIZE=(1, page),
+                mask_mod=mask_mod,
+                seq_lengths=(1, k.shape[2]),
+                compute_q_blocks=False,  # only the backward needs them
+            )
+
+        mask = build()
+        compiled = torch.compile(flex_attention, dynamic=False)
+        start = time.perf_counter()
+        out = compiled(q, k, v, block_mask=mask, enable_gqa=True, scale=head_dim**-0.5)
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - start
+        seconds = time_cuda(lambda: compiled(q, k, v, block_mask=mask, enable_gqa=True, scale=head_dim**-0.5))
+        mask_s = time_cuda(build)
+        ref = triton_reference(q, k, v, tables, lens, page, kv_heads)
+        kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+        return {
+            "ms": round(seconds * 1e3, 4),
+            "TB_per_s": round(kv_bytes / seconds / 1e12, 3),
+            "block_mask_build_ms": round(mask_s * 1e3, 4),
+            "compile_s": round(compile_s, 1),
+            "max_abs_diff_vs_triton": round((out[:, :, 0].float() - ref.float()).abs().max().item(), 4),
+        }
+    except Exception as exc:  # report, do not fail the bench
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+
+
+def triton_reference(q, k_flat, v_flat, tables, lens, page, kv_heads):
+    from rlx.engine.triton_decode import paged_decode
+
+    head_dim = q.shape[-1]
+    k = k_flat.view(kv_heads, -1, page, head_dim).transpose(0, 1).contiguous()
+    v = v_flat.view(kv_heads, -1, page, head_dim).transpose(0, 1).contiguous()
+    return paged_decode(q[:, :, 0], k, v, tables, lens, head_dim**-0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--no-attention", action="store_true", help="skip the one-layer attention runs")
+    parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's launch settings")
+    args = parser.parse_args()
+    from rlx.engine import Engine, EngineArgs
+
+    name = torch.cuda.get_device_name()
+    result = {"device": name, "bandwidth_TB_s": bandwidth(name) / 1e12, "date": time.strftime("%Y-%m-%d")}
+    result["bandwidths_known"] = {k: v / 1e12 for k, v in BANDWIDTHS.items()}
+    path = write_model("qwen3_0.6b", Path(tempfile.mkdtemp()))
+    engine = Engine(EngineArgs(
+        model_path=str(path), dtype="bfloat16", context_length=2048, max_running_requests=256,
+        cuda_graph_max_bs=256, mem_fraction_static=0.8,
+    ))  # fmt: skip
+    seqs = prefill_all(engine, args.batch)
+    result["step_ms"] = round(wall_steps(engine, args.steps) * 1e3, 3)
+    result["pieces_ms"] = piecewise(engine, args.steps)
+    result["kernels"] = kernel_table(engine, 5)
+    result["context_at_end"] = engine.scheduler.running[0].num_tokens
+    for seq in seqs:
+        engine.abort(seq)
+    engine.release_memory()
+    del engine
+    torch.cuda.empty_cache()
+    if args.sweep:
+        result["decode_launch_sweep_TB_s"] = {c: sweep_decode_launch(args.batch, c) for c in (512, 2048)}
+    if args.no_attention:
+        print(json.dumps(result), flush=True)
+        return
+    # the mean context of the throughput bench (512) is measured there; here a long one
+    result[f"attention_one_layer_b{args.batch}_ctx2048"] = {
+        "rlx_triton": triton_decode(args.batch, 2048),
+        "flex_attention_paged": flex_paged_decode(args.batch, 2048),
+    }
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Triton sampling for rows without truncation: one pass over each row's logits (CUDA only).
+
+The torch sampler makes about six passes over an fp32 [rows, V] copy of the logits (cast,
+divide, log_softmax, exp, noise, divide, argmax) and draws noise from a generator, which keeps
+it out of a CUDA graph. Here one program per row streams its logits once, in their own dtype,
+and keeps three running reductions: the log-sum-exp of logits / T (online softmax), and the
+argmax of the exponential race in log space, x / T - log(E), with E from the same
+counter-based hash of (seed, output index, token id) as `sampler.seeded_exponential`. That
+race picks the same token as the torch sampler's argmax(p / E) (p = exp(logp); the row's
+log-sum-exp does not change the argmax). Greedy rows race on the raw logits; ties go to the
+lowest token id, as torch.argmax does. Nothing here depends on the other rows, so a seeded
+row draws the same tokens alone, batched, inside or outside a graph.
+
+Rows that need top-k / top-p / min-p need a sort and stay with the torch sampler.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
+_MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
+_MIX2 = tl.constexpr(0x94D049BB133111EB)
+
+
+@triton.jit
+def _mix(x):
+    """splitmix64's finaliser on uint64 (as `sampler._mix` on int64 with masked shifts)."""
+    x = (x ^ (x >> 30)) * _MIX1
+    x = (x ^ (x >> 27)) * _MIX2
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _sample_kernel(
+    Logits, stride_row, InvT, Greedy, Seed, Step, Tokens, Logprobs, V: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    inv_t = tl.load(InvT + row)
+    greedy = tl.load(Greedy + row) != 0
+    seed = tl.load(Seed + row).to(tl.uint64)
+    step = tl.load(Step + row).to(tl.uint64)
+    row_key = _mix(seed * _GOLDEN + _mix(step + 1))
+    offsets = tl.arange(0, BLOCK)
+    m_i = float("-inf")
+    l_i = 0.0
+    best_score = float("-inf")
+    best_index = 0
+    best_x = 0.0
+    for start in range(0, V, BLOCK):
+        index = start + offsets
+        valid = index < V
+        x = tl.load(Logits + row.to(tl.int64) * stride_row + index, mask=valid, other=float("-inf"))
+        x = x.to(tl.float32) * inv_t
+        m_new = tl.maximum(m_i, tl.max(x, 0))
+        l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m_i = m_new
+        if greedy:
+            score = x
+        else:
+            bits = (_mix(row_key + index.to(tl.uint64) * _GOLDEN) >> 40) & 0xFFFFFF
+            uniform = (bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
+        chunk_best = tl.max(score, 0)
+        chunk_index = tl.min(tl.where(score == chunk_best, index, V), 0)  # lowest id among ties
+        if chunk_best > best_score:  # strict: an earlier chunk keeps its tie
+            best_score = chunk_best
+            best_index = chunk_index
+            best_x = tl.sum(tl.where(index == chunk_index, x, 0.0), 0)
+    tl.store(Tokens + row, best_index.to(Tokens.dtype.element_ty))
+    tl.store(Logprobs + row, best_x - m_i - tl.log(l_i))
+
+
+def fused_sample(
+    logits_NV: torch.Tensor,
+    inv_temperature_N: torch.Tensor,
+    greedy_N: torch.Tensor,
+    seed_N: torch.Tensor,
+    step_N: torch.Tensor,
+    tokens_N: torch.Tensor,
+    logprobs_N: torch.Tensor,
+) -> None:
+    """Write each row's token and its logprob (fp32) into `tokens_N` / `logprobs_N` (tokens in
+    int64, or in fp32 for a single readback buffer: ids below 2**24 are exact).
+
+    inv_temperature_N is 1 / T (1 for greedy rows: their logprob is the raw log_softmax);
+    greedy_N nonzero for greedy rows; seed_N / step_N int64 (the hash's key and counter).
+    """
+    rows, vocab = logits_NV.shape
+    if rows == 0:
+        return
+    _sample_kernel[(rows,)](
+        logits_NV, logits_NV.stride(0), inv_temperature_N, greedy_N, seed_N, step_N,
+        tokens_N, logprobs_N, vocab, BLOCK=2048, num_warps=8,
+    )  # fmt: skip
