@@ -77,10 +77,10 @@ def run_engine(engine, batch: int, new: int = NEW) -> dict:
         engine.step()
         now = time.perf_counter()
         for s in seqs:
-            if s.num_output and s.seq_id not in first:
+            if s.output_logprobs and s.seq_id not in first:  # read back (num_output counts pending)
                 first[s.seq_id] = now - start
         if decode_start is None and len(first) == batch:
-            decode_start, decode_tokens0 = now, sum(s.num_output for s in seqs)
+            decode_start, decode_tokens0 = now, sum(len(s.output_logprobs) for s in seqs)
     total = time.perf_counter() - start
     out_tokens = sum(s.num_output for s in seqs)
     decode_s = time.perf_counter() - decode_start

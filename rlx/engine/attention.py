@@ -34,6 +34,7 @@ class AttentionMetadata:
     prefill_q_index: torch.Tensor | None = None  # [T - num_decode] flat index into [rows x max_q]
     prefill_mask: torch.Tensor | None = None  # [num_prefill, 1, max_q, K] causal and valid
     prefill_max_q: int = 0
+    prefill_fresh: bool = False  # CUDA: every prefill row starts at position 0 (no cached prefix)
     use_decode_kernel: bool = False  # Triton kernel for the decode rows (CUDA)
 
 
@@ -80,7 +81,10 @@ def paged_attention(
     out = torch.empty_like(q)
     if num_decode:
         out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, meta, scale)
-    out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+    if meta.prefill_fresh:
+        out[num_decode:] = _prefill_fresh(q[num_decode:], k[num_decode:], v[num_decode:], meta, scale)
+    else:
+        out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
     return out
 
 
@@ -93,10 +97,25 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
     return out[:, :, 0]
 
 
-def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _pad_rows(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[tokens, heads, D] -> [rows, heads, max_q, D], each row's tokens first, zeros after."""
     rows, max_q = meta.prefill_block_tables.shape[0], meta.prefill_max_q
-    padded = q.new_zeros(rows * max_q, *q.shape[1:])
-    padded[meta.prefill_q_index] = q
-    padded = padded.view(rows, max_q, *q.shape[1:]).transpose(1, 2)
+    padded = x.new_zeros(rows * max_q, *x.shape[1:])
+    padded[meta.prefill_q_index] = x
+    return padded.view(rows, max_q, *x.shape[1:]).transpose(1, 2)
+
+
+def _prefill_fresh(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Rows without a cached prefix attend to their own chunk only: causal SDPA over the step's
+    K/V (flash kernel; no gather, no mask). Padding sits after each row's tokens, so causality
+    keeps it from every real query."""
+    q_pad, k_pad, v_pad = (_pad_rows(x, meta) for x in (q, k, v))
+    gqa = q_pad.shape[1] != k_pad.shape[1]
+    out = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, is_causal=True, scale=scale, enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:])[meta.prefill_q_index]
+
+
+def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    padded = _pad_rows(q, meta)
     out = gather_attention(padded, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_mask, scale)
-    return out.transpose(1, 2).reshape(rows * max_q, *q.shape[1:])[meta.prefill_q_index]
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:])[meta.prefill_q_index]

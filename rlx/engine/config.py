@@ -33,6 +33,7 @@ class EngineArgs:
     chunked_prefill_size: int = 8192  # tokens per step at most (prefill chunks + decodes)
     page_size: int = 16  # tokens per KV block
     disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False  # CUDA graphs: launch decode step k+1 before reading k back
     cuda_graph_max_bs: int = 256  # largest decode batch captured in a CUDA graph
     disable_prefix_sharing: bool = False  # SGLang: disable_radix_cache
     num_threads: int = 1  # torch threads on CPU (the CPU machines share cores)

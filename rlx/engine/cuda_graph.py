@@ -18,10 +18,11 @@ import torch
 
 from rlx.engine.attention import AttentionMetadata
 from rlx.engine.sampler import inverse_temperature, row_seed
-from rlx.engine.sequence import Sequence
+from rlx.engine.sequence import PENDING, Sequence
 
-# rows of the packed int64 inputs
-IDS, POSITIONS, SEEDS, STEPS, GREEDY = range(5)
+# rows of the packed int64 inputs; SOURCES: the row of the previous step whose sampled token
+# (still on the device, in `out`) is this row's input, or -1 when the host gives the id
+IDS, POSITIONS, SEEDS, STEPS, GREEDY, SOURCES = range(6)
 
 
 def batch_size_ladder(max_bs: int) -> list[int]:
@@ -35,16 +36,18 @@ class DecodeGraphs:
         self.sizes = batch_size_ladder(max_bs)
         self.max_bs = self.sizes[-1]
         pinned = dict(pin_memory=True)
-        # host side: filled in place each step; a step reads its outputs back (a sync)
-        # before the next one refills them, so one set of pinned buffers is enough
-        self.host_ints = torch.zeros(5, self.max_bs, dtype=torch.int64, **pinned)
-        self.host_inv_t = torch.ones(self.max_bs, dtype=torch.float32, **pinned)
-        self.host_tables = torch.zeros(self.max_bs, max_blocks, dtype=torch.int32, **pinned)
-        self.host_out = torch.zeros(2, self.max_bs, dtype=torch.float32, **pinned)
-        self.ints = torch.zeros_like(self.host_ints, device=device)
-        self.inv_t = torch.ones_like(self.host_inv_t, device=device)
-        self.tables = torch.zeros_like(self.host_tables, device=device)
-        self.out = torch.zeros_like(self.host_out, device=device)  # [token, logprob] per row
+        # host side, two of each: with overlap, step k+1 is filled while step k's copies may
+        # still be queued; step k-1's, which used the other set, have completed (read back)
+        self.host_ints = torch.zeros(2, 6, self.max_bs, dtype=torch.int64, **pinned)
+        self.host_inv_t = torch.ones(2, self.max_bs, dtype=torch.float32, **pinned)
+        self.host_tables = torch.zeros(2, self.max_bs, max_blocks, dtype=torch.int32, **pinned)
+        self.host_out = torch.zeros(2, 2, self.max_bs, dtype=torch.float32, **pinned)
+        self.ready = [torch.cuda.Event(), torch.cuda.Event()]
+        self.turn = 0
+        self.ints = torch.zeros_like(self.host_ints[0], device=device)
+        self.inv_t = torch.ones_like(self.host_inv_t[0], device=device)
+        self.tables = torch.zeros_like(self.host_tables[0], device=device)
+        self.out = torch.zeros_like(self.host_out[0], device=device)  # [token, logprob] per row
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _forward(self, bs: int) -> torch.Tensor:
@@ -59,9 +62,12 @@ class DecodeGraphs:
             decode_context_lens=(positions + 1).int(),
             use_decode_kernel=True,
         )
-        hidden = self.model(self.ints[IDS, :bs], positions, self.kv_cache, meta)
-        logits = self.model.logits(hidden)
         ints = self.ints[:, :bs]
+        sources = ints[SOURCES]
+        from_device = self.out[0, sources.clamp(min=0)].long()  # the previous replay's tokens
+        input_ids = torch.where(sources >= 0, from_device, ints[IDS])
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        logits = self.model.logits(hidden)
         fused_sample(
             logits,
             self.inv_t[:bs],
@@ -97,29 +103,39 @@ class DecodeGraphs:
     def can_run(self, num_rows: int) -> bool:
         return num_rows <= self.max_bs
 
-    def run(self, seqs: list[Sequence]) -> tuple[int, torch.Tensor]:
-        """Launch a decode step of `seqs` (one pending token each); returns the graph's batch
-        size and its logits [size, V]. The sampled tokens and logprobs land in `self.out`."""
+    def run(self, seqs: list[Sequence], sources: list[int]) -> torch.Tensor:
+        """Launch a decode step of `seqs` (one pending token each; `sources[i]` the row of the
+        previous step that samples row i's input when that token is PENDING); returns the
+        logits [size, V]. The sampled tokens and logprobs land in `self.out`."""
         if not self.graphs:
             self.capture()
         rows = len(seqs)
         size = next(s for s in self.sizes if s >= rows)
-        self._fill_host(seqs, size)
-        self.ints[:, :size].copy_(self.host_ints[:, :size], non_blocking=True)
-        self.inv_t[:size].copy_(self.host_inv_t[:size], non_blocking=True)
-        self.tables[:size].copy_(self.host_tables[:size], non_blocking=True)
+        self.turn ^= 1
+        ints, inv_t, tables = (
+            self.host_ints[self.turn],
+            self.host_inv_t[self.turn],
+            self.host_tables[self.turn],
+        )
+        self._fill_host(seqs, sources, size, ints.numpy(), inv_t.numpy(), tables.numpy())
+        self.ints[:, :size].copy_(ints[:, :size], non_blocking=True)
+        self.inv_t[:size].copy_(inv_t[:size], non_blocking=True)
+        self.tables[:size].copy_(tables[:size], non_blocking=True)
         graph, logits = self.graphs[size]
         graph.replay()
-        return size, logits
+        return logits
 
-    def _fill_host(self, seqs: list[Sequence], size: int) -> None:
+    @staticmethod
+    def _fill_host(seqs: list[Sequence], sources: list[int], size: int, ints, inv_t, tables) -> None:
         """One pass over the rows into the pinned buffers; padded rows: token 0 at position 0
         of block 0, greedy."""
-        ints, inv_t, tables = self.host_ints.numpy(), self.host_inv_t.numpy(), self.host_tables.numpy()
-        for row, seq in enumerate(seqs):
+        for row, (seq, source) in enumerate(zip(seqs, sources, strict=True)):
             sampling = seq.sampling
-            greedy = sampling.greedy
-            ints[:, row] = (seq.token_ids[-1], seq.num_tokens - 1, row_seed(seq), seq.num_output, greedy)
+            token = seq.token_ids[-1]
+            ints[:, row] = (
+                max(token, 0), seq.num_tokens - 1, row_seed(seq), seq.num_output, sampling.greedy,
+                source if token == PENDING else -1,
+            )  # fmt: skip
             inv_t[row] = inverse_temperature(sampling)
             table = seq.block_table
             tables[row, : len(table)] = table
@@ -127,11 +143,18 @@ class DecodeGraphs:
         if size > rows:
             ints[:, rows:size] = 0
             ints[GREEDY, rows:size] = 1
+            ints[SOURCES, rows:size] = -1
             inv_t[rows:size] = 1.0
             tables[rows:size, 0] = 0
 
-    def read_out(self, rows: int) -> list[list[float]]:
-        """[tokens, logprobs] of the last step: one copy out, then the step's one sync."""
-        self.host_out.copy_(self.out, non_blocking=True)  # 2 KB: cheaper whole than sliced
-        torch.cuda.current_stream().synchronize()
-        return self.host_out[:, :rows].tolist()
+    def read_async(self, rows: int) -> tuple[int, int]:
+        """Queue the copy of the last step's [tokens, logprobs] to the host; `collect` waits."""
+        self.host_out[self.turn].copy_(self.out, non_blocking=True)  # 2 KB: cheaper whole than sliced
+        self.ready[self.turn].record()
+        return self.turn, rows
+
+    def collect(self, handle: tuple[int, int]) -> list[list[float]]:
+        """[tokens, logprobs] of the step `handle` names: the step's one sync."""
+        turn, rows = handle
+        self.ready[turn].synchronize()
+        return self.host_out[turn, :, :rows].tolist()

@@ -18,8 +18,8 @@ from rlx.engine.block_manager import BlockManager
 from rlx.engine.config import EngineArgs
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
 from rlx.engine.models import FAMILIES
-from rlx.engine.scheduler import Scheduler
-from rlx.engine.sequence import GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
+from rlx.engine.scheduler import ScheduledBatch, Scheduler
+from rlx.engine.sequence import PENDING, GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ class Engine:
         self._request_seed = torch.Generator().manual_seed(args.random_seed)
         self._released: set[str] = set()
         self._cpu_weights: dict[str, torch.Tensor] = {}
+        # a decode step launched on the GPU and not read back yet (overlap), with its handle
+        self._inflight: tuple[ScheduledBatch, Any] | None = None
+        self.overlap = not args.disable_overlap_schedule and getattr(self.runner, "graphs", None) is not None
 
     def _build_runner(self) -> None:
         args, cfg = self.args, self.hf_config
@@ -145,9 +148,11 @@ class Engine:
         if seq.status is not Status.FINISHED:
             seq.finish_reason = abort_reason(message)
             self.scheduler.finish(seq)
+            while seq.token_ids[-1] == PENDING:  # sampled on the GPU, never read back
+                seq.token_ids.pop()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._inflight is not None or self.scheduler.has_work()
 
     @property
     def num_running(self) -> int:
@@ -158,9 +163,20 @@ class Engine:
         return len(self.scheduler.waiting)
 
     def step(self) -> list[Sequence]:
-        """One forward pass over the scheduled batch; the sequences that finished in it."""
+        """One forward pass over the scheduled batch; the sequences that finished in it.
+
+        Overlap (CUDA graphs, SGLang's overlap schedule): a decode-only step is launched and
+        read back one call later, after the next decode step of the same sequences has been
+        launched behind it; that step takes the pending tokens from the device, so the host's
+        scheduling and bookkeeping run while the GPU works. A sequence that turns out to have
+        finished wastes its row in the step behind (its result is dropped)."""
+        if self._inflight is not None:
+            return self._step_behind()
         batch = self.scheduler.schedule()
         if batch is None:
+            return []
+        if self.overlap and self.runner.can_launch(batch):
+            self._inflight = self._launch(batch, None)
             return []
         result = self.runner.run(batch)
         for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
@@ -178,15 +194,65 @@ class Engine:
                 finished.append(seq)
         return finished
 
-    def _check_finished(self, seq: Sequence, token: int) -> dict[str, Any] | None:
-        """SGLang's Req.check_finished order: length, then stop/EOS token, then stop string."""
+    def _launch(self, batch: ScheduledBatch, behind: ScheduledBatch | None) -> tuple[ScheduledBatch, Any]:
+        """Queue `batch` as a decode graph; each sequence gets a PENDING token, and the rows of
+        `behind` (the step still in flight) feed the pending inputs from the device."""
+        rows = {s.seq_id: row for row, s in enumerate(behind.seqs)} if behind is not None else {}
+        handle = self.runner.launch(batch.seqs, [rows.get(s.seq_id, -1) for s in batch.seqs])
+        for seq in batch.seqs:
+            seq.num_computed += 1
+            seq.token_ids.append(PENDING)
+        return batch, handle
+
+    def _step_behind(self) -> list[Sequence]:
+        """Launch the next decode step behind the one in flight if nothing else is due, then
+        read the one in flight back."""
+        batch, handle = self._inflight
+        self._inflight = None
+        following = self.scheduler.continue_decode(batch.seqs)
+        if following is not None:
+            self._inflight = self._launch(following, batch)
+        return self._resolve(batch, handle)
+
+    def _resolve(self, batch: ScheduledBatch, handle: Any) -> list[Sequence]:
+        """Write a launched step's tokens over their PENDING places; the sequences it finished."""
+        tokens, logprobs = self.runner.collect(handle)
+        finished = []
+        for seq, token, logprob in zip(batch.seqs, tokens, logprobs, strict=True):
+            if seq.status is Status.FINISHED:  # aborted, or finished by the step before
+                continue
+            index = seq.num_prompt + len(seq.output_logprobs)  # this step's PENDING token
+            token = int(token)
+            seq.token_ids[index] = token
+            seq.output_logprobs.append(logprob)
+            seq.finish_reason = self._check_finished(seq, token, index + 1 - seq.num_prompt)
+            if seq.finish_reason is not None:
+                del seq.token_ids[index + 1 :]  # the step behind's PENDING token, if any
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _drain(self) -> None:
+        """Read back the step in flight without launching another (before weights or memory move)."""
+        if self._inflight is not None:
+            batch, handle = self._inflight
+            self._inflight = None
+            self._resolve(batch, handle)
+
+    def _check_finished(
+        self, seq: Sequence, token: int, num_output: int | None = None
+    ) -> dict[str, Any] | None:
+        """SGLang's Req.check_finished order: length, then stop/EOS token, then stop string.
+        `num_output`: outputs up to this token (default: all of `seq`'s)."""
         sampling = seq.sampling
-        if seq.num_output >= seq.max_new:
+        num_output = seq.num_output if num_output is None else num_output
+        if num_output >= seq.max_new:
             return {"type": "length", "length": seq.max_new}
         if not sampling.ignore_eos and (token in sampling.stop_token_ids or token in self.eos_token_ids):
             return {"type": "stop", "matched": token}
         if sampling.stop:
-            text = self.decode(seq.output_ids, sampling.skip_special_tokens)
+            output_ids = seq.token_ids[seq.num_prompt : seq.num_prompt + num_output]
+            text = self.decode(output_ids, sampling.skip_special_tokens)
             for stop in sampling.stop:
                 if stop in text:
                     return {"type": "stop", "matched": stop}
@@ -216,6 +282,7 @@ class Engine:
         """Load an HF directory's safetensors (one file, or shards with an index) in place."""
         if "weights" in self._released:
             raise RuntimeError("weights are released; resume_memory_occupation first")
+        self._drain()
         num_loaded = self.runner.load_weights(str(path))
         self.blocks.forget_cached()  # cached prefixes were computed with the old weights
         self.model_path = str(path)
@@ -228,6 +295,7 @@ class Engine:
         tags = set(tags or MEMORY_TAGS) - self._released
         if self.device.type != "cuda" or self.generic or not tags:
             return
+        self._drain()
         if self.has_work():
             raise RuntimeError("release_memory_occupation needs an idle engine")
         if self.runner.graphs is not None:

@@ -32,6 +32,8 @@ def build_model(hf_config, args: EngineArgs, max_positions: int, device: torch.d
     family = FAMILIES[hf_config.model_type]
     with torch.device("meta"):
         model = family(hf_config, max_positions)
+        if device.type == "cuda":
+            model.merge_projections()
     model = model.to(dtype=dtype).to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own tensor
     model.build_rotary(device)
@@ -60,15 +62,27 @@ class ModelRunner:
         sample_logits = self.model.logits(hidden[inputs.sample_rows])
         return self.sample(sample_logits, hidden, inputs)
 
-    def _run_graph(self, seqs: list[Sequence]) -> StepResult:
-        """A decode step in a CUDA graph that samples too; rows with top-k / top-p / min-p are
-        sampled again by the torch path before the one readback."""
+    def can_launch(self, batch: ScheduledBatch) -> bool:
+        """Whether `batch` runs as one decode graph (the steps that may overlap the host)."""
+        decode_only = batch.num_decode == len(batch.seqs)
+        return decode_only and self.graphs is not None and self.graphs.can_run(batch.num_decode)
+
+    def launch(self, seqs: list[Sequence], sources: list[int]) -> tuple[int, int]:
+        """Queue a decode step in a CUDA graph that samples too (rows with top-k / top-p / min-p
+        are sampled again by the torch path) and the copy of its results; `collect` reads them."""
         graphs, rows = self.graphs, len(seqs)
-        _, logits = graphs.run(seqs)
+        logits = graphs.run(seqs, sources)
         if any(truncates(s.sampling, self.vocab_size) for s in seqs):
             params = SamplingBatch.build(seqs, self.vocab_size, self.device)
             self.sampler.resample_truncated(logits[:rows], params, graphs.out[0, :rows], graphs.out[1, :rows])
-        tokens, logprobs = graphs.read_out(rows)
+        return graphs.read_async(rows)
+
+    def collect(self, handle: tuple[int, int]) -> tuple[list[float], list[float]]:
+        tokens, logprobs = self.graphs.collect(handle)
+        return tokens, logprobs
+
+    def _run_graph(self, seqs: list[Sequence]) -> StepResult:
+        tokens, logprobs = self.collect(self.launch(seqs, [-1] * len(seqs)))
         return StepResult([(s, int(t), p) for s, t, p in zip(seqs, tokens, logprobs, strict=True)], [])
 
     def sample(

@@ -72,6 +72,21 @@ class Scheduler:
         batch = ScheduledBatch(decode.seqs + prefill.seqs, decode.num_new + prefill.num_new, len(decode.seqs))
         return batch if batch.seqs else None
 
+    def continue_decode(self, seqs: list[Sequence]) -> ScheduledBatch | None:
+        """The next decode step of `seqs` while their last tokens are still being sampled on the
+        GPU (overlap): each one still running and short of max_new continues, its pending token
+        given a slot. None when something else must happen first (requests wait, or a block is
+        short and preemption may be due): the caller reads the step back and calls `schedule`."""
+        if self.waiting:
+            return None
+        rows = [s for s in seqs if s.status is Status.RUNNING and not 0 < s.max_new <= s.num_output]
+        needed = sum(self.blocks.blocks_for(s.num_tokens) - len(s.block_table) for s in rows)
+        if not rows or needed > self.blocks.num_free:
+            return None
+        for seq in rows:
+            self.blocks.grow_to(seq, seq.num_tokens)
+        return ScheduledBatch(rows, [1] * len(rows), len(rows))
+
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SAMPLING_EPS = 1e-6  # SGLang's _SAMPLING_EPS: temperatures below it mean greedy
+PENDING = -1  # token id placeholder: sampled on the GPU, not read back yet (overlapped decode)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import triton.language as tl
 @triton.jit
 def _paged_decode_kernel(
     Q, K, V, Out, BT, CL, scale,
-    stride_qt, stride_qh, stride_bt, stride_kb, stride_kh,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
@@ -54,7 +54,7 @@ def _paged_decode_kernel(
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
-        Out + row * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
         out.to(Out.dtype.element_ty),
         mask=q_mask,
     )
@@ -69,18 +69,22 @@ def paged_decode(
     scale: float,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1.
     The launch settings are arguments so that bench/engine_step_profile.py can sweep them."""
     rows, num_heads, head_dim = q.shape
     _, num_kv_heads, page, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
+    if num_stages is None:  # 4 stages measured best for 2-byte KV (docs/benchmarks.md); fp32 tiles
+        num_stages = 4 if k_cache.element_size() == 2 else 2  # are twice as big: 4 overflow smem
     _paged_decode_kernel[(rows, num_kv_heads)](
         q, k_cache, v_cache, out, block_tables, context_lens, scale,
-        q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
         BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

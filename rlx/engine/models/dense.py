@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rlx.engine.attention import AttentionMetadata, paged_attention
-from rlx.engine.models.layers import FusedGatedMLP, GatedMLP, RMSNorm, RotaryTable
+from rlx.engine.models.layers import FusedGatedMLP, GatedMLP, MergedLinear, RMSNorm, RotaryTable
 
 
 class Attention(nn.Module):
@@ -39,12 +39,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim**-0.5
+        self.qkv_proj: MergedLinear | None = None
+
+    def merge_projections(self) -> None:
+        """q/k/v_proj become one `qkv_proj` (CUDA builds; before weights load)."""
+        parts = [(name, getattr(self, name).out_features) for name in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = MergedLinear(self.q_proj.in_features, parts, self.q_proj.bias is not None)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, positions, rotary: RotaryTable, kv, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:  # row-strided views of one output: the kernels take strides
+            q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if x.is_cuda and rotary.rotary_dim == self.head_dim and not rotary.interleaved:
             self._fused_qk(q, k, v, positions, rotary, kv, meta)
             out = paged_attention(q, k, v, kv, meta, self.scale, kv_written=True)
@@ -153,8 +164,23 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def merge_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up in every layer (CUDA builds, on the meta device;
+        CPU keeps separate GEMMs, whose numerics its tests and golden runs recorded)."""
+        for module in list(self.modules()):
+            if isinstance(module, Attention | GatedMLP):
+                module.merge_projections()
+
     def weight_views(self) -> dict[str, torch.Tensor]:
         """Checkpoint name -> the live tensor (or view of it) that name loads into."""
-        return {name: p.data for name, p in self.named_parameters(remove_duplicate=False)}
+        views = {}
+        for name, module in self.named_modules(remove_duplicate=False):
+            if isinstance(module, MergedLinear):
+                views.update(module.part_views(name.rsplit(".", 1)[0]))
+        merged = {f"{name}." for name, m in self.named_modules() if isinstance(m, MergedLinear)}
+        for name, p in self.named_parameters(remove_duplicate=False):
+            if not any(name.startswith(prefix) for prefix in merged):
+                views[name] = p.data
+        return views
 
     supports_cuda_graph = True

@@ -26,6 +26,26 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class MergedLinear(nn.Linear):
+    """Several HF linears stacked along the output dim, so a small-batch decode runs one GEMM
+    instead of two or three launch-bound ones. `parts` are the HF module names and their output
+    sizes: their checkpoint tensors load into row views of this one weight (`part_views`)."""
+
+    def __init__(self, in_features: int, parts: list[tuple[str, int]], bias: bool):
+        super().__init__(in_features, sum(size for _, size in parts), bias=bias)
+        self.parts = parts
+        self.sizes = [size for _, size in parts]
+
+    def part_views(self, prefix: str) -> dict[str, torch.Tensor]:
+        views, start = {}, 0
+        for name, size in self.parts:
+            views[f"{prefix}.{name}.weight"] = self.weight.data[start : start + size]
+            if self.bias is not None:
+                views[f"{prefix}.{name}.bias"] = self.bias.data[start : start + size]
+            start += size
+        return views
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), HF names gate_proj / up_proj / down_proj."""
 
@@ -34,13 +54,27 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up: MergedLinear | None = None
+
+    def merge_projections(self) -> None:
+        """gate_proj and up_proj become one `gate_up` (CUDA builds; before weights load)."""
+        size = self.gate_proj.out_features
+        bias = self.gate_proj.bias is not None
+        self.gate_up = MergedLinear(
+            self.gate_proj.in_features, [("gate_proj", size), ("up_proj", size)], bias
+        )
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         if x.is_cuda and x.dim() == 2:  # one kernel for silu and the product
             from rlx.engine.triton_layers import silu_mul
 
-            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(silu_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class FusedGatedMLP(nn.Module):
