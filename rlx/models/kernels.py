@@ -198,5 +198,10 @@ class LigerSwiGLU(torch.nn.Module):
         out = self._function.apply(x.reshape(-1, x.shape[-1]), False)
         return out.view(*x.shape[:-1], out.shape[-1])
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """Nothing to checkpoint: megatron's MLP asks each child module for its sharded state
+        (distributed checkpoints of a model built with these kernels failed without this)."""
+        return {}
+
 
 __all__ = ["KERNEL_SETS", "KernelSet", "fusion_kwargs", "resolve"]

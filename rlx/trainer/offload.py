@@ -1,10 +1,13 @@
 """Handing a colocated GPU to the rollout engines: a trainable model's parameters, gradient
-buffers and optimizer state moved to pinned CPU memory and back.
+buffers and optimizer state (fp32 master weights, Adam moments) moved to pinned CPU memory and back.
 
-Megatron's RL helpers do the buffers and the optimizer (`_ParamAndGradBuffer.offload_to_cpu`,
-`MegatronOptimizer.offload_to_cpu`); parameters outside a DDP parameter buffer (every one,
-unless the distributed optimizer is on) are swapped here, each into a pinned CPU tensor kept for
-the next round, so offloading allocates host memory once. On a CPU device everything is a no-op.
+Every tensor keeps its identity and device: its GPU storage is freed in place
+(`untyped_storage().resize_(0)`) after a copy to a pinned host tensor, and re-allocated and
+filled on the way back. Moving `param.data` to the CPU instead would reset autograd's gradient
+accumulator of each parameter (a device change does), and with it the hooks megatron's DDP hangs
+there: the next backward would leave every gradient at zero. Gradient buffers use megatron's
+own `offload_to_cpu(move_grads=True)`, which frees them the same way. Host memory is allocated
+once and reused every step. On a CPU device everything is a no-op.
 """
 
 from __future__ import annotations
@@ -13,59 +16,76 @@ import torch
 
 
 class Offloader:
-    """Moves one model (megatron DDP, or a bare module) and its optimizer off the GPU and back."""
+    """Moves one model (megatron DDP, or a bare module) and its optimizer off the GPU and back.
 
-    def __init__(self, model: torch.nn.Module, optimizer=None):
-        self.model, self.optimizer = model, optimizer
-        self._host: dict[int, torch.Tensor] = {}  # id(param) -> its pinned CPU home
+    `on_cpu=True` runs the same freeing and refilling for a model on the CPU (nothing is gained;
+    tests use it to check that training continues unchanged after a round trip)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer=None, *, on_cpu: bool = False):
+        self.model, self.optimizer, self.on_cpu = model, optimizer, on_cpu
+        self._host: dict[int, torch.Tensor] = {}  # id(tensor) -> its (pinned) host copy
+        self._tensors: list[torch.Tensor] = []  # what the last offload freed
         self.offloaded = False
 
-    def _buffers(self) -> list:
+    @property
+    def _cuda(self) -> bool:
+        return any(p.is_cuda for p in self.model.parameters())
+
+    def _grad_buffers(self) -> list:
         return list(getattr(self.model, "buffers", [])) + list(
             getattr(self.model, "expert_parallel_buffers", [])
         )
 
-    def _loose_params(self) -> list[torch.nn.Parameter]:
-        """Parameters whose storage is their own (not a view into a DDP parameter buffer)."""
-        in_buffers = {id(p) for b in self._buffers() if b.param_data is not None for p in b.params}
-        return [p for p in self.model.parameters() if id(p) not in in_buffers]
+    def _owned_tensors(self) -> list[torch.Tensor]:
+        """Parameters, optimizer master weights and state: each (CUDA) tensor that owns its storage."""
+        tensors = list(self.model.parameters())
+        optimizers = getattr(self.optimizer, "chained_optimizers", [self.optimizer] if self.optimizer else [])
+        for wrapper in optimizers:
+            inner = getattr(wrapper, "optimizer", None)
+            if inner is None:
+                continue
+            tensors += [p for group in inner.param_groups for p in group["params"]]
+            tensors += [
+                v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+            ]
+        unique = {id(t): t for t in tensors}
+        return [t for t in unique.values() if (t.is_cuda or self.on_cpu) and _owns_storage(t)]
 
     def offload(self) -> None:
-        if self.offloaded or not _on_cuda(self.model):
+        cuda = self._cuda
+        if self.offloaded or not (cuda or self.on_cpu):
             return
-        torch.cuda.synchronize()
-        # the model's own parameters first, into pinned memory; the optimizer then moves only what
-        # is its own (fp32 master copies under bf16, and the Adam state)
-        for p in self._loose_params():
-            if p.data.is_cuda:
-                host = self._host.get(id(p))
-                if host is None:
-                    host = self._host[id(p)] = torch.empty_like(p.data, device="cpu").pin_memory()
-                host.copy_(p.data)
-                p.data = host
-        for buffer in self._buffers():
+        if cuda:
+            torch.cuda.synchronize()
+        self._tensors = self._owned_tensors()
+        for t in self._tensors:
+            host = self._host.get(id(t))
+            if host is None:
+                host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
+            host.copy_(t.detach())
+            t.untyped_storage().resize_(0)
+        for buffer in self._grad_buffers():
             buffer.offload_to_cpu(move_params=buffer.param_data is not None, move_grads=True)
-        if self.optimizer is not None:
-            self.optimizer.offload_to_cpu()
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
         self.offloaded = True
 
     def onload(self, device: torch.device) -> None:
         if not self.offloaded:
             return
-        for p in self._loose_params():
-            if not p.data.is_cuda:
-                p.data = p.data.to(device, non_blocking=True)
-        for buffer in self._buffers():
+        for t in self._tensors:
+            t.untyped_storage().resize_(t.numel() * t.element_size())
+            t.detach().copy_(self._host[id(t)], non_blocking=True)
+        for buffer in self._grad_buffers():
             buffer.reload_from_cpu(move_params=buffer.param_data is not None, move_grads=True)
-        if self.optimizer is not None:
-            self.optimizer.restore_from_cpu()
-        torch.cuda.synchronize()
+        if self._cuda:
+            torch.cuda.synchronize()
         self.offloaded = False
 
 
-def _on_cuda(model: torch.nn.Module) -> bool:
-    return any(p.is_cuda for p in model.parameters())
+def _owns_storage(t: torch.Tensor) -> bool:
+    """True for a tensor that is its storage's only, whole view (freeing it frees nothing else)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def gpu_memory_gib() -> dict[str, float]:

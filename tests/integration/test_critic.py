@@ -23,6 +23,7 @@ from rlx.trainer.batch import make_micro_batch
 from rlx.trainer.config import TrainConfig
 from rlx.trainer.critic import Critic, ValueHead
 from rlx.trainer.megatron import critic_dir
+from rlx.trainer.offload import Offloader
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +200,28 @@ def test_ppo_loop_checkpoints_its_critic_and_resumes_its_warmup(tmp_path):
     )
     assert [h["step"] for h in history] == [2]
     assert "train/pg_loss" in history[0]  # the restored critic has trained on 2 rollouts: warm-up is over
+
+
+def test_training_goes_on_unchanged_after_an_offload_round_trip(world, checkpoints):
+    """Colocation frees every parameter, gradient buffer and Adam state and fills them again; the
+    next step must be the one an untouched model takes, bit for bit. (On a GPU, moving
+    `param.data` to the CPU instead cuts DDP's gradient hooks; tests/gpu/test_gpu_loop.py checks
+    that gradients still flow there.)"""
+    runs = []
+    for round_trip in (False, True):
+        critic = make_critic(checkpoints["tied"], value_clip=None)  # unclipped: the 2nd step has a gradient
+        samples = batch()
+        old = critic.values(samples)
+        critic.train(samples, [v + 0.5 for v in old], old)  # Adam has state now
+        if round_trip:
+            offloader = Offloader(critic.model, critic.trainable.optimizer, on_cpu=True)
+            offloader.offload()
+            assert all(p.untyped_storage().nbytes() == 0 for p in critic.model.parameters())
+            offloader.onload(torch.device("cpu"))
+        metrics = critic.train(samples, [v + 0.5 for v in old], old)
+        runs.append((metrics, {k: v.detach().clone() for k, v in critic.model.module.named_parameters()}))
+    (before, weights), (after, weights_after) = runs
+    assert after["train/critic_grad_norm"] > 0
+    assert after["train/critic_grad_norm"] == before["train/critic_grad_norm"]
+    for key, tensor in weights.items():
+        assert torch.equal(weights_after[key], tensor), key
