@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
 from rlx.placement import plan
 from rlx.rollout.pool import RolloutPool
+from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
 from rlx.trainer.group import TrainerGroup
 
@@ -33,7 +33,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     job = _prepare(cfg)
     rc, out, data = job.cfg, job.out, job.data
     _start_ray(rc.cluster)
-    trainer = pool = tracker = placement = None
+    trainer = pool = tracker = placement = sync = None
     history = []
     try:
         placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
@@ -45,7 +45,10 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
         )
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
-        sync = _WeightSync(trainer, pool, out / "weight_sync")
+        sync = WeightPublisher(
+            trainer, pool, method=choose_method(rc.rollout, rc.cluster), disk_root=out / "weight_sync",
+            backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
+        )  # fmt: skip
         if resumed:  # engines start from the restored policy
             turns.to_trainer()
             turns.publish(sync, version)
@@ -83,7 +86,8 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         if tracker is not None:
             tracker.close()
         ray.shutdown()
-        shutil.rmtree(out / "weight_sync", ignore_errors=True)  # transient: only engines read it
+        if sync is not None:
+            sync.close()
     return history
 
 
@@ -124,24 +128,6 @@ def _load(path: Path, trainer: TrainerGroup, data) -> tuple[int, int, bool]:
     data.load_state_dict(state["data"])
     log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
     return state["step"] + 1, state["version"], True
-
-
-class _WeightSync:
-    """Trainer -> engines: HF-named shards written by the trainer, loaded by every engine."""
-
-    def __init__(self, trainer: TrainerGroup, pool: RolloutPool, root: Path):
-        self.trainer, self.pool, self.root = trainer, pool, root
-        self.previous: Path | None = None
-
-    def __call__(self, version: int) -> float:
-        """Publish the trainer's weights as `version`; return the seconds it took."""
-        start = time.perf_counter()
-        path = self.root / f"v{version:06d}"
-        self.pool.update_weights(self.trainer.export_weights(str(path)), version)
-        if self.previous is not None:
-            shutil.rmtree(self.previous, ignore_errors=True)
-        self.previous = path
-        return time.perf_counter() - start
 
 
 def _should_save(run, step: int) -> bool:

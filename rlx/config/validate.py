@@ -321,8 +321,15 @@ def _nodes(cfg: RlxConfig, classes: Classes) -> list[str]:
 
 
 def _placement(cfg: RlxConfig, classes: Classes) -> list[str]:
-    """Colocation alternates trainer and engines on GPUs: there must be GPUs, one engine on each."""
+    """Colocation alternates trainer and engines on GPUs: there must be GPUs, one engine on each.
+    CUDA IPC (rollout.weight_sync=tensor) needs the engine on the sender's GPU: colocated."""
     c = cfg.cluster
+    if cfg.rollout.weight_sync == "tensor" and c.gpus_per_node > 0 and not c.colocate:
+        return [
+            "rollout.weight_sync=tensor hands the engines CUDA IPC handles, which only an engine on the "
+            "trainer's own GPU can open, but cluster.colocate=false; set rollout.weight_sync=distributed "
+            "(or auto), or cluster.colocate=true"
+        ]
     if not c.colocate:
         return []
     if c.gpus_per_node == 0:

@@ -290,6 +290,35 @@ class Engine:
             self.weight_version = str(weight_version)
         return num_loaded
 
+    def load_named_weights(
+        self, named: list[tuple[str, torch.Tensor]], weight_version: str | None = None
+    ) -> int:
+        """Copy HF-named tensors (the trainer's, from any device) into the live weights, in place;
+        every name and shape is checked before anything is copied. Returns tensors loaded."""
+        if "weights" in self._released:
+            raise RuntimeError("weights are released; resume_memory_occupation first")
+        self._drain()
+        model = self.runner.model
+        # rlx's own families expose per-name views (fused projections included); transformers' by name
+        views = (
+            model.weight_views()
+            if hasattr(model, "weight_views")
+            else {n: p.data for n, p in model.named_parameters()}
+        )
+        for name, tensor in named:
+            if name not in views:
+                raise ValueError(f"{name}: not a tensor of this model")
+            if tuple(views[name].shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(views[name].shape)}")
+        for name, tensor in named:
+            views[name].copy_(tensor, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # the sender may free its tensors once this returns
+        self.blocks.forget_cached()  # cached prefixes were computed with the old weights
+        if weight_version is not None:
+            self.weight_version = str(weight_version)
+        return len(named)
+
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free device memory (SGLang's release_memory_occupation); the engine must be idle."""
         tags = set(tags or MEMORY_TAGS) - self._released

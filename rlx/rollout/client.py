@@ -194,6 +194,21 @@ class EngineClient:
         """POST /resume_memory_occupation: allocate `tags` again (all when None)."""
         await self._request("POST", "/resume_memory_occupation", json={} if tags is None else {"tags": tags})
 
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, backend: str
+    ) -> None:
+        """POST /init_weights_update_group: join the trainer's broadcast group as `rank_offset`
+        (returns once the whole group has formed); RuntimeError with SGLang's message otherwise."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "backend": backend, "group_name": "weight_update_group"}  # fmt: skip
+        result = (
+            await self._request("POST", "/init_weights_update_group", json=body, ok_statuses=(400,))
+        ).body
+        if not result.get("success", False):
+            raise RuntimeError(
+                f"{self.base_url} could not join the weight update group: {result.get('message')}"
+            )
+
     async def flush_cache(self) -> bool:
         """POST /flush_cache; False when SGLang refuses (requests still running)."""
         return (await self._request("POST", "/flush_cache", ok_statuses=(400,))).is_success

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, TOP_K, UNIT_OPEN_LOW, Rule
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, TOP_K, UNIT_OPEN_LOW, Rule, one_of
+
+WEIGHT_SYNC_METHODS = ("auto", "tensor", "distributed", "disk")  # rollout.weight_sync
 
 
 @dataclass
@@ -27,6 +29,11 @@ class RolloutConfig:
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
     engine_threads: int = 1  # torch threads per local engine process
     engine_args: dict[str, Any] = field(default_factory=dict)  # passed to the engine unchanged
+    # how new weights reach the engines: tensor (colocated: CUDA IPC, or shared memory on CPU),
+    # distributed (a NCCL broadcast from trainer rank 0; gloo on CPU), disk (safetensors shards);
+    # auto: tensor when colocated, distributed on split GPUs, disk on CPU
+    weight_sync: str = "auto"
+    weight_bucket_mb: int = 512  # the most weight bytes one transfer holds at once (each path)
     server_module: str = (
         "sglang.launch_server"  # rollout=sglang: `python -m` this (a fork's entry point, say)
     )
@@ -42,4 +49,6 @@ class RolloutConfig:
         "gpus_per_engine": AT_LEAST_1,
         "max_concurrency": AT_LEAST_1,
         "engine_threads": AT_LEAST_1,
+        "weight_sync": one_of(WEIGHT_SYNC_METHODS),
+        "weight_bucket_mb": AT_LEAST_1,
     }

@@ -39,6 +39,7 @@ import rlx
 from rlx.engine.sequence import Sequence, Status
 from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, SamplingParams, abort_reason
 from rlx.rollout.sglang import build_response, error_body, model_info_body, parse_generate
+from rlx.rollout.weight_routes import weight_routes
 
 logger = logging.getLogger(__name__)
 
@@ -536,6 +537,7 @@ def build_app(server: EngineServer) -> FastAPI:
     app = FastAPI()
     app.state.server = server
     app.include_router(routes)
+    app.include_router(weight_routes)  # the tensor and distributed weight paths
     app.add_exception_handler(ValueError, _bad_request)
     return app
 

@@ -190,9 +190,27 @@ class RolloutPool:
                 raise RuntimeError(
                     f"engine {url} failed to load weights from {path}: {result.get('message')}"
                 )
+        self.check_version(version)
+
+    def check_version(self, version: int) -> None:
+        """RuntimeError unless every engine now serves `version`."""
         served = self._run(self._on_engines("get_weight_version"))
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
+
+    def join_weight_group(self, master_address: str, master_port: int, backend: str) -> None:
+        """Every engine joins the trainer's broadcast group (ranks 1..N; the trainer is rank 0);
+        returns once the group has formed, so the trainer must be joining at the same time."""
+        world_size = 1 + len(self.engine_clients)
+        joins = [
+            c.init_weights_update_group(master_address, master_port, 1 + i, world_size, backend)
+            for i, c in enumerate(self.engine_clients)
+        ]
+
+        async def all_join():
+            await asyncio.gather(*joins)
+
+        self._run(all_join())
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""

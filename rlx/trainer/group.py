@@ -46,6 +46,17 @@ class TrainerGroup:
         """Colocated GPUs: every rank back onto its GPU; rank 0's memory figures from just before."""
         return ray.get([a.onload.remote() for a in self.actors])[0]
 
+    def push_weights(self, method: str, engine_urls: list[str], version: int, bucket_bytes: int) -> int:
+        """The policy's weights straight to the engines (`tensor` or `distributed`); tensors sent."""
+        refs = [a.push_weights.remote(method, engine_urls, version, bucket_bytes) for a in self.actors]
+        return ray.get(refs)[0]
+
+    def async_init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str):
+        """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all joined)."""
+        return [
+            a.init_weight_group.remote(master_address, master_port, world_size, backend) for a in self.actors
+        ]
+
     def export_weights(self, out_dir: str) -> str:
         return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]
 

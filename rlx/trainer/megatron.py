@@ -32,6 +32,7 @@ from rlx.trainer.logprobs import logprobs_and_entropy
 from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 from rlx.trainer.trainable import Trainable
+from rlx.trainer.weight_push import WeightPusher
 from rlx.trainer.weights import write_weight_shards
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class MegatronTrainer:
         """`total_steps`: the run's optimizer steps (run.num_rollout x train.num_steps_per_rollout),
         over which the learning-rate schedule runs."""
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
-        self.rank = rank
+        self.rank, self._world_size = rank, world_size
+        self._pusher: WeightPusher | None = None  # the fast weight paths, made on first use
         self.temperature = temperature
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,
@@ -222,6 +224,26 @@ class MegatronTrainer:
         write_weight_shards(named, Path(out_dir), bucket_bytes)
         return out_dir
 
+    def push_weights(self, method: str, engine_urls: list[str], version: int, bucket_bytes: int) -> int:
+        """Send the policy's HF-named weights straight to the engines (`rlx.trainer.weight_push`):
+        `tensor`, rank r to engines r, r + R, ...; `distributed`, rank 0 broadcasts (after
+        `init_weight_group`). A collective over the model-parallel group; returns tensors sent."""
+        if self._pusher is None:
+            self._pusher = WeightPusher(bucket_bytes)
+        named = self.family.export_hf_weights(self.model.module)
+        if method == "tensor":
+            return self._pusher.tensor(named, engine_urls[self.rank :: self._world_size], version)
+        if self.rank != 0:
+            return sum(1 for _ in named)  # every rank takes part in the gathers
+        return self._pusher.distributed(named, engine_urls, version)
+
+    def init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
+        """Rank 0 hosts the engines' broadcast group (blocks until they have joined); others: nothing."""
+        if self.rank == 0:
+            if self._pusher is None:
+                self._pusher = WeightPusher(256 << 20)
+            self._pusher.init_group(master_address, master_port, world_size, backend)
+
     # ---- checkpoints ------------------------------------------------------------------------
 
     def save(self, ckpt_dir: str) -> None:
@@ -238,6 +260,8 @@ class MegatronTrainer:
             self.critic.load(critic_dir(ckpt_dir))
 
     def shutdown(self) -> None:
+        if self._pusher is not None:
+            self._pusher.close()
         destroy_distributed()
 
     def pid(self) -> int:

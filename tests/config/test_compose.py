@@ -189,6 +189,11 @@ FAILURES = {
         ["data.prompt_path='/no/such.jsonl'", "no such file"],
     ),
     "toy task": (["data.toy_task=sort"], ["data.toy_task='sort'", "reverse"]),
+    "weight_sync": (["rollout.weight_sync=nccl"], ["rollout.weight_sync='nccl'", "distributed"]),
+    "CUDA IPC across GPUs": (
+        ["cluster=1x8", "rollout.num_engines=4", "rollout.weight_sync=tensor"],
+        ["rollout.weight_sync=tensor", "cluster.colocate=false", "set rollout.weight_sync=distributed"],
+    ),
     "colocate on CPU": (["cluster.colocate=true"], ["cluster.colocate=true", "cluster.gpus_per_node=0"]),
     "colocate over engines of 2 GPUs": (
         ["cluster=1x8", "cluster.colocate=true", "rollout.num_engines=2", "rollout.gpus_per_engine=2",

@@ -1,0 +1,83 @@
+"""Trainer side of the fast weight paths: HF-named tensors in bounded buckets straight to the
+engines, over SGLang's HTTP endpoints (`rlx.rollout.weight_routes` serves them in rlx's engine).
+
+    tensor       each rank hands its engines (r, r + R, r + 2R, ...: colocated, the one on its own
+                 GPU) CUDA IPC handles, or shared memory on CPU; the engine copies and replies
+    distributed  rank 0 broadcasts each bucket to every engine over a NCCL (gloo on CPU) group
+                 of its own, announced by one POST per engine and bucket
+
+Every rank iterates the export (a collective over the model-parallel group) whether it sends or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import torch
+
+from rlx.weight_sync.buckets import BucketMeta, iter_buckets
+from rlx.weight_sync.distributed import WeightSender
+from rlx.weight_sync.tensor import TensorHandoff
+
+HTTP_TIMEOUT_S = 600.0  # a bucket of a large model over a slow link; a hang still ends
+
+
+class WeightPusher:
+    """One per trainer rank; `bucket_bytes` bounds the memory a bucket holds on either side."""
+
+    def __init__(self, bucket_bytes: int):
+        self.bucket_bytes = bucket_bytes
+        self.sender = WeightSender()
+        self.http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self._posts = ThreadPoolExecutor(max_workers=16)  # announcements go out while we broadcast
+
+    def post(self, url: str, path: str, body: dict[str, Any]) -> None:
+        """POST SGLang's weight request; RuntimeError naming the engine unless it succeeded."""
+        reply = self.http.post(f"{url}{path}", json=body)
+        result = reply.json() if reply.headers.get("content-type", "").startswith("application/json") else {}
+        if reply.status_code != 200 or not result.get("success", False):
+            raise RuntimeError(f"engine {url}{path} failed: {result.get('message') or reply.text[:300]}")
+
+    def tensor(self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int) -> int:
+        """Hand every bucket to each engine in `urls` (none: just take part in the export)."""
+        num = 0
+        for bucket in iter_buckets(named, self.bucket_bytes):
+            num += len(bucket)
+            if not urls:
+                continue
+            with TensorHandoff(bucket) as payload:  # held until every engine has copied it
+                body = {
+                    "serialized_named_tensors": [payload],
+                    "load_format": None,
+                    "weight_version": str(version),
+                }
+                for url in urls:
+                    self.post(url, "/update_weights_from_tensor", body)
+        return num
+
+    def init_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
+        """Rank 0 hosts the broadcast group (blocks until every engine has joined)."""
+        self.sender.init(master_address, master_port, world_size, backend)
+
+    def distributed(self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int) -> int:
+        """Rank 0: broadcast every bucket to the engines at `urls`, announcing each first."""
+        metas = self.sender.send(named, self.bucket_bytes, announce=self._announcer(urls, version))
+        return sum(len(meta.specs) for meta in metas)
+
+    def _announcer(self, urls: list[str], version: int) -> Callable[[BucketMeta], Callable[[], None]]:
+        def announce(meta: BucketMeta) -> Callable[[], None]:
+            body = {**meta.to_fields(), "load_format": "flattened_bucket", "weight_version": str(version)}
+            futures = [
+                self._posts.submit(self.post, url, "/update_weights_from_distributed", body) for url in urls
+            ]
+            return lambda: [f.result() for f in futures]
+
+        return announce
+
+    def close(self) -> None:
+        self.sender.close()
+        self.http.close()
+        self._posts.shutdown(wait=False)
