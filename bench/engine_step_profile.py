@@ -174,10 +174,13 @@ def sweep_decode_launch(batch: int, context: int) -> dict:
     return results
 
 
-def flex_paged_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16) -> dict:
+def flex_paged_decode(
+    batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, q_block=128
+) -> dict:
     """FlexAttention decode over a paged cache [1, kv_heads, blocks x page, D]: the block mask's
     KV blocks are the pages of each row's block table (full pages, then the partial last page
-    under a mask_mod), so no KV is gathered; compiled, as flex must be to be fast."""
+    under a mask_mod), so no KV is gathered; compiled, as flex must be to be fast. A query block
+    of 1 fails to lower on torch 2.11 (NoValidChoicesError); 128 (flex's default) works."""
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     try:
@@ -205,7 +208,7 @@ def flex_paged_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=1
                 kv_indices=last,
                 full_kv_num_blocks=(num_pages - 1).view(batch, 1, 1).to(torch.int32),
                 full_kv_indices=full,
-                BLOCK_SIZE=(1, page),
+                BLOCK_SIZE=(q_block, page),
                 mask_mod=mask_mod,
                 seq_lengths=(1, k.shape[2]),
                 compute_q_blocks=False,  # only the backward needs them
@@ -228,6 +231,23 @@ def flex_paged_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=1
             "compile_s": round(compile_s, 1),
             "max_abs_diff_vs_triton": round((out[:, :, 0].float() - ref.float()).abs().max().item(), 4),
         }
+    except Exception as exc:  # report, do not fail the bench
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+
+
+def flex_dense_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128) -> dict:
+    """FlexAttention decode over contiguous per-sequence K/V [batch, kv_heads, context, D] (no
+    pages, no mask): flex's own decode kernel at its best, the ceiling of a paged variant."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    try:
+        k = torch.randn(batch, kv_heads, context, head_dim, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        seconds = time_cuda(lambda: compiled(q, k, v, enable_gqa=True, scale=head_dim**-0.5))
+        kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+        return {"ms": round(seconds * 1e3, 4), "TB_per_s": round(kv_bytes / seconds / 1e12, 3)}
     except Exception as exc:  # report, do not fail the bench
         return {"error": f"{type(exc).__name__}: {exc}"[:400]}
 

@@ -178,12 +178,14 @@ def main() -> None:
             entry["speedup"] = entry["rlx"]["tokens_per_s"] / hf["tokens_per_s"]
         if name == "qwen3_0.6b":
             results["transformers_generate_batch_b256"] = run_generate_batch(path, 256, args.hf_new_tokens)
-            from engine_step_profile import flex_paged_decode, triton_decode
+            from engine_step_profile import flex_dense_decode, flex_paged_decode, triton_decode
 
             ctx = PROMPT + NEW // 2  # the run's mean context
             results[f"attention_one_layer_b256_ctx{ctx}"] = {
                 "rlx_triton": triton_decode(256, ctx),
                 "flex_attention_paged": flex_paged_decode(256, ctx),
+                "flex_attention_paged_page128": flex_paged_decode(256, ctx, page=128),
+                "flex_attention_contiguous_kv": flex_dense_decode(256, ctx),
             }
     print(json.dumps(results))
 
