@@ -25,6 +25,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # besides the tokenizer's EOS
+    ignore_eos: bool = False  # generate max_response_len tokens whatever is sampled (benchmarks)
     reward_fn: str = "rlx.reward.toy.position_match"  # _target_ path: (sample) -> float
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
     engine_threads: int = 1  # torch threads per local engine process

@@ -64,6 +64,7 @@ class RolloutPool:
             "top_k": cfg.top_k,
             "max_new_tokens": cfg.max_response_len,
             "stop_token_ids": list(cfg.stop_token_ids),
+            "ignore_eos": cfg.ignore_eos,
             "skip_special_tokens": True,
         }
 

@@ -167,10 +167,12 @@ class MegatronTrainer:
         if self.critic is not None:  # values go to the algorithm, not into every policy micro-batch
             local = self.critic.trainable.local_indices(len(samples))
             inputs["values"] = self._gather_dp(local, self.critic.values([samples[i] for i in local]))
+        logprobs_s = time.perf_counter() - start  # the forward-only passes before any update
         result: Advantages = self.algo.advantages(samples, inputs)
         metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(
             samples, result.advantages
         )
+        metrics["time/logprobs_s"] = logprobs_s
         metrics |= {f"train/{k}": v for k, v in result.metrics.items()}
 
         train_policy = True
@@ -183,6 +185,8 @@ class MegatronTrainer:
                 extras["rollout_logp"] = [torch.tensor(s.rollout_logprobs) for s in samples]
             metrics |= {f"train/{k}": v for k, v in self.policy.train(samples, extras).items()}
         metrics["time/train_s"] = time.perf_counter() - start
+        if self.device.type == "cuda":
+            metrics["perf/trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
     def _gather_dp(self, local: list[int], values: list[torch.Tensor]) -> list[torch.Tensor]:

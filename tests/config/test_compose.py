@@ -69,7 +69,9 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_shipped_option_composes_and_validates(group, option, prompts):
-    overrides = [f"{group}={option}", *needs(group, option, prompts)]
+    # experiments are overlays (`# @package _global_`) added with `+experiment=NAME`
+    prefix = "+" if group == "experiment" else ""
+    overrides = [f"{prefix}{group}={option}", *needs(group, option, prompts)]
     cfg = compose(overrides)
     validate(to_object(cfg))  # the dataclass form validates too
 

@@ -1,0 +1,96 @@
+"""One full GRPO step on GPUs, phase by phase: rollout, old log-probs, train, weight sync.
+
+    python bench/grpo_step.py --shape 0.6b                      # 1 GPU, colocated (cluster=1gpu)
+    python bench/grpo_step.py --shape 1.7b
+    python bench/grpo_step.py --shape 1.7b --split              # 2 GPUs: 1 trainer + 1 engine, NCCL sync
+    python bench/grpo_step.py --shape 0.6b -- rollout.weight_sync=disk   # any config override after --
+
+A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE),
+bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
+(`rollout.ignore_eos`; the prompts are the toy task's few tokens). Runs `--steps` steps and
+reports the median of all but the first (CUDA graph capture, kernel compilation, allocator
+warm-up), as one JSON line: seconds per phase, tokens/s per GPU (NeMo-RL's: prompt + response
+tokens of the step / step time / GPUs), the trainer's peak memory and, colocated, the memory
+each side leaves behind. Record the figures with machine and date in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+SHAPES = {  # Qwen3-0.6B / Qwen3-1.7B shapes (published config.json values)
+    "0.6b": dict(hidden_size=1024, ffn_hidden_size=3072, num_layers=28),
+    "1.7b": dict(hidden_size=2048, ffn_hidden_size=6144, num_layers=28),
+}
+COMMON = dict(num_attention_heads=16, num_query_groups=8, kv_channels=128, vocab_size=151936,
+              max_position_embeddings=4096, rotary_base=1000000.0, tie_word_embeddings=True)  # fmt: skip
+PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s")
+
+
+def overrides_for(args: argparse.Namespace) -> list[str]:
+    shape = {f"model.{k}": v for k, v in (SHAPES[args.shape] | COMMON).items()}
+    placement = (
+        ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1"]
+        if args.split
+        else ["cluster=1gpu"]
+    )
+    batch = args.prompts * args.n
+    return [
+        f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()), *placement,
+        "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
+        f"rollout.batch_size={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
+        f"rollout.max_response_len={args.response_len}", "rollout.ignore_eos=true", "rollout.temperature=1.0",
+        "+rollout.engine_args.dtype=bfloat16",  # the random checkpoint is written in fp32
+        f"run.num_rollout={args.steps}", "run.progress=false", "run.tensorboard=false", "run.dump_rollouts=false",
+    ]  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
+    parser.add_argument("--split", action="store_true", help="trainer and engine on GPUs of their own")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--response-len", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(own)
+
+    import torch
+
+    from rlx.config.compose import compose
+    from rlx.runtime import run
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        history = run(compose([f"run.output_dir={out}", *overrides_for(args), *extra]))
+        wall = time.perf_counter() - start
+    timed = history[1:] or history
+    median = lambda key: statistics.median(h[key] for h in timed if key in h)  # noqa: E731
+    num_gpus = 2 if args.split else 1
+    tokens = median("rollout/num_tokens")
+    prompt_tokens = args.prompts * args.n * 4  # the toy prompts: "d d d =" (4 tokens)
+    result = {
+        "bench": "grpo_step", "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "shape": args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
+        "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
+        "wall_s": round(wall, 1), **{k.split("/")[1]: round(median(k), 3) for k in PHASES},
+        "tokens_per_s_per_gpu": round((tokens + prompt_tokens) / median("time/step_s") / num_gpus),
+        "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
+        "trainer_peak_mem_gib": round(median("perf/trainer_peak_mem_gib"), 2),
+        "overrides": extra,
+    }  # fmt: skip
+    for key in ("colocate/trainer_offloaded_process_reserved_gib", "colocate/before_onload_device_used_gib"):
+        if key in timed[-1]:
+            result[key.split("/")[1]] = round(median(key), 2)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
