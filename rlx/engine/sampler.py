@@ -143,8 +143,15 @@ class Sampler:
         tokens_N = torch.empty(rows, dtype=torch.int64, device=logits_NV.device)
         logprobs_N = torch.empty(rows, dtype=torch.float32, device=logits_NV.device)
         greedy_N = batch.greedy_N.to(torch.int32)
-        fused_sample(
-            logits_NV, 1.0 / batch.temperature_N, greedy_N, batch.seed_N, batch.step_N, tokens_N, logprobs_N
+        fused_sample(  # 1 / T as the graphs get it (rounded once on the host), so a row draws
+            # the same whether its step ran in a graph or eagerly
+            logits_NV,
+            batch.inv_temperature_N,
+            greedy_N,
+            batch.seed_N,
+            batch.step_N,
+            tokens_N,
+            logprobs_N,
         )
         if batch.truncate_rows:
             self.resample_truncated(logits_NV, batch, tokens_N, logprobs_N)

@@ -91,6 +91,11 @@ def fused_sample(
     rows, vocab = logits_NV.shape
     if rows == 0:
         return
+    assert tokens_N.is_contiguous() and logprobs_N.is_contiguous()
+    # the kernel reads row i at offset i: columns of SamplingBatch's packed tensors are strided
+    inv_temperature_N, greedy_N, seed_N, step_N = (
+        t.contiguous() for t in (inv_temperature_N, greedy_N, seed_N, step_N)
+    )
     _sample_kernel[(rows,)](
         logits_NV, logits_NV.stride(0), inv_temperature_N, greedy_N, seed_N, step_N,
         tokens_N, logprobs_N, vocab, BLOCK=2048, num_warps=8,

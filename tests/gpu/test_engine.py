@@ -169,3 +169,21 @@ def test_overlap_and_graphs_give_the_plain_engine_outputs(model_dir):
         return [(o.output_ids, o.finish_reason) for o in engine.generate(requests)]
 
     assert run() == run(disable_overlap_schedule=True)
+
+
+def test_seeded_rows_draw_the_same_alone_and_batched(model_dir):
+    """A seeded request's tokens do not depend on its batch-mates, on the GPU too: the first
+    token comes from the eager (prefill) step, the rest from the decode graphs."""
+    from rlx.engine import GenerateRequest, SamplingParams
+
+    engine = engine_for(model_dir, dtype="float32", max_total_tokens=4096)
+
+    def request(i, prompt):
+        return GenerateRequest(
+            list(prompt), SamplingParams(max_new_tokens=12, sampling_seed=50 + i, ignore_eos=True)
+        )
+
+    together = engine.generate([request(i, p) for i, p in enumerate(PROMPTS)])
+    for i, prompt in enumerate(PROMPTS):
+        (alone,) = engine.generate([request(i, prompt)])
+        assert alone.output_ids == together[i].output_ids
