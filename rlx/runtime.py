@@ -18,7 +18,7 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.schema import RlxConfig
-from rlx.config.validate import validate
+from rlx.config.validate import max_prompt_len, validate
 from rlx.placement import plan
 from rlx.rollout.pool import RolloutPool
 from rlx.sync import WeightPublisher, choose_method
@@ -114,8 +114,10 @@ def _prepare(cfg: DictConfig) -> _Job:
     hf_dir = family.checkpoint_dir()
     family.check_hf_config(hf_dir)
     tokenizer = _load_tokenizer(hf_dir)
-    max_prompt_len = rc.data.max_prompt_len or rc.model.max_position_embeddings - rc.rollout.max_response_len
-    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=max_prompt_len)
+    prompt_len = rc.data.max_prompt_len or max_prompt_len(
+        rc.model.max_position_embeddings, rc.rollout.max_response_len
+    )
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
     build(rc.algo)  # an algorithm that rejects its options does so here
     resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
     return _Job(rc, out, hf_dir, tokenizer, data, resume)

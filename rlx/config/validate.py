@@ -367,11 +367,12 @@ def _lengths(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"rollout.max_response_len={response} must be < model.max_position_embeddings={context} "
             f"(the prompt needs room too); lower rollout.max_response_len"
         ]
-    if prompt is not None and prompt + response > context:
+    if prompt is not None and prompt + response >= context:
+        # SGLang refuses a request whose input and max_new_tokens reach the context length
         return [
-            f"data.max_prompt_len={prompt} + rollout.max_response_len={response} = {prompt + response} exceeds "
-            f"model.max_position_embeddings={context}; set data.max_prompt_len={context - response} "
-            "(or null for that default)"
+            f"data.max_prompt_len={prompt} + rollout.max_response_len={response} = {prompt + response} reaches "
+            f"model.max_position_embeddings={context} (SGLang refuses such requests); set "
+            f"data.max_prompt_len={max_prompt_len(context, response)} (or null for that default)"
         ]
     return []
 
@@ -395,3 +396,9 @@ def _checkpoint(cfg: RlxConfig, classes: Classes) -> list[str]:
             "directory (config.json, *.safetensors, tokenizer files)"
         ]
     return []
+
+
+def max_prompt_len(context: int, response: int) -> int:
+    """The longest prompt an engine accepts with `response` new tokens: SGLang requires
+    input + max_new_tokens < context length."""
+    return context - response - 1

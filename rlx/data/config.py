@@ -20,7 +20,7 @@ class DataConfig:
     label_key: str | None = "label"  # key of the label given to the reward function
     apply_chat_template: bool = False  # render prompts with the tokenizer's chat template
     shuffle: bool = True  # reshuffle every epoch (seeded by run.seed and the epoch)
-    max_prompt_len: int | None = None  # None: model context minus rollout.max_response_len
+    max_prompt_len: int | None = None  # None: model context - rollout.max_response_len - 1 (SGLang's limit)
     on_bad_sample: str = "error"  # error: stop naming file/line/key; skip: drop and count
     toy_task: str = "reverse"  # ToySource: reverse | copy
     toy_num_digits: int = 3

@@ -29,7 +29,8 @@ class DataSource(Protocol):
     Built as `Cls(cfg.data, tokenizer, seed=cfg.run.seed, max_prompt_len=...)` with the class
     named by `data._target_` (`rlx.config.build(cfg.data, tokenizer, seed=..., max_prompt_len=...)`),
     where `tokenizer` is the model's HF tokenizer and `max_prompt_len` is `data.max_prompt_len` or,
-    when that is None, `model.max_position_embeddings - rollout.max_response_len`.
+    when that is None, `model.max_position_embeddings - rollout.max_response_len - 1` (SGLang refuses
+    a request whose input and max_new_tokens reach the context length).
 
     The constructor reads, tokenises and checks every prompt, so bad data fails before any model
     is built; it raises `rlx.errors.DataError` naming the file, line and key, or, with

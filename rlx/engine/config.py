@@ -27,6 +27,8 @@ class EngineArgs:
     random_seed: int = 0  # seeds the sampling of requests without a sampling_seed
     device: str | None = None  # None: cuda when this process sees a GPU, else cpu
     context_length: int | None = None  # default: max_position_embeddings
+    # SGLang's: cap an HTTP request's max_new_tokens at the context instead of rejecting it
+    allow_auto_truncate: bool = False
     mem_fraction_static: float = 0.88  # GPU: weights + KV cache as a fraction of device memory
     max_total_tokens: int | None = None  # KV cache size in tokens (caps what the fraction gives)
     max_running_requests: int = 256  # sequences decoded together at most

@@ -309,8 +309,25 @@ def parse_generate(body: dict[str, Any], engine: LocalEngine) -> tuple[list[dict
             list(prompt), parse_sampling_params(sampling), str(rid), -1 if start is None else int(start)
         )
         engine.validate(request)
+        _check_context(request, (sampling or {}).get("max_new_tokens"), engine)
         items.append({"request": request, "return_logprob": bool(logprob)})
     return items, single
+
+
+def _check_context(request: GenerateRequest, max_new_tokens: int | None, engine: LocalEngine) -> None:
+    """SGLang's tokenizer manager: a `max_new_tokens` the caller asked for that, with the input,
+    reaches the context length is the request's error, unless the server allows auto truncation
+    (`allow_auto_truncate`, SGLang's flag); the engine itself caps generation at the context."""
+    if max_new_tokens is None or engine.args.allow_auto_truncate:
+        return
+    num_input, context = len(request.input_ids), engine.context_length
+    if num_input + int(max_new_tokens) >= context:
+        raise ValueError(
+            f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+            f"You requested a total of {num_input + int(max_new_tokens)} tokens: {num_input} tokens from "
+            f"the input messages and {max_new_tokens} tokens for the completion. Please reduce the number "
+            "of tokens in the input messages or the completion to fit within the limit."
+        )
 
 
 def build_response(

@@ -157,9 +157,13 @@ FAILURES = {
         ["rollout.max_response_len=64"],
         ["rollout.max_response_len=64", "model.max_position_embeddings=64"],
     ),
+    "prompt + response filling the context": (
+        ["data.max_prompt_len=60"],
+        ["data.max_prompt_len=60", "reaches model.max_position_embeddings=64", "set data.max_prompt_len=59"],
+    ),
     "prompt + response vs context": (
         ["data.max_prompt_len=62"],
-        ["data.max_prompt_len=62", "rollout.max_response_len=4", "set data.max_prompt_len=60"],
+        ["data.max_prompt_len=62", "rollout.max_response_len=4", "set data.max_prompt_len=59"],
     ),
     "checkpoint not a dir": (
         ["model.hf_checkpoint=/no/such/dir"],

@@ -105,6 +105,11 @@ def test_bad_requests_answer_400_with_sglang_error_body(server):
     ):
         r = post(server, "/generate", body)
         assert r.status_code == 400 and r.json()["error"]["message"]
+    # max_new_tokens past the context (64): SGLang's error, and the server serves the next request
+    past = post(server, "/generate", {"input_ids": [2] * 60, "sampling_params": {"max_new_tokens": 4}})
+    assert past.status_code == 400 and "maximum context length of 64 tokens" in past.json()["error"]["message"]
+    fits = post(server, "/generate", {"input_ids": [2] * 60, "sampling_params": {"max_new_tokens": 3}})
+    assert fits.status_code == 200 and len(fits.json()["output_ids"]) <= 3
 
 
 def test_info_and_health_endpoints(server):
@@ -154,13 +159,13 @@ def test_abort_running_and_queued_requests(fresh_server):
     engine, scheduler = fresh_server.engine, fresh_server.scheduler
     step, steps = engine.step, []
 
-    def slow_step():  # ~60 decode steps of 20 ms: long enough to abort mid-generation
+    def slow_step():  # ~59 decode steps of 20 ms: long enough to abort mid-generation
         steps.append(engine.num_running)
         time.sleep(0.02)
         return step()
 
     engine.step = slow_step
-    long = {"max_new_tokens": 60, "ignore_eos": True}
+    long = {"max_new_tokens": 59, "ignore_eos": True}
     with httpx.Client(base_url=fresh_server.url, timeout=60) as http:
         results = {}
         threads = [
@@ -178,7 +183,9 @@ def test_abort_running_and_queued_requests(fresh_server):
         scheduler.call(gate.wait)  # hold the scheduler so both requests join one batch
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 30  # a request refused at parse time never waits: fail, not hang
         while scheduler.num_waiting() < 2:
+            assert time.monotonic() < deadline, results
             time.sleep(0.01)
         gate.set()
         deadline = time.monotonic() + 30
@@ -188,8 +195,8 @@ def test_abort_running_and_queued_requests(fresh_server):
         for t in threads:
             t.join()
         assert results["running-1"]["meta_info"]["finish_reason"]["type"] == "abort"
-        assert 0 < len(results["running-1"]["output_ids"]) < 60
-        assert results["running-2"]["meta_info"]["finish_reason"] == {"type": "length", "length": 60}
+        assert 0 < len(results["running-1"]["output_ids"]) < 59
+        assert results["running-2"]["meta_info"]["finish_reason"] == {"type": "length", "length": 59}
 
         # Queued behind a blocked scheduler, then aborted: never started (SGLang's "before prefill").
         gate = threading.Event()
@@ -203,7 +210,9 @@ def test_abort_running_and_queued_requests(fresh_server):
             )
         )
         thread.start()
+        deadline = time.monotonic() + 30
         while scheduler.num_waiting() < 1:
+            assert time.monotonic() < deadline, queued
             time.sleep(0.01)
         assert http.post("/abort_request", json={"rid": "", "abort_all": True}).status_code == 200
         gate.set()
