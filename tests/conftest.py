@@ -59,3 +59,25 @@ def world():
 
     with megatron_world():
         yield
+
+
+@pytest.fixture(scope="session")
+def scrambled_dir(tiny_qwen3_dir, tmp_path_factory) -> Path:
+    """The tiny checkpoint with weights redrawn at std 0.3: at init scale a 2-layer model just
+    repeats its last token greedily, which would make token-for-token comparisons vacuous."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_dir), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, 0.3, generator=generator)
+    path = tmp_path_factory.mktemp("scrambled") / "m"
+    model.save_pretrained(str(path))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_qwen3_dir / name, path / name)
+    return path

@@ -3,8 +3,6 @@ and chunked prefill, each checked against transformers (greedy tokens equal, log
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,22 +12,6 @@ from rlx.engine.block_manager import BlockManager
 from rlx.engine.sequence import Sequence, Status
 
 PROMPTS = [[5], [2, 3, 4], [9, 8, 7, 6, 5, 4, 12], [3, 13, 2, 14, 6, 11, 10, 4, 7, 12, 15, 2, 9, 9]]
-
-
-@pytest.fixture(scope="module")
-def scrambled_dir(tiny_qwen3_dir, tmp_path_factory):
-    """Weights redrawn at std 0.3, so greedy outputs are not one repeated token."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_dir), dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.3, generator=generator)
-    path = tmp_path_factory.mktemp("scrambled_engine") / "m"
-    model.save_pretrained(str(path))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_qwen3_dir / name, path / name)
-    return path
 
 
 @pytest.fixture(scope="module")
