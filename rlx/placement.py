@@ -64,8 +64,9 @@ def plan(cluster: ClusterConfig, rollout: RolloutConfig) -> Placement:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundles, trainer_at, engine_at = bundles_for(cluster, rollout)
-    # what the config asks for (compose-time rules tie it to the engines' count and size)
-    needed = cluster.num_trainer_procs + (0 if cluster.colocate else cluster.num_rollout_gpus)
+    needed = sum(
+        b["GPU"] for b in bundles
+    )  # = num_trainer_procs (+ num_rollout_gpus, split): compose checks it
     available = ray.cluster_resources().get("GPU", 0.0)
     if needed > available:
         raise RuntimeError(

@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
         trainer = TrainerGroup(rc, placement.trainer)
         turns = GpuTurns(rc.cluster.colocate, trainer)
-        start_step, version, resumed = _load(job.resume, trainer, data) if job.resume else (0, 0, False)
+        start_step, version = _load(job.resume, trainer, data) if job.resume else (0, 0)
         turns.before_engines_start()
         turns.pool = pool = RolloutPool(
             rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             trainer, pool, method=choose_method(rc.rollout, rc.cluster), disk_root=out / "weight_sync",
             backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
         )  # fmt: skip
-        if resumed:  # engines start from the restored policy
+        if job.resume:  # engines start from the restored policy
             turns.to_trainer()
             turns.publish(sync, version)
         bar = tqdm(
@@ -123,13 +123,13 @@ def _prepare(cfg: DictConfig) -> _Job:
     return _Job(rc, out, hf_dir, tokenizer, data, resume)
 
 
-def _load(path: Path, trainer: TrainerGroup, data) -> tuple[int, int, bool]:
-    """Restore trainer and data position from a checkpoint; return (next step, version, True)."""
+def _load(path: Path, trainer: TrainerGroup, data) -> tuple[int, int]:
+    """Restore trainer and data position from a checkpoint; return (next step, version)."""
     state = checkpoint.load_state(path)
     trainer.load(str(path / "megatron"))
     data.load_state_dict(state["data"])
     log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
-    return state["step"] + 1, state["version"], True
+    return state["step"] + 1, state["version"]
 
 
 def _should_save(run, step: int) -> bool:

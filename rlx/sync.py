@@ -1,5 +1,5 @@
 """The driver's side of a weight sync: the trainer's new weights reach every engine as `version`,
-by the path `rollout.weight_sync` names (see the package docstring), and every engine is
+by the path `rollout.weight_sync` names (see `rlx.weight_sync`'s docstring), and every engine is
 checked to serve that version afterwards."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class MegatronTrainer:
         over which the learning-rate schedule runs."""
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
         self.rank, self._world_size = rank, world_size
-        self._pusher: WeightPusher | None = None  # the fast weight paths, made on first use
+        self._pusher = WeightPusher()  # the fast weight paths (no connection until first used)
         self.temperature = temperature
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,
@@ -149,9 +149,8 @@ class MegatronTrainer:
     def _logprobs(self, model, samples: list[Sample]) -> list[torch.Tensor]:
         """Every sample's response log-probs [response_len] under `model` (the policy's or the
         reference's), each DP rank computing its shard, gathered in batch order."""
-        local = self.policy.local_indices(len(samples))
-        return self._gather_dp(
-            local, self.policy.forward_only([samples[i] for i in local], "logprob", "logp", model)
+        return self._on_dp_shards(
+            samples, lambda shard: self.policy.forward_only(shard, "logprob", "logp", model)
         )
 
     # ---- training ---------------------------------------------------------------------------
@@ -165,8 +164,7 @@ class MegatronTrainer:
             logprobs["ref_logp"] = self._logprobs(self.ref_model, samples)
         inputs = dict(logprobs)
         if self.critic is not None:  # values go to the algorithm, not into every policy micro-batch
-            local = self.critic.trainable.local_indices(len(samples))
-            inputs["values"] = self._gather_dp(local, self.critic.values([samples[i] for i in local]))
+            inputs["values"] = self._on_dp_shards(samples, self.critic.values)
         logprobs_s = time.perf_counter() - start  # the forward-only passes before any update
         result: Advantages = self.algo.advantages(samples, inputs)
         metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(
@@ -189,10 +187,14 @@ class MegatronTrainer:
             metrics["perf/trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
-    def _gather_dp(self, local: list[int], values: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every DP rank's per-sample tensors, put back in batch order (index -> tensor)."""
+    def _on_dp_shards(self, samples: list[Sample], compute) -> list[torch.Tensor]:
+        """`compute(shard) -> one tensor per sample` on this DP rank's shard of the batch (the policy
+        and the critic shard alike: same global and micro batches), every rank's results gathered
+        back in batch order."""
         from megatron.core import parallel_state
 
+        local = self.policy.local_indices(len(samples))
+        values = compute([samples[i] for i in local])
         pairs = list(zip(local, [v.cpu() for v in values], strict=True))
         if self.policy.dp_size > 1:
             gathered: list = [None] * self.policy.dp_size
@@ -232,20 +234,17 @@ class MegatronTrainer:
         """Send the policy's HF-named weights straight to the engines (`rlx.trainer.weight_push`):
         `tensor`, rank r to engines r, r + R, ...; `distributed`, rank 0 broadcasts (after
         `init_weight_group`). A collective over the model-parallel group; returns tensors sent."""
-        if self._pusher is None:
-            self._pusher = WeightPusher(bucket_bytes)
         named = self.family.export_hf_weights(self.model.module)
         if method == "tensor":
-            return self._pusher.tensor(named, engine_urls[self.rank :: self._world_size], version)
+            urls = engine_urls[self.rank :: self._world_size]
+            return self._pusher.tensor(named, urls, version, bucket_bytes)
         if self.rank != 0:
             return sum(1 for _ in named)  # every rank takes part in the gathers
-        return self._pusher.distributed(named, engine_urls, version)
+        return self._pusher.distributed(named, engine_urls, version, bucket_bytes)
 
     def init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
         """Rank 0 hosts the engines' broadcast group (blocks until they have joined); others: nothing."""
         if self.rank == 0:
-            if self._pusher is None:
-                self._pusher = WeightPusher(256 << 20)
             self._pusher.init_group(master_address, master_port, world_size, backend)
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -264,8 +263,7 @@ class MegatronTrainer:
             self.critic.load(critic_dir(ckpt_dir))
 
     def shutdown(self) -> None:
-        if self._pusher is not None:
-            self._pusher.close()
+        self._pusher.close()
         destroy_distributed()
 
     def pid(self) -> int:

@@ -26,10 +26,9 @@ HTTP_TIMEOUT_S = 600.0  # a bucket of a large model over a slow link; a hang sti
 
 
 class WeightPusher:
-    """One per trainer rank; `bucket_bytes` bounds the memory a bucket holds on either side."""
+    """One per trainer rank; each send's `bucket_bytes` bounds the memory a bucket holds on either side."""
 
-    def __init__(self, bucket_bytes: int):
-        self.bucket_bytes = bucket_bytes
+    def __init__(self) -> None:
         self.sender = WeightSender()
         self.http = httpx.Client(timeout=HTTP_TIMEOUT_S)
         self._posts = ThreadPoolExecutor(max_workers=16)  # announcements go out while we broadcast
@@ -41,10 +40,12 @@ class WeightPusher:
         if reply.status_code != 200 or not result.get("success", False):
             raise RuntimeError(f"engine {url}{path} failed: {result.get('message') or reply.text[:300]}")
 
-    def tensor(self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int) -> int:
+    def tensor(
+        self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
+    ) -> int:
         """Hand every bucket to each engine in `urls` (none: just take part in the export)."""
         num = 0
-        for bucket in iter_buckets(named, self.bucket_bytes):
+        for bucket in iter_buckets(named, bucket_bytes):
             num += len(bucket)
             if not urls:
                 continue
@@ -62,9 +63,11 @@ class WeightPusher:
         """Rank 0 hosts the broadcast group (blocks until every engine has joined)."""
         self.sender.init(master_address, master_port, world_size, backend)
 
-    def distributed(self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int) -> int:
+    def distributed(
+        self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
+    ) -> int:
         """Rank 0: broadcast every bucket to the engines at `urls`, announcing each first."""
-        metas = self.sender.send(named, self.bucket_bytes, announce=self._announcer(urls, version))
+        metas = self.sender.send(named, bucket_bytes, announce=self._announcer(urls, version))
         return sum(len(meta.specs) for meta in metas)
 
     def _announcer(self, urls: list[str], version: int) -> Callable[[BucketMeta], Callable[[], None]]:
