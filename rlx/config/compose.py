@@ -8,40 +8,44 @@ Programs launched with `@hydra.main` get the same tree from Hydra and call `vali
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlx.config import store  # noqa: F401  (registers the schemas and resolvers)
+from rlx.config.keys import CONF_DIR, explain_override_error
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
 from rlx.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 __all__ = ["CONF_DIR", "compose", "to_object", "validate"]
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose `conf/config.yaml` with Hydra command-line style overrides, then `validate` it.
+def compose(
+    overrides: Sequence[str] = (), config_dir: str | Path = CONF_DIR, config_name: str = "config"
+) -> DictConfig:
+    """Compose `conf/config.yaml` (or `config_dir/config_name.yaml`: a run directory's recorded
+    config, say) with Hydra command-line style overrides, then `validate` it.
 
     Works inside a running Hydra app too: the global Hydra state is saved and restored.
-    Raises ConfigError (naming the key) for unknown keys, wrong types and broken rules.
+    Raises ConfigError (naming the key and the fix) for unknown keys, wrong types, unknown
+    options and broken rules.
     """
     backup = get_gh_backup()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_error_chain(e)) from e
+        raise ConfigError(_explain(e)) from e
     finally:
         restore_gh_from_backup(backup)
     validate(cfg)
@@ -56,11 +60,25 @@ def to_object(cfg: DictConfig) -> RlxConfig:
     return obj
 
 
+def _explain(e: BaseException) -> str:
+    """Our message for a missing key, a wrong type or an unknown option; else Hydra's own chain."""
+    chain = _error_chain(e)
+    if message := explain_override_error(chain, e.__cause__):
+        return message
+    if isinstance(e, MissingConfigException) and e.options:
+        # Hydra lists the options; say which is closest, as a command line would write it
+        group = Path(e.missing_cfg_file or "").parent.as_posix()
+        close = difflib.get_close_matches(Path(e.missing_cfg_file or "").name, e.options, n=1, cutoff=0.0)
+        if group and close:
+            return f"{chain}\ndid you mean {group}={close[0]}? set {group} to one of the options above"
+    return chain
+
+
 def _error_chain(e: BaseException) -> str:
     """Hydra wraps the useful OmegaConf message (which names the key) as the cause; show both."""
     parts = []
     while e is not None:
-        text = str(e).strip()
+        text = str(e).split("Config search path:")[0].strip()  # Hydra's search path says nothing here
         if text and text not in parts:
             parts.append(text)
         e = e.__cause__

@@ -1,0 +1,124 @@
+"""Which keys exist: unknown keys (also those added with a leading `+`) and Hydra's override errors,
+each rewritten as one message that names the key, suggests the closest real key and the fix.
+
+The schema dataclasses are the only source of keys. A dict-typed field (`rollout.engine_args`,
+`rollout.router_args`, `model.megatron_overrides`) is a pass-through map: any key may be added
+under it with a leading `+`, and it goes to the engine, router or Megatron unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import MISSING, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlx.config.schema import RlxConfig
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the shipped config groups
+LISTS_EVERY_KEY = "`python launch.py --cfg job` prints every key"
+
+
+def schema_keys(schema: type = RlxConfig, prefix: str = "") -> dict[str, Any]:
+    """Every real dotted key of `schema` -> its default (pass-through maps as one key, default {})."""
+    keys: dict[str, Any] = {}
+    for f in fields(schema):
+        key = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            keys |= schema_keys(type(default), f"{key}.")
+        else:
+            keys[key] = default
+    return keys
+
+
+def pass_through_maps(schema: type = RlxConfig) -> list[str]:
+    """The dict-typed keys, which take new keys (added with a leading `+`)."""
+    return [key for key, default in schema_keys(schema).items() if isinstance(default, dict)]
+
+
+def unknown_key_errors(cfg: DictConfig) -> list[str]:
+    """One message per key of `cfg` that no schema field declares (Hydra adds `+key=value` even
+    to typed nodes), pass-through maps excepted."""
+    errors = []
+    for key in _extra_keys(cfg, ""):
+        if "." not in key:  # `+name=...` at the top: Hydra adds a key when conf/name/ is no group
+            errors.append(
+                f"{key} is neither a config group (no {CONF_DIR / key}/) nor a key; remove +{key}=..."
+            )
+            continue
+        errors.append(f"{key} does not exist (it was added with a leading +, which only pass-through maps take: "
+                      f"{', '.join(pass_through_maps())}); {suggest(key)}")  # fmt: skip
+    return errors
+
+
+def _extra_keys(node: DictConfig, prefix: str) -> list[str]:
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and is_dataclass(schema)):
+        return []  # a pass-through map: any key
+    declared = {f.name for f in fields(schema)}
+    extra = []
+    for name in node.keys():
+        key = f"{prefix}{name}"
+        if name not in declared:
+            extra.append(key)
+            continue
+        child = node._get_node(name)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            extra += _extra_keys(child, f"{key}.")
+    return extra
+
+
+def suggest(key: str) -> str:
+    """'did you mean KEY2? set KEY2=...' for the closest real key (difflib), or where keys are listed."""
+    keys = list(schema_keys())
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close:  # the nearest key of the same section, if the section exists
+        section = key.rsplit(".", 1)[0] + "."
+        same = [k for k in keys if k.startswith(section)]
+        close = difflib.get_close_matches(key, same, n=1, cutoff=0.0)
+    if not close:
+        return f"remove it ({LISTS_EVERY_KEY})"
+    return f"did you mean {close[0]}? set {close[0]}=... instead ({LISTS_EVERY_KEY})"
+
+
+_NO_KEY = re.compile(r"Could not (?:override|append to) '([^']+)'")
+_MERGE = re.compile(r"Error merging override ([^=\s]+)=(.*)")
+_CONVERT = re.compile(r"could not be converted to (\w+)|is not a valid (bool)")
+_TYPE_NAMES = {"Float": "a number", "Integer": "an integer", "bool": "true or false", "String": "a string"}
+
+
+def explain_override_error(text: str, cause: BaseException | None) -> str | None:
+    """A clear message for Hydra's 'Could not override' (no such key) and 'Error merging
+    override' (wrong type) errors: the key, what is wrong, the fix. None for other errors."""
+    if match := _NO_KEY.search(text):
+        key = match.group(1)
+        parent = key.rsplit(".", 1)[0]
+        if parent in pass_through_maps():
+            return f"{key} is a new key of the pass-through map {parent}; add it with a leading +: +{key}=..."
+        return f"{key} does not exist; {suggest(key)}"
+    if (match := _MERGE.search(text)) and cause is not None:
+        key, value = match.group(1).lstrip("+~"), match.group(2)
+        full_key = getattr(cause, "full_key", None) or key
+        wanted = _CONVERT.search(str(cause))
+        kind = _TYPE_NAMES.get(wanted.group(wanted.lastindex)) if wanted else None
+        default = schema_keys().get(key, MISSING)
+        if kind is None or default is MISSING:
+            return None
+        example = f", e.g. {key}={yaml_value(default)} (the default)" if default is not None else ""
+        if full_key != key:  # an item of a list
+            return f"{key}={value}: {full_key} is not {kind}; set {key} to a list of {kind[kind.index(' ') + 1 :]}s{example}"
+        return f"{key}={value}: {value} is not {kind}; set {key} to {kind}{example}"
+    return None
+
+
+def yaml_value(value: Any) -> str:
+    """`value` as a command-line override writes it (true, null, [])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "[]" if value == [] else str(value)
