@@ -1,55 +1,63 @@
-"""Where rollout prompts come from: the DataSource contract, the machinery every built-in source
-shares (validation, tokenisation, epochs, deterministic shuffle, exact resume), and JSONL files."""
+"""Where rollout prompts come from: the DataSource contract, the row logic every built-in source
+shares (keys, filter, metadata, chat messages, system prompt, tokenisation, epochs, deterministic
+shuffle, exact resume), and FileSource (JSON lines, JSON arrays, Parquet)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
+import math
 import random
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hydra.utils import to_absolute_path
-
-from rlx.data.config import ON_BAD_SAMPLE, DataConfig
-from rlx.errors import DataError
+from rlx.config.build import locate
+from rlx.config.rules import field_errors
+from rlx.data.config import ON_BAD_SAMPLE, DataConfig, EvalSetConfig, eval_set_config, key_name
+from rlx.data.readers import BadRow, columns, path_errors, read_rows
+from rlx.errors import ConfigError, DataError
 from rlx.sample import Sample
 
 log = logging.getLogger(__name__)
 
 _TOKENIZE_CHUNK = 1024  # prompts per tokenizer call: batched for speed, bounded for memory
+ROLES = ("system", "user", "assistant", "tool")  # chat roles a prompt's messages may have
+RESERVED_METADATA = ("prompt_index", "eval_set")  # sample.metadata keys rlx sets itself
+
+RowFilter = Callable[[dict[str, Any]], bool]
+Messages = list[dict[str, Any]]
 
 
 class DataSource(Protocol):
-    """An endless, resumable stream of prompts.
+    """An endless, resumable stream of prompts; `data._target_` names the class.
 
-    Built as `Cls(cfg.data, tokenizer, seed=cfg.run.seed, max_prompt_len=...)` with the class
-    named by `data._target_` (`rlx.config.build(cfg.data, tokenizer, seed=..., max_prompt_len=...)`),
-    where `tokenizer` is the model's HF tokenizer and `max_prompt_len` is `data.max_prompt_len` or,
-    when that is None, `model.max_position_embeddings - rollout.max_response_len - 1` (SGLang refuses
-    a request whose input and max_new_tokens reach the context length).
+    Built as `Cls(cfg.data, tokenizer, seed=cfg.run.seed, max_prompt_len=...)`
+    (`rlx.config.build(cfg.data, tokenizer, seed=..., max_prompt_len=...)`), where `tokenizer` is
+    the model's HF tokenizer and `max_prompt_len` is `data.max_prompt_len` or, when that is None,
+    `model.max_position_embeddings - rollout.max_response_len - 1` (SGLang refuses a request whose
+    input and max_new_tokens reach the context length). A custom class receives the whole
+    `DataConfig` and reads the keys it needs (it cannot add keys: the schema is typed).
 
-    The constructor reads, tokenises and checks every prompt, so bad data fails before any model
-    is built; it raises `rlx.errors.DataError` naming the file, line and key, or, with
-    `data.on_bad_sample=skip`, drops the bad rows and counts them in `num_skipped`.
+    The constructor should check its data before returning, so bad data fails before any model
+    is built; the built-in sources raise `rlx.errors.DataError` naming the file, line (or row
+    index) and key, or, with `data.on_bad_sample=skip`, drop bad rows and count them.
 
-    - `take(num_prompts)` returns `num_prompts` fresh Samples (`prompt`, `prompt_ids`, `label`
-      set; one per prompt, not yet repeated per group), wrapping around into the next epoch as
-      often as needed. With `data.shuffle` each epoch's order is a permutation that depends only
-      on the seed and the epoch number.
-    - `epoch` is the number of completed passes over the prompts.
-    - `state_dict()` / `load_state_dict(state)` save and restore the position, so a resumed run
-      takes exactly the prompts the original run would have taken next.
+    - `take(num_prompts)` returns `num_prompts` fresh Samples (`prompt`, `prompt_ids` and `label`
+      set, `metadata` a dict the sample owns; one per prompt, not yet repeated per group). It never
+      runs dry: the built-in sources wrap around into the next epoch, reshuffled by seed and epoch
+      when `data.shuffle` is set.
+    - `state_dict()` returns a JSON-serialisable dict; `load_state_dict(state)` on a source built
+      from the same config and seed restores the position, so that a resumed run takes exactly
+      the prompts the original run would have taken next. A source that cannot resume with the
+      data it now has raises DataError saying why.
 
     A class may also define `config_errors(cfg: DataConfig) -> list[str]` (a classmethod), which
     `rlx.config.validate` calls to report its own config mistakes before anything starts.
     """
-
-    @property
-    def epoch(self) -> int: ...
 
     def take(self, num_prompts: int) -> list[Sample]: ...
 
@@ -62,43 +70,72 @@ class DataSource(Protocol):
 class Prompt:
     """One validated dataset row."""
 
-    prompt: str | list[dict[str, str]]  # as in the data (text or chat messages)
-    prompt_ids: tuple[int, ...]
+    prompt: str | Messages  # as in the data (text or chat messages; no system prompt added)
+    prompt_ids: tuple[int, ...]  # the rendered prompt (chat template, system prompt) as tokens
     label: Any
+    metadata: dict[str, Any] = field(default_factory=dict)  # the row's data.metadata_key object
 
 
 class PromptSource:
     """The DataSource behaviour shared by the built-in sources.
 
-    A subclass's constructor calls `super().__init__`, then `_add` for every row (or `_reject`
-    for a row it cannot parse), then `_finish`, which tokenises and checks them all.
+    A subclass's constructor calls `super().__init__`, then `_add_row` for every row read from a
+    file (or `_add` for a prompt it made itself, `_reject` for a row it cannot parse), then
+    `_finish`, which tokenises and checks them all. `eval_set` names the `data.eval` set being
+    read, so that messages name that set's keys.
     """
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, *, seed: int, max_prompt_len: int):
+    def __init__(
+        self, cfg: DataConfig, tokenizer: Any, *, seed: int, max_prompt_len: int, eval_set: str | None = None
+    ):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_prompt_len = max_prompt_len
+        self.eval_set = eval_set
         self.prompts: list[Prompt] = []
         self.skipped: list[str] = []  # one message per dropped row (on_bad_sample=skip)
         self.skip_reasons: Counter[str] = Counter()  # dropped rows per kind of problem
-        self._pending: list[tuple[str, str | list[dict[str, str]], str, Any]] = []
+        self.num_filtered = 0  # rows the row filter (data.filter) left out
+        self._pending: list[tuple[str, str | Messages, str, Any, dict[str, Any]]] = []
         self._epoch = 0
         self._position = 0  # index into this epoch's order of the next prompt to take
         self._order: list[int] = []
         self._fingerprint = ""
         if cfg.on_bad_sample not in ON_BAD_SAMPLE:
-            raise DataError(f"data.on_bad_sample={cfg.on_bad_sample!r} is not one of {list(ON_BAD_SAMPLE)}")
+            raise DataError(
+                f"{self._key('on_bad_sample')}={cfg.on_bad_sample!r} is not one of {list(ON_BAD_SAMPLE)}"
+            )
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise DataError(
-                "data.apply_chat_template=true but the tokenizer has no chat template; "
-                "set data.apply_chat_template=false, or use a model whose tokenizer has one"
+                f"{self._key('apply_chat_template')}=true but the tokenizer has no chat template; "
+                f"set {self._key('apply_chat_template')}=false, or use a model whose tokenizer has one"
             )
+        errors = _format_errors(cfg, eval_set)
+        if errors:
+            raise ConfigError("\n".join(errors))
+        self._filter: RowFilter | None = locate(cfg.filter) if cfg.filter else None
+
+    @classmethod
+    def config_errors(cls, cfg: DataConfig) -> list[str]:
+        """Mistakes in the keys every built-in source reads, and in every `data.eval` set."""
+        errors = _format_errors(cfg)
+        for name, eval_set in cfg.eval.items():
+            errors += field_errors(eval_set, EvalSetConfig, f"data.eval.{name}")
+            errors += path_errors(key_name("prompt_path", name), eval_set.path)
+            # a system prompt both sets inherit is reported once, as data.system_prompt
+            inherited = eval_set.system_prompt is None and eval_set.apply_chat_template is None
+            errors += _format_errors(eval_set_config(cfg, name), name, system_prompt=not inherited)
+        return errors
+
+    def _key(self, name: str) -> str:
+        return key_name(name, self.eval_set)
 
     # ---- the DataSource contract -------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
+        """The number of completed passes over the prompts."""
         return self._epoch
 
     @property
@@ -150,32 +187,79 @@ class PromptSource:
 
     # ---- loading, for subclasses -------------------------------------------------------------
 
-    def _add(self, where: str, prompt: Any, label: Any) -> None:
-        """Queue one row's prompt (text or chat messages) after checking its shape."""
-        if isinstance(prompt, list):
-            if not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-                return self._reject(
-                    where, "bad prompt type", "chat messages must be {'role': ..., 'content': ...} objects"
-                )
-            if not self.cfg.apply_chat_template:
+    def _add_row(self, where: str, row: dict[str, Any]) -> None:
+        """Queue one row read from a file: filter, keys, label and metadata, then `_add`."""
+        if self._filter is not None and not self._keeps(where, row):
+            self.num_filtered += 1
+            return
+        keys = [("input", self.cfg.input_key), ("label", self.cfg.label_key)]
+        for kind, key in (*keys, ("metadata", self.cfg.metadata_key)):
+            if key is not None and key not in row:
+                setting = self._key(f"{kind}_key")
+                fix = f"set {setting} to the key that holds the {'prompt' if kind == 'input' else kind}"
+                if kind != "input":
+                    fix += f" (or {setting}=null)"
                 return self._reject(
                     where,
-                    "chat messages without template",
-                    "the prompt is a list of chat messages but data.apply_chat_template=false; "
-                    "set data.apply_chat_template=true",
+                    f"missing {kind} key",
+                    f"no key {key!r} ({setting}); the row has keys {sorted(row)}",
+                    f"{fix}, or set {self._key('on_bad_sample')}=skip",
                 )
-        elif not isinstance(prompt, str):
+        label = row[self.cfg.label_key] if self.cfg.label_key is not None else None
+        if self.cfg.label_key is not None and label is None:
+            return self._reject(
+                where, "null label", f"the label ({self._key('label_key')}={self.cfg.label_key!r}) is null"
+            )
+        metadata = row[self.cfg.metadata_key] if self.cfg.metadata_key is not None else {}
+        if not isinstance(metadata, dict):
             return self._reject(
                 where,
-                "bad prompt type",
-                f"the prompt must be a string or a list of chat messages, got {type(prompt).__name__}",
+                "bad metadata",
+                f"the metadata ({self._key('metadata_key')}={self.cfg.metadata_key!r}) must be an object "
+                f"(a dict), got {type(metadata).__name__}",
             )
-        if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+        if clash := sorted(set(metadata) & set(RESERVED_METADATA)):
             return self._reject(
-                where, "empty prompt", f"empty prompt (data.input_key={self.cfg.input_key!r})"
+                where, "bad metadata", f"metadata keys {clash} are set by rlx itself; rename them in the data"
+            )
+        self._add(where, row[self.cfg.input_key], label, metadata)
+
+    def _keeps(self, where: str, row: dict[str, Any]) -> bool:
+        try:
+            keep = self._filter(row)
+        except Exception as e:  # a user's filter can raise anything
+            raise DataError(
+                f"{where}: the row filter {self._key('filter')}={self.cfg.filter!r} raised "
+                f"{type(e).__name__}: {e}\nfix: make the filter return True or False for every row"
+            ) from e
+        if keep not in (True, False):
+            raise DataError(
+                f"{where}: the row filter {self._key('filter')}={self.cfg.filter!r} returned {keep!r}, "
+                "not a bool\nfix: make the filter return True (keep the row) or False (leave it out)"
+            )
+        return bool(keep)
+
+    def _add(self, where: str, prompt: Any, label: Any, metadata: dict[str, Any] | None = None) -> None:
+        """Queue one prompt (text or chat messages) after checking its shape and its label's."""
+        if problem := _prompt_problem(prompt, self._key("input_key"), self.cfg.input_key):
+            return self._reject(where, *problem)
+        if isinstance(prompt, list) and not self.cfg.apply_chat_template:
+            setting = self._key("apply_chat_template")
+            return self._reject(
+                where,
+                "chat messages without template",
+                f"the prompt is a list of chat messages but {setting}=false; set {setting}=true",
+            )
+        if problem := _json_problem(label):
+            return self._reject(
+                where,
+                "bad label type",
+                f"the label ({self._key('label_key')}) {problem}; labels are JSON values",
             )
         if self.cfg.apply_chat_template:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            if self.cfg.system_prompt and messages[0]["role"] != "system":  # a row's own system message wins
+                messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
             try:
                 text = self.tokenizer.apply_chat_template(
                     messages, tokenize=False, add_generation_prompt=True
@@ -186,7 +270,7 @@ class PromptSource:
                 )
         else:
             text = prompt
-        self._pending.append((where, prompt, text, label))
+        self._pending.append((where, prompt, text, label, metadata or {}))
 
     def _reject(self, where: str, reason: str, detail: str, fix: str = "") -> None:
         """A bad row: raise (on_bad_sample=error) or drop and count it (skip)."""
@@ -195,7 +279,7 @@ class PromptSource:
             self.skipped.append(message)
             self.skip_reasons[reason] += 1
             return
-        fix = fix or "fix the row, or set data.on_bad_sample=skip to drop bad rows"
+        fix = fix or f"fix the row, or set {self._key('on_bad_sample')}=skip to drop bad rows"
         raise DataError(f"{message}\nfix: {fix}")
 
     def _finish(self, name: str) -> None:
@@ -204,12 +288,13 @@ class PromptSource:
         add_special_tokens = not self.cfg.apply_chat_template
         for start in range(0, len(self._pending), _TOKENIZE_CHUNK):
             chunk = self._pending[start : start + _TOKENIZE_CHUNK]
-            ids = self.tokenizer([text for _, _, text, _ in chunk], add_special_tokens=add_special_tokens)[
-                "input_ids"
-            ]
-            for (where, prompt, _, label), prompt_ids in zip(chunk, ids, strict=True):
-                self._check_and_keep(where, prompt, prompt_ids, label)
+            texts = [text for _, _, text, _, _ in chunk]
+            ids = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+            for (where, prompt, _, label, metadata), prompt_ids in zip(chunk, ids, strict=True):
+                self._check_and_keep(where, Prompt(prompt, tuple(prompt_ids), label, metadata))
         self._pending = []
+        if self.num_filtered:
+            log.info("%s: the row filter %s left out %d rows", name, self.cfg.filter, self.num_filtered)
         if self.skipped:
             log.warning(
                 "%s: skipped %d bad rows (%s); first: %s",
@@ -220,7 +305,8 @@ class PromptSource:
             )
         if not self.prompts:
             raise DataError(
-                f"{name}: no usable prompts ({self.num_skipped} rows skipped: {dict(self.skip_reasons)})"
+                f"{name}: no usable prompts ({self.num_skipped} rows skipped: {dict(self.skip_reasons)}; "
+                f"{self.num_filtered} left out by the row filter)"
             )
         digest = hashlib.sha1()
         for p in self.prompts:
@@ -228,19 +314,21 @@ class PromptSource:
         self._fingerprint = digest.hexdigest()[:16]
         self._order = self._permutation(0)
 
-    def _check_and_keep(self, where: str, prompt: Any, prompt_ids: list[int], label: Any) -> None:
-        if not prompt_ids:
+    def _check_and_keep(self, where: str, prompt: Prompt) -> None:
+        if not prompt.prompt_ids:
             return self._reject(where, "empty prompt", "the prompt tokenises to no tokens")
-        if len(prompt_ids) > self.max_prompt_len:
+        if len(prompt.prompt_ids) > self.max_prompt_len:
+            setting = "data.max_prompt_len"  # eval sets share it
             return self._reject(
                 where,
                 "prompt too long",
-                f"the prompt is {len(prompt_ids)} tokens, longer than the limit of {self.max_prompt_len} "
-                "(data.max_prompt_len, default model.max_position_embeddings - rollout.max_response_len)",
-                "shorten the prompt, raise data.max_prompt_len (within the model's context), "
-                "or set data.on_bad_sample=skip to drop prompts that are too long",
+                f"the prompt is {len(prompt.prompt_ids)} tokens, longer than the limit of "
+                f"{self.max_prompt_len} ({setting}, default model.max_position_embeddings - "
+                "rollout.max_response_len)",
+                f"shorten the prompt, raise {setting} (within the model's context), "
+                f"or set {self._key('on_bad_sample')}=skip to drop prompts that are too long",
             )
-        self.prompts.append(Prompt(prompt, tuple(prompt_ids), label))
+        self.prompts.append(prompt)
 
     # ---- order -------------------------------------------------------------------------------
 
@@ -253,72 +341,113 @@ class PromptSource:
 
     def _sample(self, index: int) -> Sample:
         p = self.prompts[index]
+        metadata = {**copy.deepcopy(p.metadata), "prompt_index": index}  # each sample owns its dicts
         return Sample(
-            prompt=p.prompt, prompt_ids=list(p.prompt_ids), label=p.label, metadata={"prompt_index": index}
+            prompt=copy.deepcopy(p.prompt), prompt_ids=list(p.prompt_ids), label=p.label, metadata=metadata
         )
 
 
-class JsonlSource(PromptSource):
-    """Prompts from a JSONL file: one JSON object per line (blank lines are ignored).
+class FileSource(PromptSource):
+    """Prompts from `data.prompt_path`: a `.jsonl`, `.json` or `.parquet` file (rlx.data.readers).
 
     The prompt is `row[data.input_key]`, a string or a list of chat messages; the label is
-    `row[data.label_key]` (any JSON value; None when `data.label_key` is null).
+    `row[data.label_key]` (any JSON value but null; None when `data.label_key` is null); the
+    object `row[data.metadata_key]` is copied into `sample.metadata`.
     """
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, *, seed: int, max_prompt_len: int):
-        super().__init__(cfg, tokenizer, seed=seed, max_prompt_len=max_prompt_len)
-        errors = self.config_errors(cfg)
+    def __init__(
+        self, cfg: DataConfig, tokenizer: Any, *, seed: int, max_prompt_len: int, eval_set: str | None = None
+    ):
+        super().__init__(cfg, tokenizer, seed=seed, max_prompt_len=max_prompt_len, eval_set=eval_set)
+        errors = path_errors(self._key("prompt_path"), cfg.prompt_path)
         if errors:
             raise DataError("\n".join(errors))
-        self.path = Path(to_absolute_path(str(Path(cfg.prompt_path).expanduser())))
-        self._read()
+        self._check_columns()
+        for where, row in read_rows(cfg.prompt_path):
+            if isinstance(row, BadRow):
+                self._reject(where, row.reason, row.detail)
+            else:
+                self._add_row(where, row)
         self._finish(str(cfg.prompt_path))
 
     @classmethod
     def config_errors(cls, cfg: DataConfig) -> list[str]:
-        if not cfg.prompt_path:
-            return ["data.prompt_path is not set; set data.prompt_path=/path/to/prompts.jsonl"]
-        path = Path(to_absolute_path(str(Path(cfg.prompt_path).expanduser())))
-        if not path.is_file():
-            return [
-                f"data.prompt_path={cfg.prompt_path!r}: no such file ({path}); point data.prompt_path at a JSONL file"
-            ]
-        return []
+        return path_errors("data.prompt_path", cfg.prompt_path) + super().config_errors(cfg)
 
-    def _read(self) -> None:
-        with open(self.path, "rb") as f:  # decoded per line, so a bad byte is reported with its line
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                where = f"{self.cfg.prompt_path}:{lineno}"
-                try:
-                    row = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    self._reject(where, "not UTF-8", f"not UTF-8 text: {e}")
-                    continue
-                except json.JSONDecodeError as e:
-                    self._reject(where, "malformed JSON", f"malformed JSON: {e}")
-                    continue
-                if not isinstance(row, dict):
-                    self._reject(where, "not an object", f"expected a JSON object, got {type(row).__name__}")
-                    continue
-                self._add_row(where, row)
+    def _check_columns(self) -> None:
+        """A key missing from a Parquet file's schema is missing from every row: say so once."""
+        names = columns(self.cfg.prompt_path)
+        if names is None:
+            return
+        for kind in ("input", "label", "metadata"):
+            key = getattr(self.cfg, f"{kind}_key")
+            if key is not None and key not in names:
+                setting = self._key(f"{kind}_key")
+                raise DataError(
+                    f"{self.cfg.prompt_path}: no column {key!r} ({setting}); the file has columns {names}\n"
+                    f"fix: set {setting} to the column that holds the {'prompt' if kind == 'input' else kind}"
+                )
 
-    def _add_row(self, where: str, row: dict[str, Any]) -> None:
-        cfg = self.cfg
-        if cfg.input_key not in row:
-            return self._reject(
-                where,
-                "missing input key",
-                f"no key {cfg.input_key!r} (data.input_key); the row has keys {sorted(row)}",
-                "set data.input_key to the key that holds the prompt, or set data.on_bad_sample=skip",
+
+def _format_errors(cfg: DataConfig, eval_set: str | None = None, system_prompt: bool = True) -> list[str]:
+    """The row filter imports and is callable; a system prompt has a chat template to go into."""
+    errors = []
+    if cfg.filter:
+        setting = key_name("filter", eval_set)
+        try:
+            keep = locate(cfg.filter)
+        except ImportError as e:
+            errors.append(f"{setting}={cfg.filter!r} cannot be imported: {e}; set it to module.function")
+        else:
+            if not callable(keep):
+                errors.append(
+                    f"{setting}={cfg.filter!r} is a {type(keep).__name__}, not a function (row: dict) -> bool"
+                )
+    if system_prompt and cfg.system_prompt and not cfg.apply_chat_template:
+        errors.append(
+            f"{key_name('system_prompt', eval_set)} is set but {key_name('apply_chat_template', eval_set)}"
+            f"=false, so there is no chat to put it in; set {key_name('apply_chat_template', eval_set)}=true"
+        )
+    return errors
+
+
+def _prompt_problem(prompt: Any, setting: str, key: str) -> tuple[str, str] | None:
+    """(reason, detail) when `prompt` is neither non-blank text nor well-formed chat messages."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else ("empty prompt", f"empty prompt ({setting}={key!r})")
+    if not isinstance(prompt, list):
+        kind = type(prompt).__name__
+        return "bad prompt type", f"the prompt must be a string or a list of chat messages, got {kind}"
+    if not prompt:
+        return "empty prompt", f"empty prompt ({setting}={key!r}): no messages"
+    for i, m in enumerate(prompt):
+        if not isinstance(m, dict):
+            return (
+                "bad message",
+                f"message {i} must be an object {{'role': ..., 'content': ...}}, got {type(m).__name__}",
             )
-        if cfg.label_key is not None and cfg.label_key not in row:
-            return self._reject(
-                where,
-                "missing label key",
-                f"no key {cfg.label_key!r} (data.label_key); the row has keys {sorted(row)}",
-                "set data.label_key to the key that holds the label (or data.label_key=null for "
-                "unlabelled prompts), or set data.on_bad_sample=skip",
-            )
-        self._add(where, row[cfg.input_key], row[cfg.label_key] if cfg.label_key is not None else None)
+        if m.get("role") not in ROLES:
+            got = f"role {m['role']!r}" if "role" in m else "no 'role'"
+            return "bad message", f"message {i} has {got}; a role is one of {list(ROLES)}"
+        if not isinstance(m.get("content"), str):
+            got = type(m["content"]).__name__ if "content" in m else "no 'content'"
+            return "bad message", f"message {i} ({m['role']}) has {got}; its 'content' must be a string"
+    if not any(m["content"].strip() for m in prompt):
+        return "empty prompt", f"empty prompt ({setting}={key!r}): every message is blank"
+    return None
+
+
+def _json_problem(value: Any) -> str | None:
+    """What makes `value` something other than a JSON value (None when it is one). Labels are
+    dumped with each rollout and hashed for resume, so they must survive JSON."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"is {value}, not a finite number"
+    if isinstance(value, (list, tuple)):
+        return next((p for p in map(_json_problem, value) if p), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "is an object with keys that are not strings"
+        return next((p for p in map(_json_problem, value.values()) if p), None)
+    return f"is of type {type(value).__name__}, not a string, number, bool, list or object"

@@ -58,7 +58,7 @@ class ToySource(PromptSource):
 
     @classmethod
     def config_errors(cls, cfg: DataConfig) -> list[str]:
-        errors = []
+        errors = super().config_errors(cfg) + _unread_keys(cfg)
         if cfg.toy_task not in TASKS:
             errors.append(f"data.toy_task={cfg.toy_task!r} is not one of {list(TASKS)}")
         if cfg.toy_num_digits < 1:
@@ -66,3 +66,22 @@ class ToySource(PromptSource):
         if cfg.toy_num_rows < 1:
             errors.append(f"data.toy_num_rows={cfg.toy_num_rows} must be >= 1")
         return errors
+
+
+def _unread_keys(cfg: DataConfig) -> list[str]:
+    """Keys of a file source that the toy source would silently ignore (it generates its rows)."""
+    toy = f"data._target_={cfg._target_} generates its prompts (the default toy task)"
+    errors = []
+    if cfg.prompt_path:
+        errors.append(
+            f"data.prompt_path={cfg.prompt_path!r} is set, but {toy} and reads no file; to train on the "
+            f"file choose the file source: data=jsonl data.prompt_path={cfg.prompt_path} (it reads .jsonl, "
+            ".json and .parquet), or drop data.prompt_path"
+        )
+    for name, what in (("filter", "row filter"), ("metadata_key", "metadata key")):
+        if getattr(cfg, name):
+            errors.append(
+                f"data.{name}={getattr(cfg, name)!r} is set, but {toy}, to which a {what} does not apply; "
+                f"use data=jsonl with a prompt file, or drop data.{name}"
+            )
+    return errors

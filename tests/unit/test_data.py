@@ -1,4 +1,4 @@
-"""JsonlSource and ToySource: validation messages, skip mode, epochs, shuffling, exact resume. CPU."""
+"""FileSource (JSON lines) and ToySource: validation messages, skip mode, epochs, shuffling, exact resume. CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlx.data.config import DataConfig
-from rlx.data.source import JsonlSource
+from rlx.data.source import FileSource
 from rlx.data.toy import ToySource
 from rlx.errors import ConfigError, DataError
 from rlx.models.tiny import write_word_tokenizer
@@ -32,8 +32,8 @@ def write(path, lines):
 
 
 def jsonl(path, tokenizer, *, seed=0, max_prompt_len=16, **cfg):
-    return JsonlSource(
-        DataConfig(_target_="rlx.data.source.JsonlSource", prompt_path=str(path), **cfg),
+    return FileSource(
+        DataConfig(_target_="rlx.data.source.FileSource", prompt_path=str(path), **cfg),
         tokenizer,
         seed=seed,
         max_prompt_len=max_prompt_len,
