@@ -9,7 +9,14 @@ its 512 decode steps. transformers `generate` (bf16, sdpa) runs side by side, wi
 tokens only to bound the GPU time (per token it only gets slower with length, so its
 figure is an upper bound); `generate_batch` (transformers' continuous batching) once.
 
-    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick]
+`--moe`: the Qwen3-MoE decode instead, on a Qwen3-30B-A3B layer shape cut to 4 of its 48 layers
+(hidden 2048, 32 query / 4 KV heads of 128, 128 experts of FFN width 768, top-8, untied
+151,936-word embeddings: 3.1B parameters, 0.5B active), engine only, with CUDA graphs and
+without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in every step
+(512+ draws of 8 among 128), so the byte model above holds as it is. Run it with
+`PYTHONPATH=<an older rlx tree>` to measure that tree's engine on the same model.
+
+    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick | --moe]
 """
 
 from __future__ import annotations
@@ -29,21 +36,32 @@ SHAPES = {
     "qwen3_0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28),
     "qwen3_1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28),
 }
+MOE_SHAPE = dict(
+    hidden_size=2048, intermediate_size=6144, num_hidden_layers=4, num_attention_heads=32,
+    num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+    norm_topk_prob=True, tie_word_embeddings=False,
+)  # fmt: skip
+MOE_NAME = "qwen3_30b_a3b_4_layers"
 
 
 def write_model(name: str, root: Path) -> Path:
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
     from rlx.models.tiny import write_word_tokenizer
 
-    config = Qwen3Config(
-        vocab_size=151936, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
-        **SHAPES[name],
-    )  # fmt: skip
+    path = root / name
+    if (path / "config.json").exists():  # --model-root: written by an earlier run
+        return path
+    common = dict(
+        vocab_size=151936, head_dim=128, max_position_embeddings=4096, eos_token_id=1, pad_token_id=0
+    )
+    if name == MOE_NAME:
+        config = Qwen3MoeConfig(**common, **MOE_SHAPE)
+    else:
+        config = Qwen3Config(**common, num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+                             **SHAPES[name])  # fmt: skip
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    path = root / name
     model.save_pretrained(str(path))
     write_word_tokenizer(path)
     return path
@@ -141,22 +159,51 @@ def run_generate_batch(path: Path, batch: int, new: int) -> dict:
     return {"errors": errors}
 
 
+def make_engine(path: Path, **kwargs):
+    from rlx.engine import Engine, EngineArgs
+
+    return Engine(EngineArgs(
+        model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16,
+        max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8, **kwargs,
+    ))  # fmt: skip
+
+
+def run_moe(root: Path, results: dict) -> None:
+    import rlx
+
+    path = write_model(MOE_NAME, root)
+    results["rlx"] = str(Path(rlx.__file__).parent)
+    for graphs in (True, False):
+        engine = make_engine(path, disable_cuda_graph=not graphs)
+        results["cuda_graphs_captured"] = engine.runner.graphs is not None
+        run_engine(engine, 8, new=8)  # warm-up
+        for batch in (64, 256):
+            ours = run_engine(engine, batch)
+            ours["roofline_fraction"] = roofline_s(engine, batch) / ours["wall_s"]
+            entry = {"model": MOE_NAME, "batch": batch, "cuda_graphs": graphs, "rlx": ours}
+            results["runs"].append(entry)
+            print(json.dumps(entry), flush=True)
+        engine.release_memory()
+        del engine
+        torch.cuda.empty_cache()
+    print(json.dumps(results))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="0.6B only, batch 256")
     parser.add_argument("--hf-new-tokens", type=int, default=128)
     parser.add_argument("--engine-only", action="store_true", help="skip the transformers and flex runs")
+    parser.add_argument("--moe", action="store_true", help="Qwen3-MoE decode, graphs on and off (docstring)")
+    parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     args = parser.parse_args()
-    from rlx.engine import Engine, EngineArgs
-
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
-    root = Path(tempfile.mkdtemp())
+    root = Path(args.model_root or tempfile.mkdtemp())
+    if args.moe:
+        return run_moe(root, results)
     for name in ["qwen3_0.6b"] if args.quick else list(SHAPES):
         path = write_model(name, root)
-        engine = Engine(EngineArgs(
-            model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16,
-            max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8,
-        ))  # fmt: skip
+        engine = make_engine(path)
         run_engine(engine, 8, new=8)  # warm-up: graph capture, Triton compile
         for batch in [256] if args.quick else [64, 256]:
             ours = run_engine(engine, batch)
