@@ -8,7 +8,6 @@ import copy
 import hashlib
 import json
 import logging
-import math
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -16,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlx.config.build import locate
-from rlx.config.rules import field_errors
-from rlx.data.config import ON_BAD_SAMPLE, DataConfig, EvalSetConfig, eval_set_config, key_name
+from rlx.data.checks import eval_set_errors, format_errors, json_problem, prompt_problem
+from rlx.data.config import ON_BAD_SAMPLE, DataConfig, key_name
 from rlx.data.readers import BadRow, columns, path_errors, read_rows
 from rlx.errors import ConfigError, DataError
 from rlx.sample import Sample
@@ -25,7 +24,6 @@ from rlx.sample import Sample
 log = logging.getLogger(__name__)
 
 _TOKENIZE_CHUNK = 1024  # prompts per tokenizer call: batched for speed, bounded for memory
-ROLES = ("system", "user", "assistant", "tool")  # chat roles a prompt's messages may have
 RESERVED_METADATA = ("prompt_index", "eval_set")  # sample.metadata keys rlx sets itself
 
 RowFilter = Callable[[dict[str, Any]], bool]
@@ -111,7 +109,7 @@ class PromptSource:
                 f"{self._key('apply_chat_template')}=true but the tokenizer has no chat template; "
                 f"set {self._key('apply_chat_template')}=false, or use a model whose tokenizer has one"
             )
-        errors = _format_errors(cfg, eval_set)
+        errors = format_errors(cfg, eval_set)
         if errors:
             raise ConfigError("\n".join(errors))
         self._filter: RowFilter | None = locate(cfg.filter) if cfg.filter else None
@@ -119,14 +117,7 @@ class PromptSource:
     @classmethod
     def config_errors(cls, cfg: DataConfig) -> list[str]:
         """Mistakes in the keys every built-in source reads, and in every `data.eval` set."""
-        errors = _format_errors(cfg)
-        for name, eval_set in cfg.eval.items():
-            errors += field_errors(eval_set, EvalSetConfig, f"data.eval.{name}")
-            errors += path_errors(key_name("prompt_path", name), eval_set.path)
-            # a system prompt both sets inherit is reported once, as data.system_prompt
-            inherited = eval_set.system_prompt is None and eval_set.apply_chat_template is None
-            errors += _format_errors(eval_set_config(cfg, name), name, system_prompt=not inherited)
-        return errors
+        return format_errors(cfg) + eval_set_errors(cfg)
 
     def _key(self, name: str) -> str:
         return key_name(name, self.eval_set)
@@ -241,7 +232,7 @@ class PromptSource:
 
     def _add(self, where: str, prompt: Any, label: Any, metadata: dict[str, Any] | None = None) -> None:
         """Queue one prompt (text or chat messages) after checking its shape and its label's."""
-        if problem := _prompt_problem(prompt, self._key("input_key"), self.cfg.input_key):
+        if problem := prompt_problem(prompt, self._key("input_key"), self.cfg.input_key):
             return self._reject(where, *problem)
         if isinstance(prompt, list) and not self.cfg.apply_chat_template:
             setting = self._key("apply_chat_template")
@@ -250,7 +241,7 @@ class PromptSource:
                 "chat messages without template",
                 f"the prompt is a list of chat messages but {setting}=false; set {setting}=true",
             )
-        if problem := _json_problem(label):
+        if problem := json_problem(label):
             return self._reject(
                 where,
                 "bad label type",
@@ -387,67 +378,3 @@ class FileSource(PromptSource):
                     f"{self.cfg.prompt_path}: no column {key!r} ({setting}); the file has columns {names}\n"
                     f"fix: set {setting} to the column that holds the {'prompt' if kind == 'input' else kind}"
                 )
-
-
-def _format_errors(cfg: DataConfig, eval_set: str | None = None, system_prompt: bool = True) -> list[str]:
-    """The row filter imports and is callable; a system prompt has a chat template to go into."""
-    errors = []
-    if cfg.filter:
-        setting = key_name("filter", eval_set)
-        try:
-            keep = locate(cfg.filter)
-        except ImportError as e:
-            errors.append(f"{setting}={cfg.filter!r} cannot be imported: {e}; set it to module.function")
-        else:
-            if not callable(keep):
-                errors.append(
-                    f"{setting}={cfg.filter!r} is a {type(keep).__name__}, not a function (row: dict) -> bool"
-                )
-    if system_prompt and cfg.system_prompt and not cfg.apply_chat_template:
-        errors.append(
-            f"{key_name('system_prompt', eval_set)} is set but {key_name('apply_chat_template', eval_set)}"
-            f"=false, so there is no chat to put it in; set {key_name('apply_chat_template', eval_set)}=true"
-        )
-    return errors
-
-
-def _prompt_problem(prompt: Any, setting: str, key: str) -> tuple[str, str] | None:
-    """(reason, detail) when `prompt` is neither non-blank text nor well-formed chat messages."""
-    if isinstance(prompt, str):
-        return None if prompt.strip() else ("empty prompt", f"empty prompt ({setting}={key!r})")
-    if not isinstance(prompt, list):
-        kind = type(prompt).__name__
-        return "bad prompt type", f"the prompt must be a string or a list of chat messages, got {kind}"
-    if not prompt:
-        return "empty prompt", f"empty prompt ({setting}={key!r}): no messages"
-    for i, m in enumerate(prompt):
-        if not isinstance(m, dict):
-            return (
-                "bad message",
-                f"message {i} must be an object {{'role': ..., 'content': ...}}, got {type(m).__name__}",
-            )
-        if m.get("role") not in ROLES:
-            got = f"role {m['role']!r}" if "role" in m else "no 'role'"
-            return "bad message", f"message {i} has {got}; a role is one of {list(ROLES)}"
-        if not isinstance(m.get("content"), str):
-            got = type(m["content"]).__name__ if "content" in m else "no 'content'"
-            return "bad message", f"message {i} ({m['role']}) has {got}; its 'content' must be a string"
-    if not any(m["content"].strip() for m in prompt):
-        return "empty prompt", f"empty prompt ({setting}={key!r}): every message is blank"
-    return None
-
-
-def _json_problem(value: Any) -> str | None:
-    """What makes `value` something other than a JSON value (None when it is one). Labels are
-    dumped with each rollout and hashed for resume, so they must survive JSON."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"is {value}, not a finite number"
-    if isinstance(value, (list, tuple)):
-        return next((p for p in map(_json_problem, value) if p), None)
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            return "is an object with keys that are not strings"
-        return next((p for p in map(_json_problem, value.values()) if p), None)
-    return f"is of type {type(value).__name__}, not a string, number, bool, list or object"
