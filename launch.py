@@ -2,7 +2,8 @@
 
 python launch.py                                   # tiny model, toy task, ~2 minutes on 2 CPU cores
 python launch.py run.num_rollout=20 rollout.num_engines=2
-python launch.py -m algo.eps_clip=0.1,0.2          # multirun sweep
+python launch.py -m algo=grpo,gspo rollout.n_samples_per_prompt=4,8   # sweep: multirun/.../sweep_summary.jsonl
+python launch.py -m hydra/launcher=slurm cluster=2x8 ...              # each job through sbatch, one task per node
 """
 
 import sys
@@ -15,15 +16,11 @@ from rlx.errors import UserError
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
+def main(cfg: DictConfig) -> dict | None:
+    from rlx.launcher.job import run_job
 
-    from rlx.runtime import run
-
-    if cfg.run.output_dir is None:
-        cfg.run.output_dir = HydraConfig.get().runtime.output_dir
     try:
-        run(cfg)
+        return run_job(cfg)  # in a sweep (-m): the job's outcome, never an exception
     except UserError as e:
         sys.exit(f"error: {e}")
 

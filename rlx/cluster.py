@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, Rule
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Rule
 
 
 @dataclass
@@ -26,6 +26,8 @@ class ClusterConfig:
     ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
     torch_threads: int = 1  # intra-op threads per trainer process on CPU
     expert_parallel_size: int = 1  # MoE experts split over this many ranks (carved out of TP x DP)
+    # multi-node SLURM jobs: how long the first node waits for the others to join its Ray head
+    ray_join_timeout_s: float = 300.0
 
     RULES: ClassVar[dict[str, Rule]] = {
         "num_nodes": AT_LEAST_1,
@@ -36,4 +38,5 @@ class ClusterConfig:
         "pipeline_parallel_size": AT_LEAST_1,
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
+        "ray_join_timeout_s": POSITIVE,
     }

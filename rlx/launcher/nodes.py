@@ -1,0 +1,280 @@
+"""One job over several SLURM nodes: which node does what, and the Ray cluster they form.
+
+`hydra/launcher=slurm` starts one task per node (`tasks_per_node: 1`), each running `launch.py`'s
+job. `node_role(os.environ)` reads what SLURM sets for the task (SLURM_JOB_ID, SLURM_NNODES,
+SLURM_NODEID, SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST):
+
+    single   not under SLURM, or a one-node job: nothing to start (the run starts its own local Ray)
+    head     node 0: `ray start --head`, waits for the others, runs the driver against that Ray
+    worker   nodes 1..N-1: `ray start --address=HEAD` and stay until the head goes away
+
+The head publishes its address in a rendezvous file in the job's run directory (SLURM jobs see one
+shared filesystem: submitit already needs it), so two jobs on one node never fight over a port.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rlx.errors import ConfigError, UserError
+from rlx.ports import free_port
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often the head counts nodes and a worker checks the head
+HEAD_GONE_S = 10.0  # a worker leaves once the head's Ray port has been closed this long
+
+
+class NodeJoinError(UserError):
+    """A node of a multi-node job did not reach the Ray head in time."""
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """What this task of a SLURM job does (`kind`) and where the other nodes are."""
+
+    kind: Literal["single", "head", "worker"]
+    node_rank: int = 0  # SLURM_NODEID
+    hostnames: tuple[str, ...] = ()  # the job's nodes, node 0 first (SLURM_JOB_NODELIST expanded)
+    job_id: str | None = None  # SLURM_JOB_ID
+
+    @property
+    def num_nodes(self) -> int:
+        return max(len(self.hostnames), 1)
+
+    @property
+    def writes_results(self) -> bool:
+        """Only the driver's task reports the job (summary line, return value)."""
+        return self.kind != "worker"
+
+
+def node_role(env: Mapping[str, str]) -> NodeRole:
+    """This task's role from SLURM's environment variables (`os.environ`, or a hand-built dict)."""
+    if "SLURM_JOB_ID" not in env:
+        return NodeRole("single")
+    num_nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    job_id = env["SLURM_JOB_ID"]
+    if num_nodes == 1:
+        return NodeRole("single", job_id=job_id)
+    num_tasks = int(env.get("SLURM_NTASKS", num_nodes))
+    if num_tasks != num_nodes:
+        raise ConfigError(
+            f"SLURM job {job_id} runs {num_tasks} tasks on {num_nodes} nodes; rlx needs one task per "
+            "node (the first starts Ray, the others join it): set hydra.launcher.tasks_per_node=1 "
+            "(or srun --ntasks-per-node=1)"
+        )
+    hostnames = expand_nodelist(env["SLURM_JOB_NODELIST"])
+    if len(hostnames) != num_nodes:
+        raise ConfigError(
+            f"SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names {len(hostnames)} nodes but "
+            f"SLURM_NNODES={num_nodes}; run the job's tasks with srun inside the allocation"
+        )
+    node_rank = int(env["SLURM_NODEID"])
+    return NodeRole("head" if node_rank == 0 else "worker", node_rank, tuple(hostnames), job_id)
+
+
+def check_allocation(role: NodeRole, cluster, env: Mapping[str, str]) -> None:
+    """Raise ConfigError when this SLURM job has fewer nodes or GPUs per node than `cluster` asks."""
+    if role.job_id is None:
+        return
+    errors = []
+    if cluster.num_nodes > role.num_nodes:
+        errors.append(
+            f"cluster.num_nodes={cluster.num_nodes} but SLURM job {role.job_id} has {role.num_nodes} "
+            f"node(s); set hydra.launcher.nodes={cluster.num_nodes} (it follows cluster.num_nodes "
+            "unless overridden) or choose a smaller cluster="
+        )
+    gpus = _gpus_on_node(env)
+    if gpus is not None and cluster.gpus_per_node > gpus:
+        errors.append(
+            f"cluster.gpus_per_node={cluster.gpus_per_node} but SLURM gave this node {gpus} GPU(s); "
+            f"set hydra.launcher.gpus_per_node={cluster.gpus_per_node}"
+        )
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+def _gpus_on_node(env: Mapping[str, str]) -> int | None:
+    if "SLURM_GPUS_ON_NODE" in env:
+        return int(env["SLURM_GPUS_ON_NODE"])
+    if "SLURM_JOB_GPUS" in env or "SLURM_STEP_GPUS" in env:
+        return len([g for g in (env.get("SLURM_STEP_GPUS") or env["SLURM_JOB_GPUS"]).split(",") if g])
+    return 0  # SLURM sets one of these whenever it allocated GPUs
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compressed host list in order: "gpu[01-03,07],login" -> gpu01 gpu02 gpu03 gpu07 login."""
+    hosts: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
+        parts = re.split(r"\[([^\]]*)\]", item)  # text, ranges, text, ranges, ..., text
+        choices = [[text] if i % 2 == 0 else _expand_ranges(text, nodelist) for i, text in enumerate(parts)]
+        hosts += ["".join(combo) for combo in itertools.product(*choices)]
+    return hosts
+
+
+def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
+    out = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"cannot read the SLURM host list {nodelist!r}: bad range {part!r}")
+        out += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def rendezvous_path(run_dir: str | Path, role: NodeRole) -> Path:
+    """Where the head writes its Ray address for this SLURM job's other nodes."""
+    return Path(run_dir) / f".ray_head.{role.job_id}.json"
+
+
+def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[str, subprocess.Popen]:
+    """Start a Ray head on this node, publish its address, wait for every node of the job.
+
+    Returns (the address for `ray.init`, the `ray start --block` process: terminating it stops
+    this job's Ray and nothing else on the node). Raises NodeJoinError naming the missing nodes.
+    """
+    host_ip = socket.gethostbyname(role.hostnames[0])
+    port = free_port()
+    address = f"{host_ip}:{port}"
+    log_path = Path(run_dir) / f"ray_node0.{role.job_id}.log"
+    head_args = ["--head", f"--port={port}", f"--node-ip-address={host_ip}", "--include-dashboard=false"]
+    proc = _ray_start(head_args, log_path)
+    try:
+        _connect(address, proc, log_path, timeout_s)
+        path = rendezvous_path(run_dir, role)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(json.dumps({"address": address, "job_id": role.job_id}))
+        path.with_suffix(".tmp").replace(path)
+        log.info("Ray head at %s; waiting for %d more node(s)", address, role.num_nodes - 1)
+        _wait_for_nodes(role, address, timeout_s)
+    except BaseException:
+        stop(proc)
+        raise
+    return address, proc
+
+
+def _connect(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise NodeJoinError(
+                f"`ray start --head` exited with code {proc.returncode} ({log_path}):\n{_tail(log_path)}"
+            )
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+            return
+        except ConnectionError:
+            if time.monotonic() > deadline:
+                raise NodeJoinError(
+                    f"the Ray head at {address} did not come up within {timeout_s:g} s"
+                ) from None
+            time.sleep(POLL_S)
+
+
+def _wait_for_nodes(role: NodeRole, address: str, timeout_s: float) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        if len(alive) >= role.num_nodes:
+            return
+        if time.monotonic() > deadline:
+            joined = {n["NodeManagerHostname"] for n in alive} | {n["NodeManagerAddress"] for n in alive}
+            missing = [h for h in role.hostnames[1:] if h not in joined and _ip(h) not in joined]
+            raise NodeJoinError(
+                f"{len(alive)} of {role.num_nodes} nodes joined the Ray head at {address} within "
+                f"cluster.ray_join_timeout_s={timeout_s:g} s (SLURM job {role.job_id}); missing: "
+                f"{', '.join(missing) or 'unknown'}. Check those nodes' task logs under the sweep's "
+                ".submitit/ folder; start one task per node (hydra.launcher.tasks_per_node=1); "
+                "raise cluster.ray_join_timeout_s if nodes start slowly"
+            )
+        time.sleep(POLL_S)
+
+
+def join(role: NodeRole, run_dir: str | Path, timeout_s: float) -> None:
+    """Join the head's Ray from a worker node and stay until the head's Ray is gone."""
+    path = rendezvous_path(run_dir, role)
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise NodeJoinError(
+                f"node {role.node_rank} ({role.hostnames[role.node_rank]}) found no Ray head address at "
+                f"{path} within cluster.ray_join_timeout_s={timeout_s:g} s; see node 0's task log"
+            )
+        time.sleep(POLL_S)
+    address = json.loads(path.read_text())["address"]
+    proc = _ray_start([f"--address={address}"], Path(run_dir) / f"ray_node{role.node_rank}.{role.job_id}.log")
+    log.info("node %d joined the Ray head at %s", role.node_rank, address)
+    try:
+        _stay_while_head_lives(address, proc)
+    finally:
+        stop(proc)
+
+
+def _stay_while_head_lives(address: str, proc: subprocess.Popen) -> None:
+    host, port = address.rsplit(":", 1)
+    gone_since = None
+    while proc.poll() is None:
+        if _reachable(host, int(port)):
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since > HEAD_GONE_S:
+            return
+        time.sleep(POLL_S)
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _ip(host: str) -> str | None:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def _ray_start(args: list[str], log_path: Path) -> subprocess.Popen:
+    """`ray start ... --block`: it owns the Ray processes it starts for this job, and stops them
+    when terminated (`stop`), leaving any other Ray on the node alone. Output goes to `log_path`."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Stop a `ray start --block` process (it takes down the Ray processes it started)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(path: Path, num_chars: int = 2000) -> str:
+    return path.read_text(errors="replace")[-num_chars:] if path.exists() else ""
