@@ -10,6 +10,7 @@ from rlx.cluster import ClusterConfig
 from rlx.config.rules import NON_NEGATIVE, Rule
 from rlx.data.config import DataConfig
 from rlx.models.config import ModelConfig
+from rlx.reward.config import RewardConfig
 from rlx.rollout.config import RolloutConfig
 from rlx.trainer.config import TrainConfig
 
@@ -45,3 +46,4 @@ class RlxConfig:
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
