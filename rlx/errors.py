@@ -13,3 +13,8 @@ class ConfigError(UserError, ValueError):
 
 class DataError(UserError):
     """A data file is missing or has bad rows; the message names the file, line and key."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint directory is unusable: another family or shape, missing, truncated or corrupt
+    weight files, a tokenizer that does not fit the vocabulary; the message names the file and fix."""

@@ -1,13 +1,17 @@
 """The parallel layout and GPU rules of `rlx.config.validate`: Megatron's parallel sizes against
 the ranks, the model's shape and the nodes; the trainer's and engines' GPUs against the cluster.
-Each rule takes the whole config and the imported component classes, returns its messages."""
+Each rule takes the whole config and the imported component classes, returns its messages.
+`check_gpus` holds the config against the machine, which composing cannot see."""
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
+from rlx.cluster import ClusterConfig
 from rlx.config.schema import RlxConfig
+from rlx.errors import ConfigError
 from rlx.rollout.servers import LocalServer
 
 Classes = dict[str, Any]  # group -> the class its `_target_` names (None if it did not import)
@@ -240,3 +244,52 @@ def placement(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"{cfg.rollout.gpus_per_engine}; set rollout.gpus_per_engine=1 or cluster.colocate=false"
         ]
     return []
+
+
+# ---- the config against the machine (after composing; the driver calls it once Ray is up) ---------
+
+
+def check_gpus(cluster: ClusterConfig) -> None:
+    """Raise ConfigError if there are fewer GPUs than `cluster` asks for, before Ray waits forever
+    for them. Without `cluster.ray_address` it counts this machine's visible GPUs
+    (torch.cuda.device_count()); with one, the Ray cluster's, so call it after `ray.init`.
+    A CPU config (`cluster.gpus_per_node=0`) needs none."""
+    if cluster.gpus_per_node == 0:
+        return
+    if cluster.ray_address:
+        import ray
+
+        per_node = [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+        where = f"the Ray cluster at cluster.ray_address={cluster.ray_address} (GPUs per node: {per_node})"
+    else:
+        import torch
+
+        per_node = [float(torch.cuda.device_count())]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = (
+            "this machine (torch.cuda.device_count()"
+            + (f", CUDA_VISIBLE_DEVICES={visible}" * (visible is not None))
+            + ")"
+        )
+    if message := gpu_shortfall(cluster, per_node, where):
+        raise ConfigError(message)
+
+
+def gpu_shortfall(cluster: ClusterConfig, per_node: list[float], where: str) -> str | None:
+    """The message when the nodes' GPUs (`per_node`) are fewer than the run needs, else None."""
+    needed = cluster.num_trainer_procs + (0 if cluster.colocate else cluster.num_rollout_gpus)
+    have = sum(per_node)
+    if have >= needed:
+        return None
+    counts = f"cluster.num_trainer_procs={cluster.num_trainer_procs}" + (
+        "" if cluster.colocate else f" + cluster.num_rollout_gpus={cluster.num_rollout_gpus}"
+    )
+    fix = (
+        "set cluster=local (CPU) or cluster.gpus_per_node=0"
+        if have == 0
+        else "lower " + counts.replace(" + ", " or ")
+    )
+    return (
+        f"cluster.gpus_per_node={cluster.gpus_per_node}: the run needs {needed:g} GPU{'s' * (needed != 1)} ({counts}) but {where} "
+        f"has {have:g}; {fix}, or run where the GPUs are"
+    )

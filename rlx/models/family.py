@@ -94,9 +94,15 @@ class ModelFamily:
         hf = json.loads((Path(hf_dir) / "config.json").read_text())
         problems = []
         if self.hf_model_type and hf.get("model_type") != self.hf_model_type:
+            theirs = family_for(hf.get("model_type"))
+            fix = (
+                f"set model._target_={theirs} and the checkpoint's shape (a conf/model option of that family does both)"
+                if theirs
+                else f"rlx has no family for it; point model.hf_checkpoint at a {self.hf_model_type} checkpoint"
+            )
             problems.append(
                 f"model._target_={self.cfg._target_} expects model_type={self.hf_model_type} "
-                f"but config.json has {hf.get('model_type')}"
+                f"but config.json has {hf.get('model_type')}: {fix}"
             )
         for key, field in self.hf_fields().items():
             ours, theirs = getattr(self.cfg, key), field.read(hf)
@@ -285,6 +291,24 @@ class ModelFamily:
         norms = (4 if cfg.post_sublayer_norms else 2) * h
         embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
         return embeddings + cfg.num_layers * (attention + mlp + norms) + h
+
+
+def family_for(model_type: str | None) -> str | None:
+    """The `_target_` of the family (a package `rlx.models.<name>`) whose checkpoints have
+    config.json's `model_type`, or None."""
+    import importlib
+    import pkgutil
+
+    import rlx.models
+
+    for info in pkgutil.iter_modules(rlx.models.__path__):
+        if not info.ispkg:
+            continue
+        module = importlib.import_module(f"rlx.models.{info.name}")
+        for cls in vars(module).values():
+            if isinstance(cls, type) and issubclass(cls, ModelFamily) and cls.hf_model_type == model_type:
+                return f"{cls.__module__}.{cls.__name__}"
+    return None
 
 
 def _yaml(value: Any) -> str:
