@@ -28,7 +28,7 @@ class Rule:
             return None
         if self.example is not None:
             return f"{key}={value!r} is not one of {self.text}; set {key}={self.example}, say"
-        return f"{key}={value!r} must be {self.text}; set it to a value {self.text}"
+        return f"{key}={value!r} must be {self.text}; set {key} to a value {self.text}"
 
 
 POSITIVE = Rule("> 0", lambda v: v > 0)

@@ -138,24 +138,36 @@ FAILURES = {
     ),
     "procs vs GPUs": (
         ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=4"],
-        ["cluster.gpus_per_node=2", "<= 2"],
+        ["cluster.gpus_per_node=2", "set cluster.num_trainer_procs <= 2"],
     ),
-    "kl_loss_type": (["algo.kl_loss_type=k4"], ["algo.kl_loss_type='k4'", "low_var_kl"]),
-    "loss_agg": (["algo.loss_agg=seq_mean"], ["algo.loss_agg='seq_mean'", "token_mean", "sample_mean"]),
-    "precision": (["train.precision=fp8"], ["train.precision='fp8'", "bf16"]),
-    "on_bad_sample": (["data.on_bad_sample=ignore"], ["data.on_bad_sample='ignore'", "skip"]),
-    "temperature": (["rollout.temperature=-0.5"], ["rollout.temperature=-0.5", ">= 0"]),
-    "top_p zero": (["rollout.top_p=0"], ["rollout.top_p=0.0", "in (0, 1]"]),
-    "top_p above 1": (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "in (0, 1]"]),
-    "eps_clip": (["algo.eps_clip=0"], ["algo.eps_clip=0.0", "> 0"]),
-    "lr": (["train.lr=-1e-3"], ["train.lr=-0.001", "> 0"]),
+    "kl_loss_type": (
+        ["algo.kl_loss_type=k4"],
+        ["algo.kl_loss_type='k4'", "low_var_kl", "set algo.kl_loss_type=k1"],
+    ),
+    "loss_agg": (
+        ["algo.loss_agg=seq_mean"],
+        ["algo.loss_agg='seq_mean'", "token_mean", "sample_mean", "set algo.loss_agg=token_mean"],
+    ),
+    "precision": (["train.precision=fp8"], ["train.precision='fp8'", "bf16", "set train.precision=fp32"]),
+    "on_bad_sample": (
+        ["data.on_bad_sample=ignore"],
+        ["data.on_bad_sample='ignore'", "skip", "set data.on_bad_sample=error"],
+    ),
+    "temperature": (
+        ["rollout.temperature=-0.5"],
+        ["rollout.temperature=-0.5", "set rollout.temperature to a value >= 0"],
+    ),
+    "top_p zero": (["rollout.top_p=0"], ["rollout.top_p=0.0", "set rollout.top_p to a value in (0, 1]"]),
+    "top_p above 1": (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "set rollout.top_p to a value in (0, 1]"]),
+    "eps_clip": (["algo.eps_clip=0"], ["algo.eps_clip=0.0", "set algo.eps_clip to a value > 0"]),
+    "lr": (["train.lr=-1e-3"], ["train.lr=-0.001", "set train.lr to a value > 0"]),
     "group size": (
         ["rollout.n_samples_per_prompt=1", "train.global_batch_size=32"],
-        ["rollout.n_samples_per_prompt=1", "needs >= 2"],
+        ["rollout.n_samples_per_prompt=1", "needs >= 2", "set rollout.n_samples_per_prompt=8"],
     ),
     "response vs context": (
         ["rollout.max_response_len=64"],
-        ["rollout.max_response_len=64", "model.max_position_embeddings=64"],
+        ["rollout.max_response_len=64", "model.max_position_embeddings=64", "lower rollout.max_response_len"],
     ),
     "prompt + response filling the context": (
         ["data.max_prompt_len=60"],
@@ -167,27 +179,36 @@ FAILURES = {
     ),
     "checkpoint not a dir": (
         ["model.hf_checkpoint=/no/such/dir"],
-        ["model.hf_checkpoint='/no/such/dir'", "not a directory"],
+        ["model.hf_checkpoint='/no/such/dir'", "not a directory", "point it at an HF model directory"],
     ),
     "checkpoint without config.json": (
         ["model.hf_checkpoint={tmp}"],
-        ["model.hf_checkpoint=", "no config.json"],
+        ["model.hf_checkpoint=", "no config.json", "point it at an HF model directory"],
     ),
     "no checkpoint and not tiny": (
         ["model.tiny=false"],
-        ["model.hf_checkpoint is not set", "model.tiny=false"],
+        [
+            "model.hf_checkpoint is not set",
+            "model.tiny=false",
+            "set model.hf_checkpoint=/path/to/hf_model_dir",
+        ],
     ),
     "target does not import": (
         ["algo._target_=rlx.algo.nope.Nope"],
-        ["algo._target_='rlx.algo.nope.Nope'", "cannot be imported"],
+        [
+            "algo._target_='rlx.algo.nope.Nope'",
+            "cannot be imported",
+            "set algo._target_ to an importable class",
+            "algo=dr_grpo|grpo",
+        ],
     ),
     "target is not a class": (
         ["data._target_=rlx.reward.toy.exact_match"],
-        ["data._target_=", "not a class"],
+        ["data._target_=", "not a class", "set data._target_ to an importable class"],
     ),
     "reward_fn does not import": (
         ["rollout.reward_fn=rlx.reward.toy.nope"],
-        ["rollout.reward_fn='rlx.reward.toy.nope'"],
+        ["rollout.reward_fn='rlx.reward.toy.nope'", "fix: give the dotted path of a function"],
     ),
     "jsonl without prompt_path": (["data=jsonl"], ["data.prompt_path is not set", "set data.prompt_path="]),
     "jsonl prompt_path missing": (
@@ -195,22 +216,40 @@ FAILURES = {
         ["data.prompt_path='/no/such.jsonl'", "no such file"],
     ),
     "toy task": (["data.toy_task=sort"], ["data.toy_task='sort'", "reverse"]),
-    "weight_sync": (["rollout.weight_sync=nccl"], ["rollout.weight_sync='nccl'", "distributed"]),
+    "weight_sync": (
+        ["rollout.weight_sync=nccl"],
+        ["rollout.weight_sync='nccl'", "distributed", "set rollout.weight_sync=auto"],
+    ),
     "CUDA IPC across GPUs": (
         ["cluster=1x8", "rollout.num_engines=4", "rollout.weight_sync=tensor"],
         ["rollout.weight_sync=tensor", "cluster.colocate=false", "set rollout.weight_sync=distributed"],
     ),
-    "colocate on CPU": (["cluster.colocate=true"], ["cluster.colocate=true", "cluster.gpus_per_node=0"]),
+    "colocate on CPU": (
+        ["cluster.colocate=true"],
+        ["cluster.colocate=true", "cluster.gpus_per_node=0", "set cluster.colocate=false"],
+    ),
     "colocate over engines of 2 GPUs": (
-        ["cluster=1x8", "cluster.colocate=true", "rollout.num_engines=2", "rollout.gpus_per_engine=2",
-         "rollout._target_=rlx.rollout.servers.SGLangServer", "rollout.server_module=rlx.rollout.http_server"],
+        [
+            "cluster=1x8",
+            "cluster.colocate=true",
+            "rollout.num_engines=2",
+            "rollout.gpus_per_engine=2",
+            "rollout._target_=rlx.rollout.servers.SGLangServer",
+            "rollout.server_module=rlx.rollout.http_server",
+        ],
         ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
     ),  # fmt: skip
-    "lr_decay": (["train.lr_decay=linear"], ["train.lr_decay='linear'", "cosine"]),
-    "lr_warmup_steps": (["train.lr_warmup_steps=-1"], ["train.lr_warmup_steps=-1", ">= 0"]),
+    "lr_decay": (
+        ["train.lr_decay=linear"],
+        ["train.lr_decay='linear'", "cosine", "set train.lr_decay=constant"],
+    ),
+    "lr_warmup_steps": (
+        ["train.lr_warmup_steps=-1"],
+        ["train.lr_warmup_steps=-1", "set train.lr_warmup_steps to a value >= 0"],
+    ),
     "Dr. GRPO without its divisor": (
         ["algo=dr_grpo", "algo.loss_norm_len=null"],
-        ["algo.loss_agg=seq_mean_token_sum_norm", "algo.loss_norm_len"],
+        ["algo.loss_agg=seq_mean_token_sum_norm", "algo.loss_norm_len", "set algo.loss_norm_len"],
     ),
 }
 
