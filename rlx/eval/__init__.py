@@ -21,12 +21,17 @@ __all__ = ["build_eval_sets", "pass_at_k", "summarise"]
 
 def build_eval_sets(data_cfg: DataConfig, tokenizer: Any, max_prompt_len: int) -> dict[str, list[Sample]]:
     """Every `data.eval` set's prompts, read and checked like training prompts, in file order.
+    `data_cfg` is `cfg.data`, a DataConfig or its DictConfig node.
 
     Each set is a file (`data.eval.NAME.path`) read by `FileSource` with the set's keys (null ones
     inherited from `data.*`), so a bad row fails here naming the file, line and the set's key. Each
     Sample carries `metadata["eval_set"] = NAME` and `metadata["prompt_index"]`, its 0-based
     position among the set's kept prompts (what `summarise` groups a prompt's samples by).
     """
+    if not hasattr(type(data_cfg), "__dataclass_fields__"):  # a DictConfig node (cfg.data)
+        from omegaconf import OmegaConf
+
+        data_cfg = OmegaConf.to_object(data_cfg)
     sets = {}
     for name in data_cfg.eval:
         source = FileSource(
