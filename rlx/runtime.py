@@ -20,7 +20,9 @@ from rlx.config.compose import to_object
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import max_prompt_len, validate
 from rlx.placement import plan
+from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.pool import RolloutPool
+from rlx.rollout.producer import Producer
 from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
 from rlx.trainer.group import TrainerGroup
@@ -29,17 +31,18 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> list[dict[str, float]]:
-    """Run `cfg.run.num_rollout` synchronous RL steps; return the per-step metrics."""
+    """Run `cfg.run.num_rollout` RL steps (rollout.mode: sync or async); return the per-step metrics."""
     job = _prepare(cfg)
     rc, out, data = job.cfg, job.out, job.data
     _start_ray(rc.cluster)
-    trainer = pool = tracker = placement = sync = None
+    trainer = pool = tracker = placement = sync = producer = None
     history = []
     try:
         placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
         trainer = TrainerGroup(rc, placement.trainer)
         turns = GpuTurns(rc.cluster.colocate, trainer)
-        start_step, version = _load(job.resume, trainer, data) if job.resume else (0, 0)
+        state = _load(job.resume, trainer, data) if job.resume else {"step": -1, "version": 0}
+        start_step, version = state["step"] + 1, state["version"]
         turns.before_engines_start()
         turns.pool = pool = RolloutPool(
             rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
@@ -52,20 +55,25 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         if job.resume:  # engines start from the restored policy
             turns.to_trainer()
             turns.publish(sync, version)
+        producer = Producer(
+            rc.rollout, pool, data, RolloutBuffer(), version=version, last_step=rc.run.num_rollout - 1
+        )
+        if "rollout" in state:
+            producer.load_state_dict(state["rollout"])
         bar = tqdm(
             range(start_step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress
         )
         for step in bar:
             step_start = time.perf_counter()
-            samples, metrics = pool.generate(data.take(rc.rollout.batch_size), version, step)
+            samples, metrics = producer.batch(step, version)  # async: made while earlier steps trained
             metrics |= turns.to_trainer()
             metrics |= trainer.train(samples)  # old/ref log-probs, advantages, optimizer steps
             version += 1
             if _should_save(rc.run, step):
-                checkpoint.save(
-                    trainer, out, step, {"step": step, "version": version, "data": data.state_dict()}
-                )
-            metrics |= turns.publish(sync, version)
+                _save(trainer, producer, data, out, step, version)
+            if version % rc.rollout.update_weights_interval == 0:
+                metrics |= turns.publish(sync, version)
+                producer.published(version)
 
             metrics["time/step_s"] = time.perf_counter() - step_start
             metrics["perf/tokens_per_s"] = sum(len(s.tokens) for s in samples) / metrics["time/step_s"]
@@ -78,9 +86,9 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             turns.to_trainer()
             checkpoint.export_hf(trainer, out / "hf", job.hf_dir)
     finally:
-        for part in (pool, trainer):
+        for part in (producer, pool, trainer):
             if part is not None:
-                _quietly(part.shutdown)
+                _quietly(part.close if part is producer else part.shutdown)
         if placement is not None:
             _quietly(placement.remove)
         if tracker is not None:
@@ -123,13 +131,21 @@ def _prepare(cfg: DictConfig) -> _Job:
     return _Job(rc, out, hf_dir, tokenizer, data, resume)
 
 
-def _load(path: Path, trainer: TrainerGroup, data) -> tuple[int, int]:
-    """Restore trainer and data position from a checkpoint; return (next step, version)."""
+def _load(path: Path, trainer: TrainerGroup, data) -> dict:
+    """Restore trainer and data position from a checkpoint; its loop state (step, version, rollout)."""
     state = checkpoint.load_state(path)
     trainer.load(str(path / "megatron"))
     data.load_state_dict(state["data"])
     log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
-    return state["step"] + 1, state["version"]
+    return state
+
+
+def _save(trainer: TrainerGroup, producer: Producer, data, out: Path, step: int, version: int) -> None:
+    """A checkpoint after `step`: the trainer, and (generation paused) the data position and buffer."""
+    producer.pause()
+    state = {"step": step, "version": version, "data": data.state_dict(), "rollout": producer.state_dict()}
+    checkpoint.save(trainer, out, step, state)
+    producer.resume()
 
 
 def _should_save(run, step: int) -> bool:
@@ -151,7 +167,13 @@ def _start_ray(cluster) -> None:
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=cluster.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+        # "local": a Ray of this run's own, never one some other process started on this machine
+        ray.init(
+            address="local",
+            num_cpus=cluster.ray_num_cpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
 
 
 def _quietly(fn) -> None:

@@ -21,8 +21,10 @@ class Status(enum.StrEnum):
 class Sample:
     """One prompt and (after rollout) one response with everything training needs.
 
-    Token-level lists (`response_ids`, `rollout_logprobs`, `loss_mask`) all have length
-    `response_len`; `loss_mask[t] == 0` excludes token t from the loss (tool output, say).
+    Token-level lists (`response_ids`, `rollout_logprobs`, `loss_mask`, `token_versions`) all
+    have length `response_len`; `loss_mask[t] == 0` excludes token t from the loss (tool output,
+    say). A sample whose generation was aborted (partial rollout) keeps what it has and continues
+    from there: its prompt for the engine is `tokens`.
     """
 
     prompt: str | list[dict[str, str]]
@@ -37,7 +39,10 @@ class Sample:
     reward: float | None = None
     status: Status = Status.PENDING
     status_reason: str = ""
-    version: int = -1  # policy version of the weights that generated the response
+    # policy version of the weights that generated the response: the oldest of `token_versions`
+    # when a partial rollout continued it under newer weights
+    version: int = -1
+    token_versions: list[int] = field(default_factory=list)  # per response token (partial rollouts)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -49,8 +54,9 @@ class Sample:
         return self.prompt_ids + self.response_ids
 
     def to_json(self) -> dict[str, Any]:
-        """The row written to `rollouts/step_NNNNNN.jsonl`."""
+        """The row written to `rollouts/step_NNNNNN.jsonl`; `from_json` rebuilds the sample."""
         return {
+            "prompt": self.prompt,
             "group": self.group,
             "index": self.index,
             "prompt_ids": self.prompt_ids,
@@ -61,5 +67,15 @@ class Sample:
             "status": self.status.value,
             "status_reason": self.status_reason,
             "version": self.version,
+            "token_versions": self.token_versions,
+            "loss_mask": self.loss_mask,
             "label": self.label,
+            "metadata": self.metadata,
         }
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Sample:
+        """The sample `to_json` wrote (a rollout dump row, a buffer checkpoint entry)."""
+        fields = dict(row)
+        fields["status"] = Status(fields["status"])
+        return cls(**fields)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlx.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, TIS_LEVELS, TIS_MODES
 from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, Rule, one_of
 
 
@@ -45,10 +45,13 @@ class AlgoConfig:
     # ${rollout.max_response_len}); read only by that aggregation
     loss_norm_len: int | None = None
     # Truncated importance sampling: weight each token's policy loss by min(exp(old_logp - rollout_logp),
-    # tis_clip), detached, to correct for the rollout engine's numerics differing from the trainer's.
-    # Needs the engine's log-probs; every rollout engine returns them (the loss raises if one did not).
+    # tis_clip), detached, to correct for the rollout engine's numerics differing from the trainer's,
+    # and in rollout.mode=async for its older weights (the decoupled PPO objective; see
+    # rlx.algo.losses.truncated_is_weight). Needs the engine's log-probs; every rollout engine returns them.
     use_tis: bool = False
     tis_clip: float = 2.0  # upper bound of the TIS weight
+    tis_level: str = "token"  # token | sequence (product over the sample) | geometric (its geometric mean)
+    tis_mode: str = "truncate"  # truncate: cap the weight at tis_clip; mask: drop what exceeds it
     # --- PPO's critic (read only by algorithms with `needs_critic`) ---
     # GAE's lambda, in [0, 1]: 1 gives Monte-Carlo returns minus the value (unbiased, noisy),
     # 0 the one-step TD error (leans entirely on the critic); `gamma` above is GAE's discount
@@ -69,6 +72,8 @@ class AlgoConfig:
         "kl_loss_coef": NON_NEGATIVE,
         "kl_in_reward_coef": NON_NEGATIVE,
         "tis_clip": POSITIVE,
+        "tis_level": one_of(TIS_LEVELS),
+        "tis_mode": one_of(TIS_MODES),
         "gamma": UNIT,
         "lambd": UNIT,
         "critic_lr": POSITIVE,

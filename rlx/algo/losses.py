@@ -247,20 +247,48 @@ def clipped_policy_loss(
     return loss_BT, clipfrac_BT, dual_clipfrac_BT
 
 
-def truncated_is_weight(
-    old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, tis_clip: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncated importance sampling against the rollout engine (Yao et al., 2025; slime's
-    `--use-tis`, verl's `tis_imp_ratio_cap`): min(exp(old_logp - rollout_logp), tis_clip).
+TIS_LEVELS = ("token", "sequence", "geometric")  # algo.tis_level
+TIS_MODES = ("truncate", "mask")  # algo.tis_mode
 
-    The engine samples with its own kernels, so its distribution differs slightly from the
-    trainer's old policy; weighting each token's policy loss by this ratio corrects the
-    gradient for that mismatch, and the cap bounds its variance. Returns `(weight_BT,
-    clipped_BT)`, both detached; `clipped_BT` is 1.0 where the cap was hit.
+
+def truncated_is_weight(
+    old_logp_BT: torch.Tensor,
+    rollout_logp_BT: torch.Tensor,
+    tis_clip: float,
+    mask_BT: torch.Tensor | None = None,
+    level: str = "token",
+    mode: str = "truncate",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weight of the trainer's old (proximal) policy against the policy that sampled
+    the tokens, the rollout engine's: exp(old_logp - rollout_logp), capped at `tis_clip`.
+
+    Synchronous, it corrects the engine's numerics differing from the trainer's (Yao et al.,
+    2025; slime's `--use-tis`, verl's `tis_imp_ratio_cap`). Asynchronous, the engine's weights
+    are older than the trainer's, and the same weight on PPO's ratio against the recomputed
+    `old_logp` is AReaL's decoupled objective (Fu et al., 2025): clip against the proximal
+    policy, correct the behaviour policy's samples by importance weighting.
+
+    `level`: "token" weighs each token by its own ratio; "sequence" by the product over the
+    sample's loss tokens (unbiased for a sequence-level reward, high variance); "geometric" by
+    their geometric mean, exp(mean log ratio). The sequence levels need `mask_BT`.
+    `mode`: "truncate" caps the weight at `tis_clip` (TIS); "mask" keeps it uncapped where it is
+    within the cap and zeroes it (the token or sample leaves the loss) where it is above
+    (AReaL's `behav_imp_weight_cap`, verl's masked IS). Returns `(weight_BT, capped_BT)`, both
+    detached; `capped_BT` is 1.0 where the cap was hit.
     """
-    log_w_BT = (old_logp_BT - rollout_logp_BT).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    raw_BT = log_w_BT.exp()
-    return raw_BT.clamp(max=tis_clip), (raw_BT > tis_clip).to(raw_BT.dtype)
+    log_w_BT = (old_logp_BT - rollout_logp_BT).detach()
+    if level != "token":
+        if mask_BT is None:
+            raise ValueError(f"tis level {level!r} needs the loss mask")
+        log_w_B = (log_w_BT * mask_BT).sum(dim=1)
+        if level == "geometric":
+            log_w_B = log_w_B / mask_BT.sum(dim=1).clamp(min=1)
+        log_w_BT = log_w_B[:, None].expand_as(log_w_BT)
+    raw_BT = log_w_BT.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+    capped_BT = (raw_BT > tis_clip).to(raw_BT.dtype)
+    if mode == "mask":
+        return raw_BT * (1.0 - capped_BT), capped_BT
+    return raw_BT.clamp(max=tis_clip), capped_BT
 
 
 def aggregate(

@@ -161,7 +161,9 @@ class PolicyGradient:
         if cfg.use_tis:
             if "rollout_logp" not in mb:
                 raise KeyError("algo.use_tis is set but the micro-batch has no 'rollout_logp'")
-            weight_BT, tis_clipped_BT = truncated_is_weight(mb["old_logp"], mb["rollout_logp"], cfg.tis_clip)
+            weight_BT, tis_clipped_BT = truncated_is_weight(
+                mb["old_logp"], mb["rollout_logp"], cfg.tis_clip, mb["mask"], cfg.tis_level, cfg.tis_mode
+            )
             pg_loss_BT = pg_loss_BT * weight_BT
             metrics["tis_weight_mean"] = agg(weight_BT)
             metrics["tis_clipfrac"] = agg(tis_clipped_BT)

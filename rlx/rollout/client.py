@@ -131,12 +131,14 @@ class EngineClient:
         sampling_params: dict[str, Any] | list[dict[str, Any]],
         *,
         return_logprob: bool = True,
+        rids: list[str] | None = None,
     ) -> list[dict[str, Any]]:
         """POST /generate with SGLang's batch form (a list of prompts); one response per prompt.
         `sampling_params` is one dict for every prompt or one per prompt (SGLang accepts both).
 
         One request per group keeps a group on one engine behind the router, where its shared
-        prompt is cached once, and costs one HTTP round trip instead of n.
+        prompt is cached once, and costs one HTTP round trip instead of n. `rids`: one request id
+        per prompt (for `abort`); SGLang makes them up when absent.
         """
         payload = {
             "input_ids": [list(ids) for ids in input_ids],
@@ -147,6 +149,8 @@ class EngineClient:
             ),
             "return_logprob": return_logprob,
         }
+        if rids is not None:
+            payload["rid"] = list(rids)
         return (await self._request("POST", "/generate", json=payload)).body
 
     async def health(self) -> bool:

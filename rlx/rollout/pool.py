@@ -8,9 +8,11 @@ engines are driven by the same code.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import hashlib
 import logging
+import threading
 import time
 
 import ray
@@ -28,7 +30,12 @@ _FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort":
 
 
 class RolloutPool:
-    """`generate` expands prompts into groups and fills responses, logprobs, rewards, status."""
+    """Engines, the router and the driver's HTTP side: `generate_group` fills one group's responses,
+    logprobs, versions, status and rewards; `rlx.rollout.producer` makes batches out of groups.
+
+    Every coroutine runs on the pool's own event loop, in a thread of its own, so a batch can be
+    generating (async mode) while the driver's thread trains and publishes weights: `run(coro)`
+    waits for a coroutine from any other thread, `submit(coro)` does not."""
 
     def __init__(
         self,
@@ -45,12 +52,14 @@ class RolloutPool:
         self.tokenizer = tokenizer
         self.reward_fn = load_reward_fn(cfg.reward_fn)
         options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rlx-rollout", daemon=True)
+        self._thread.start()
         self.actors = [
             ray.remote(EngineActor).options(**options[i]).remote(cfg, model_path, seed=seed + i)
             for i in range(len(options))
         ]
         self.router: Router | None = None
-        self._loop = asyncio.new_event_loop()
         self.engine_urls = ray.get([a.url.remote() for a in self.actors])
         if len(self.engine_urls) >= 2:
             self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args))
@@ -67,87 +76,126 @@ class RolloutPool:
             "ignore_eos": cfg.ignore_eos,
             "skip_special_tokens": True,
         }
+        self._semaphore: asyncio.Semaphore | None = None
+        self._queued: set[str] = set()  # request ids waiting for a concurrency slot
+        self._cancelled: set[str] = set()  # of those, aborted before they were sent
 
-    def _run(self, coro):
-        return self._loop.run_until_complete(coro)
+    def run(self, coro):
+        """Run `coro` on the pool's loop and return its result (call from any other thread)."""
+        return self.submit(coro).result()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Start `coro` on the pool's loop; its future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     # ---- generation --------------------------------------------------------------------------
 
     def generate(
         self, prompts: list[Sample], version: int, step: int = 0
     ) -> tuple[list[Sample], dict[str, float]]:
-        """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards.
+        """n_samples_per_prompt responses per prompt, ordered by (group, index), with rewards, and
+        their metrics: one batch with no filter, over-sampling or carry-over (benchmarks, tests).
 
-        With one engine (addressed directly), each sample is drawn with its own sampling seed, a
-        function of (run seed, `step`, group, index), so what a sample gets does not depend on how
-        the engine batched requests and a seeded run repeats exactly. sglang-router 0.3.2 accepts
-        only one `sampling_params` object per batch request, so behind the router a group shares
-        the engines' own random streams instead (one seed for all would repeat one sample n times).
-
-        Raises RuntimeError naming the first failure when every request of the step failed (an
-        engine that is down or rejects the requests), rather than training on nothing."""
+        Raises RuntimeError naming the first failure when every request failed."""
         start = time.perf_counter()
-        samples = []
-        for g, prompt in enumerate(prompts):
-            for i in range(self.cfg.n_samples_per_prompt):
-                s = copy.copy(prompt)
-                s.metadata = dict(prompt.metadata)
-                s.group, s.index = g, i
-                samples.append(s)
-        self._run(self._generate_all(samples, version, step))
+        groups = [expand(prompt, g, self.cfg.n_samples_per_prompt) for g, prompt in enumerate(prompts)]
+
+        async def all_groups():
+            await asyncio.gather(*(self.generate_group(group, step, version) for group in groups))
+
+        self.run(all_groups())
+        samples = [s for group in groups for s in group]
         if all(s.status is Status.FAILED for s in samples):
             raise RuntimeError(
                 f"every rollout request of step {step} failed; the first: {samples[0].status_reason}"
             )
-        for s in samples:
-            self._reward(s)
-        elapsed = time.perf_counter() - start
-        return samples, self._metrics(samples, elapsed)
+        return samples, rollout_metrics(samples, time.perf_counter() - start)
 
-    async def _generate_all(self, samples: list[Sample], version: int, step: int) -> None:
-        semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
-        groups: dict[int, list[Sample]] = {}
-        for s in samples:
-            groups.setdefault(s.group, []).append(s)
-        await asyncio.gather(*(self._generate_group(g, semaphore, version, step) for g in groups.values()))
+    async def generate_group(self, group: list[Sample], step: int, version: int) -> None:
+        """Generate each sample's response, or the rest of it (a partial rollout carried over), in
+        one request per group; then reward the group unless it was aborted.
 
-    async def _generate_group(
-        self, group: list[Sample], semaphore: asyncio.Semaphore, version: int, step: int
-    ) -> None:
+        With one engine (addressed directly), each sample is drawn with its own sampling seed, a
+        function of (run seed, `step`, group, index, tokens it already has), so what a sample gets
+        does not depend on how the engine batched requests and a seeded run repeats exactly.
+        sglang-router 0.3.2 accepts only one `sampling_params` object per batch request, so behind
+        the router a group shares the engines' own random streams instead (one seed for all would
+        repeat one sample n times). `version`: the engines' version if they do not report one.
+        Request ids are `rid(sample)`, so `abort` can stop them."""
+        todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
+        if todo:
+            await self._request(todo, step, version)
+        if not any(s.status is Status.ABORTED for s in group):
+            for s in group:
+                self._reward(s)
+
+    async def _request(self, todo: list[Sample], step: int, version: int) -> None:
         params: dict | list[dict] = self.sampling_params
-        if self.router is None:
-            params = [self.sampling_params | {"sampling_seed": self._seed(step, s)} for s in group]
-        async with semaphore:
+        budget = [self.cfg.max_response_len - s.response_len for s in todo]
+        if self.router is None or any(n != self.cfg.max_response_len for n in budget):
+            params = [
+                self.sampling_params | {"max_new_tokens": n} | self._seeded(step, s)
+                for s, n in zip(todo, budget, strict=True)
+            ]
+        if self._semaphore is None:  # made on the loop it guards
+            self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
+        rids = [rid(s) for s in todo]
+        self._queued.update(rids)
+        async with self._semaphore:
+            self._queued.difference_update(rids)
+            if self._cancelled.intersection(rids):  # aborted while it waited: never sent
+                self._cancelled.difference_update(rids)
+                for s in todo:
+                    s.status, s.status_reason = Status.ABORTED, "aborted before it was sent"
+                return
             try:
-                outs = await self.client.generate_batch([s.prompt_ids for s in group], params)
+                if isinstance(params, list) and self.router is not None:  # the router takes one params
+                    outs = await asyncio.gather(
+                        *(
+                            self.client.generate(s.tokens, p, rid=r)
+                            for s, p, r in zip(todo, params, rids, strict=True)
+                        )
+                    )
+                else:
+                    outs = await self.client.generate_batch([s.tokens for s in todo], params, rids=rids)
             except Exception as e:  # a failed request fails its group, not the run
-                for s in group:
+                for s in todo:
                     s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
                 return
-        for s, out in zip(group, outs, strict=True):
+        for s, out in zip(todo, outs, strict=True):
             self._fill(s, out, version)
 
-    def _seed(self, step: int, s: Sample) -> int:
-        """A 63-bit sampling seed from (run seed, step, group, index): distinct per sample and step."""
-        key = f"{self.seed}/{step}/{s.group}/{s.index}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+    def _seeded(self, step: int, s: Sample) -> dict:
+        """A 63-bit sampling seed from (run seed, step, group, index[, tokens so far]), distinct per
+        sample, step and continuation; none behind the router (see `generate_group`)."""
+        if self.router is not None:
+            return {}
+        key = f"{self.seed}/{step}/{s.group}/{s.index}" + (f"/{s.response_len}" if s.response_len else "")
+        seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+        return {"sampling_seed": seed}
 
     def _fill(self, s: Sample, out: dict, version: int) -> None:
-        """Copy one SGLang /generate response into the sample."""
+        """Append one SGLang /generate response to the sample (a continuation extends what it has)."""
         meta = out.get("meta_info", {})
         token_logprobs = meta.get("output_token_logprobs") or []
         # SGLang omits output_ids (and logprobs) for a request aborted before it started
-        s.response_ids = [int(t) for _, t, *_ in token_logprobs] or list(out.get("output_ids") or [])
-        s.rollout_logprobs = [float(lp) for lp, *_ in token_logprobs]
-        s.loss_mask = [1] * len(s.response_ids)
+        new_ids = [int(t) for _, t, *_ in token_logprobs] or list(out.get("output_ids") or [])
+        weight_version = meta.get("weight_version")
+        served = int(weight_version) if weight_version not in (None, "", "default") else version
+        s.response_ids = s.response_ids + new_ids
+        s.rollout_logprobs = s.rollout_logprobs + [float(lp) for lp, *_ in token_logprobs]
+        s.loss_mask = (s.loss_mask or [1] * (s.response_len - len(new_ids))) + [1] * len(new_ids)
+        s.token_versions = (s.token_versions or [served] * (s.response_len - len(new_ids))) + [served] * len(
+            new_ids
+        )
+        s.version = min(s.token_versions, default=served)
         s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         finish = meta.get("finish_reason") or {}
         s.status = _FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+        s.status_reason = ""
         if s.status is Status.ABORTED or not s.response_ids:
             s.status = Status.ABORTED if s.status is Status.ABORTED else Status.FAILED
             s.status_reason = str(finish.get("message", "empty response"))
-        weight_version = meta.get("weight_version")
-        s.version = int(weight_version) if weight_version not in (None, "", "default") else version
 
     def _reward(self, s: Sample) -> None:
         if s.status in (Status.FAILED, Status.ABORTED):
@@ -162,20 +210,13 @@ class RolloutPool:
                 f"reward_fn raised {type(e).__name__}: {e}",
             )
 
-    @staticmethod
-    def _metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
-        n = len(samples)
-        num_tokens = sum(s.response_len for s in samples)
-        count = {st: sum(s.status == st for s in samples) for st in Status}
-        return {
-            "rollout/reward_mean": sum(s.reward for s in samples) / n,
-            "rollout/response_len_mean": num_tokens / n,
-            "rollout/truncated_frac": count[Status.TRUNCATED] / n,
-            "rollout/failed_frac": (count[Status.FAILED] + count[Status.ABORTED]) / n,
-            "rollout/num_tokens": float(num_tokens),
-            "time/rollout_s": elapsed,
-            "perf/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
-        }
+    async def abort(self, samples: list[Sample]) -> None:
+        """Abort the requests of `samples` on every engine (they come back ABORTED with what they
+        generated so far; SGLang aborts a live request by its exact id). Requests still waiting
+        for a slot under `rollout.max_concurrency` are never sent."""
+        rids = {rid(s) for s in samples}
+        self._cancelled.update(rids & self._queued)
+        await asyncio.gather(*(c.abort(r) for r in rids - self._queued for c in self.engine_clients))
 
     # ---- weights and lifecycle ---------------------------------------------------------------
 
@@ -184,7 +225,7 @@ class RolloutPool:
 
         for url, result in zip(
             self.engine_urls,
-            self._run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
+            self.run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
             strict=True,
         ):
             if not result.get("success", False):
@@ -195,7 +236,7 @@ class RolloutPool:
 
     def check_version(self, version: int) -> None:
         """RuntimeError unless every engine now serves `version`."""
-        served = self._run(self._on_engines("get_weight_version"))
+        served = self.run(self._on_engines("get_weight_version"))
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
 
@@ -211,15 +252,15 @@ class RolloutPool:
         async def all_join():
             await asyncio.gather(*joins)
 
-        self._run(all_join())
+        self.run(all_join())
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""
-        self._run(self._on_engines("release_memory_occupation", tags))
+        self.run(self._on_engines("release_memory_occupation", tags))
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """Every engine allocates `tags` again (all when None)."""
-        self._run(self._on_engines("resume_memory_occupation", tags))
+        self.run(self._on_engines("resume_memory_occupation", tags))
 
     async def _on_engines(self, method: str, *args, **kwargs) -> list:
         """Call one client method on every engine at once."""
@@ -230,9 +271,43 @@ class RolloutPool:
             if self.router:
                 self.router.stop()
             for c in [self.client, *self.engine_clients]:
-                self._run(c.aclose())
+                self.run(c.aclose())
             ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         finally:
             for a in self.actors:
                 ray.kill(a)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
             self._loop.close()
+
+
+def expand(prompt: Sample, group: int, n: int) -> list[Sample]:
+    """The `n` samples of one prompt's group, numbered (group, 0..n-1)."""
+    samples = []
+    for i in range(n):
+        s = copy.copy(prompt)
+        s.metadata = dict(prompt.metadata)
+        s.group, s.index = group, i
+        samples.append(s)
+    return samples
+
+
+def rid(s: Sample) -> str:
+    """The request id of a sample's next generation request: unique among live requests."""
+    return f"rlx-{id(s):x}-{s.group}-{s.index}-{s.response_len}"
+
+
+def rollout_metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
+    """rollout/* and time/perf figures of one batch's samples."""
+    n = max(len(samples), 1)
+    num_tokens = sum(s.response_len for s in samples)
+    count = {st: sum(s.status == st for s in samples) for st in Status}
+    return {
+        "rollout/reward_mean": sum(s.reward or 0.0 for s in samples) / n,
+        "rollout/response_len_mean": num_tokens / n,
+        "rollout/truncated_frac": count[Status.TRUNCATED] / n,
+        "rollout/failed_frac": (count[Status.FAILED] + count[Status.ABORTED]) / n,
+        "rollout/num_tokens": float(num_tokens),
+        "time/rollout_s": elapsed,
+        "perf/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
+    }

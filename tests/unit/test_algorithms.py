@@ -142,6 +142,27 @@ def test_truncated_is_weight():
     assert_close(clipped_BT, [[0.0, 0.0, 1.0, 0.0]], atol=0.0)
 
 
+def test_is_weight_masked_and_sequence_levels():
+    # token ratios [1, 1.5, 3, 0.5] as above; mask mode zeroes the capped token: [1, 1.5, 0, 0.5]
+    rollout_logp_BT = torch.full((2, 4), -2.0, dtype=torch.float64)
+    log_r = torch.tensor([[0.0, LN(1.5), LN(3.0), -LN(2.0)], [LN(1.2), LN(1.5), 5.0, 5.0]], dtype=torch.float64)
+    old_logp_BT = rollout_logp_BT + log_r
+    mask_BT = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    weight_BT, capped_BT = truncated_is_weight(old_logp_BT, rollout_logp_BT, 2.0, mask_BT, "token", "mask")
+    assert_close(weight_BT[0], [1.0, 1.5, 0.0, 0.5])
+    # sequence: row 0 product 1 * 1.5 * 3 * 0.5 = 2.25 > 2 -> capped at 2 on every token;
+    # row 1 product over its 2 loss tokens 1.2 * 1.5 = 1.8 (the masked 5.0s do not count)
+    weight_BT, capped_BT = truncated_is_weight(old_logp_BT, rollout_logp_BT, 2.0, mask_BT, "sequence")
+    assert_close(weight_BT, [[2.0] * 4, [1.8] * 4])
+    assert_close(capped_BT, [[1.0] * 4, [0.0] * 4], atol=0.0)
+    # geometric: row 0 2.25 ** (1/4) = 1.2247...; row 1 1.8 ** (1/2) = 1.3416...; mask mode keeps both
+    weight_BT, _ = truncated_is_weight(old_logp_BT, rollout_logp_BT, 2.0, mask_BT, "geometric", "mask")
+    assert_close(weight_BT, [[2.25**0.25] * 4, [1.8**0.5] * 4])
+    # sequence in mask mode: row 0 (2.25 > 2) leaves the loss entirely
+    weight_BT, _ = truncated_is_weight(old_logp_BT, rollout_logp_BT, 2.0, mask_BT, "sequence", "mask")
+    assert_close(weight_BT, [[0.0] * 4, [1.8] * 4])
+
+
 # --- advantages -----------------------------------------------------------------------------
 
 

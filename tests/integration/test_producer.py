@@ -1,0 +1,144 @@
+"""Batches from one real engine (tiny model, CPU): partial rollouts continue exactly where they
+stopped, over-sampled groups are aborted and carried over, the dynamic filter keeps batches full."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from transformers import AutoTokenizer
+
+from rlx.rollout.buffer import RolloutBuffer
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.pool import RolloutPool, expand
+from rlx.rollout.producer import Producer, _mask_old_tokens
+from rlx.sample import Sample, Status
+
+
+def parity_reward(sample: Sample) -> float:
+    """1 when the first response token is even: about half of a random model's samples."""
+    return float(sample.response_ids[0] % 2 == 0)
+
+
+class _Prompts:
+    """A data source of numbered prompts, in order."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.next = tokenizer, 0
+
+    def take(self, n: int) -> list[Sample]:
+        rows = []
+        for _ in range(n):
+            text = f"{self.next % 10} {self.next % 7} ="
+            rows.append(
+                Sample(prompt=text, prompt_ids=self.tokenizer(text)["input_ids"], label=str(self.next))
+            )
+            self.next += 1
+        return rows
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def _pool(tiny_qwen3_dir, tokenizer, **overrides) -> RolloutPool:
+    cfg = RolloutConfig(**({"n_samples_per_prompt": 2, "max_response_len": 12, "ignore_eos": True} | overrides))
+    return RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0)
+
+
+def test_a_partial_sample_continues_with_its_tokens_and_logprobs_intact(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(tiny_qwen3_dir, tokenizer, temperature=0.0, n_samples_per_prompt=1)
+    try:
+        prompt = _Prompts(tokenizer).take(1)[0]
+        whole = expand(prompt, 0, 1)
+        pool.run(pool.generate_group(whole, step=0, version=0))
+        assert whole[0].response_len == 12 and whole[0].status is Status.TRUNCATED
+
+        # the first 5 tokens under version 0, then the sample is aborted (as an abort leaves it)
+        part = expand(prompt, 0, 1)
+        params = pool.sampling_params | {"max_new_tokens": 5}
+        out = pool.run(pool.client.generate_batch([part[0].tokens], params))
+        pool._fill(part[0], out[0], version=0)
+        part[0].status = Status.ABORTED
+        head_ids, head_logprobs = list(part[0].response_ids), list(part[0].rollout_logprobs)
+        assert len(head_ids) == 5
+
+        pool.run(pool.generate_group(part, step=1, version=1))  # continues under version 1
+        s = part[0]
+        assert s.status is Status.TRUNCATED and s.response_len == 12
+        assert s.response_ids[:5] == head_ids and s.rollout_logprobs[:5] == head_logprobs  # intact
+        # greedy: the continuation is what one uninterrupted request generates, logprobs too
+        assert s.response_ids == whole[0].response_ids
+        assert s.rollout_logprobs == pytest.approx(whole[0].rollout_logprobs, abs=1e-5)
+        assert s.token_versions == [0] * 5 + [1] * 7 and s.version == 0
+        assert s.loss_mask == [1] * 12 and s.reward is not None
+        assert _mask_old_tokens(s) == 5 and s.loss_mask == [0] * 5 + [1] * 7
+    finally:
+        pool.shutdown()
+
+
+def test_over_sampled_groups_are_aborted_and_carried_over(ray_session, tiny_qwen3_dir, tokenizer):
+    # 6 groups launched for a batch of 2, at most 2 requests at a time: once 2 are done the rest
+    # are aborted mid-generation or before they were sent, and continue in the next batch
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, batch_size=2, over_sampling_batch_size=6, max_concurrency=2,
+        max_response_len=24, partial_rollout=True,
+    )  # fmt: skip
+    buffer = RolloutBuffer()
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), buffer, version=0, last_step=1)
+    try:
+        samples, metrics = producer.batch(0, train_version=0)
+        assert [(s.group, s.index) for s in samples] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert all(s.status is Status.TRUNCATED and s.response_len == 24 for s in samples)
+        assert metrics["rollout/aborted_groups"] == 4 and metrics["rollout/partial_carried"] == 4
+        carried = [buffer.next_carried() for _ in range(4)]
+        assert buffer.next_carried() is None
+        snapshot = {id(s): (list(s.response_ids), list(s.rollout_logprobs)) for g in carried for s in g}
+        assert all(s.status is Status.ABORTED and s.response_len < 24 for g in carried for s in g)
+        for g in reversed(carried):
+            buffer._carried.appendleft(g)
+
+        samples, metrics = producer.batch(1, train_version=1)
+        assert metrics["rollout/partial_resumed"] == 4 * 2  # every carried sample was unfinished
+        resumed = [s for s in samples if id(s) in snapshot]
+        assert len(resumed) == 4  # the batch's two groups are the first two carried ones
+        for s in resumed:
+            ids, logprobs = snapshot[id(s)]
+            assert s.response_len == 24 and s.response_ids[: len(ids)] == ids
+            assert s.rollout_logprobs[: len(logprobs)] == logprobs
+            assert s.token_versions == [0] * 24  # nothing was published in between
+    finally:
+        producer.close()
+        pool.shutdown()
+
+
+def test_the_dynamic_filter_keeps_every_batch_full_of_groups_whose_rewards_differ(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, batch_size=4, over_sampling_batch_size=6, max_response_len=2,
+        reward_fn="test_producer.parity_reward", filter_fn="rlx.rollout.filters.reward_varies",
+    )  # fmt: skip
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), RolloutBuffer(), version=0, last_step=2)
+    dropped = 0
+    try:
+        for step in range(3):
+            samples, metrics = producer.batch(step, train_version=step)
+            assert len(samples) == 4 * 2
+            for g in range(4):
+                rewards = {s.reward for s in samples if s.group == g}
+                assert rewards == {0.0, 1.0}, (step, g, rewards)
+            dropped += metrics.get("rollout/filter_dropped", 0)
+        assert dropped > 0  # about half of the groups of two agree; they never reached a batch
+    finally:
+        producer.close()
+        pool.shutdown()
