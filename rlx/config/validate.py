@@ -32,6 +32,8 @@ from rlx.config.rules import field_errors
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.reward import load_reward_fn
+from rlx.rollout.filters import load_filter
+from rlx.rollout.mode_rules import mode_errors
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
 DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo class may say otherwise
@@ -104,10 +106,21 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _group_size, _lengths, _checkpoint):
+    for rule in (*rules, _rollout_mode, _group_size, _lengths, _checkpoint):
         errors += rule(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
+
+
+def _rollout_mode(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """rollout.mode, staleness and over-sampling against each other, the placement and the algorithm."""
+    errors = mode_errors(cfg.rollout, cfg.cluster.colocate, cfg.algo.use_tis)
+    if cfg.rollout.filter_fn:
+        try:
+            load_filter(cfg.rollout.filter_fn)
+        except ConfigError as e:
+            errors.append(str(e))
+    return errors
 
 
 def _listing(errors: list[str]) -> str:

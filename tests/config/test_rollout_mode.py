@@ -1,0 +1,56 @@
+"""rollout.mode, staleness, over-sampling and filters are checked at compose time, naming keys and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlx.config.compose import compose
+from rlx.config.validate import validate
+from rlx.errors import ConfigError
+
+CASES = {
+    "async without correction": (
+        ["rollout.mode=async"],
+        ["rollout.mode=async", "algo.use_tis=true", "rollout.allow_uncorrected_async=true"],
+    ),
+    "async colocated": (
+        ["rollout.mode=async", "algo.use_tis=true", "cluster.colocate=true"],
+        ["rollout.mode=async", "cluster.colocate=false"],
+    ),
+    "staleness below the update interval": (
+        ["rollout.mode=async", "algo.use_tis=true", "rollout.update_weights_interval=3"],
+        ["rollout.max_staleness", "rollout.update_weights_interval"],
+    ),
+    "over-sampling below the batch": (
+        ["rollout.over_sampling_batch_size=4"],
+        ["rollout.over_sampling_batch_size=4", "rollout.batch_size=32", ">= 32"],
+    ),
+    "filter that does not import": (
+        ["rollout.filter_fn=no_such.module"],
+        ["rollout.filter_fn", "reward_varies"],
+    ),
+    "mask without partial rollout": (
+        ["rollout.mask_old_policy_tokens=true"],
+        ["rollout.mask_old_policy_tokens=true", "rollout.partial_rollout=true"],
+    ),
+    "unknown mode": (["rollout.mode=later"], ["rollout.mode='later'", "rollout.mode=sync"]),
+    "unknown staleness policy": (["rollout.staleness_policy=wait"], ["rollout.staleness_policy"]),
+    "unknown tis level": (["algo.tis_level=batch"], ["algo.tis_level", "token"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_rollout_mode_is_refused_naming_the_keys(case):
+    overrides, expected = CASES[case]
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides))
+    for text in expected:
+        assert text in str(err.value), (text, str(err.value))
+
+
+def test_a_sound_async_config_composes():
+    validate(compose(["rollout.mode=async", "algo.use_tis=true", "rollout.max_staleness=2",
+                      "rollout.update_weights_interval=2", "rollout.staleness_policy=drop",
+                      "rollout.filter_fn=rlx.rollout.filters.reward_varies",
+                      "rollout.over_sampling_batch_size=48", "rollout.partial_rollout=true",
+                      "rollout.mask_old_policy_tokens=true"]))  # fmt: skip
