@@ -47,7 +47,7 @@ class DataConfig:
     shuffle: bool = True  # reshuffle every epoch (seeded by run.seed and the epoch)
     max_prompt_len: int | None = None  # None: model context - rollout.max_response_len - 1 (SGLang's limit)
     on_bad_sample: str = "error"  # error: stop naming file/line/key; skip: drop and count
-    toy_task: str = "reverse"  # ToySource: reverse | copy
+    toy_task: str = "reverse"  # ToySource: one of rlx.data.toy.TASKS
     toy_num_digits: int = 3
     toy_num_rows: int = 4096
     eval: dict[str, EvalSetConfig] = field(default_factory=dict)  # name -> evaluation set
