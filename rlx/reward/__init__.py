@@ -41,9 +41,7 @@ with `zero` it is trained with reward 0.
 With `reward.url` set, a remote reward model scores every sample instead of a function
 (`rlx.reward.remote.RemoteReward`); `rollout.reward_fn` must then be left at its default.
 
-Built-in: `rlx.reward.math.math_answer`, `rlx.reward.math.exact_match`,
-`rlx.reward.symbolic.math_verify` (needs the math-verify package), `rlx.reward.group.majority_vote`,
-`rlx.reward.toy.position_match`, `rlx.reward.toy.exact_match`.
+Built-in: `BUILTIN_REWARDS` (docs/tasks.md describes each).
 """
 
 from __future__ import annotations
@@ -57,7 +55,16 @@ from rlx.reward.scorer import FunctionScorer, group_reward, slime_args
 from rlx.rollout.config import RolloutConfig
 from rlx.sample import Sample
 
-__all__ = ["Scorer", "group_reward", "load_reward_fn", "load_scorer", "slime_args"]
+__all__ = ["BUILTIN_REWARDS", "Scorer", "group_reward", "load_reward_fn", "load_scorer", "slime_args"]
+
+BUILTIN_REWARDS = (  # every shipped reward function; tests load and run each
+    "rlx.reward.math.math_answer",
+    "rlx.reward.math.exact_match",
+    "rlx.reward.symbolic.math_verify",
+    "rlx.reward.group.majority_vote",
+    "rlx.reward.toy.position_match",
+    "rlx.reward.toy.exact_match",
+)
 
 RewardFn = Callable[[Sample], float]
 DEFAULT_REWARD_FN = RolloutConfig.reward_fn  # the schema's default, which reward.url replaces

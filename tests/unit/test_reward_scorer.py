@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from rlx.config.compose import compose
 from rlx.errors import ConfigError
-from rlx.reward import group_reward, load_scorer
+from rlx.reward import BUILTIN_REWARDS, group_reward, load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.reward.scorer import FunctionScorer
 from rlx.rollout.config import RolloutConfig
@@ -133,6 +135,17 @@ def test_load_scorer_finds_the_form_by_path():
     samples = group_of(r"\boxed{3}", "it is 3", r"\boxed{4}")
     asyncio.run(group.score_group(samples))
     assert [s.reward for s in samples] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("path", BUILTIN_REWARDS)
+def test_every_builtin_reward_loads_and_scores(path):
+    if path.startswith("rlx.reward.symbolic"):
+        pytest.importorskip("math_verify")
+    samples = group_of("3", r"\boxed{4}")  # label "3": right, then wrong, for every built-in
+    scorer = load_scorer(path, CFG)
+    asyncio.run(scorer.score_group(samples))
+    assert [s.reward for s in samples] == [1.0, 0.0]
+    assert scorer.metrics()["reward/num_failed"] == 0
 
 
 # ---- what the scorer leaves alone --------------------------------------------------------------
@@ -307,3 +320,17 @@ def test_url_and_a_reward_fn_together_are_a_config_error():
         load_scorer("rlx.reward.math.math_answer", cfg)
     with pytest.raises(ConfigError, match="rollout.reward_fn='rlx.reward.mathx.f' cannot be imported"):
         load_scorer("rlx.reward.mathx.f", CFG)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("reward.on_failure=drop", "reward.on_failure='drop' is not one of ['exclude', 'zero']"),
+        ("reward.scope=batch", "reward.scope='batch' is not one of ['sample', 'group']"),
+        ("reward.url=localhost:5000", "reward.url='localhost:5000' must be http://... or https://..."),
+        ("reward.timeout_s=0", "reward.timeout_s=0.0 must be > 0"),
+    ],
+)
+def test_bad_reward_settings_fail_at_compose(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose([override])
