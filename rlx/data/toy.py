@@ -16,14 +16,17 @@ from rlx.data.source import PromptSource
 from rlx.errors import ConfigError
 
 DIGITS = [str(d) for d in range(10)]
-TASKS = ("reverse", "copy")  # the kinds ToyTask knows
+TASKS = ("reverse", "copy", "add")  # the kinds ToyTask knows
 
 
 @dataclass
 class ToyTask:
     """A family of prompts `d1 .. dn =` whose label is a function of the digits.
 
-    `kind` is one of `reverse` (label: the digits reversed) or `copy` (label: the digits).
+    `kind` is one of `reverse` (label: the digits reversed), `copy` (label: the digits), or
+    `add`: two n-digit numbers and their n+1-digit sum, every number written least significant
+    digit first ("4 2 + 9 3 =" is 24 + 39 -> "3 6 0", i.e. 63), the order in which the carries
+    run, so each answer digit sits at a fixed distance from its two operand digits.
     """
 
     kind: str = "reverse"
@@ -31,6 +34,11 @@ class ToyTask:
 
     def make(self, rng: random.Random) -> tuple[str, str]:
         digits = [rng.choice(DIGITS) for _ in range(self.num_digits)]
+        if self.kind == "add":
+            other = [rng.choice(DIGITS) for _ in range(self.num_digits)]
+            total = int("".join(digits[::-1])) + int("".join(other[::-1]))
+            answer = list(str(total).zfill(self.num_digits + 1)[::-1])
+            return " ".join([*digits, "+", *other, "="]), " ".join(answer)
         answer = digits[::-1] if self.kind == "reverse" else digits
         return " ".join([*digits, "="]), " ".join(answer)
 
