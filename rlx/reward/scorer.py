@@ -308,12 +308,13 @@ class _Workers:
             self._ready.notify()
         try:
             outcome, value = await asyncio.wait_for(job.future, timeout_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError) as e:  # cancelled: the pool gave up on the group
             with job.lock:
                 replace = not job.done
                 job.abandoned = True
             if replace:
-                log.warning("%s overran reward.timeout_s=%s; its thread is written off", path, timeout_s)
+                if isinstance(e, TimeoutError):
+                    log.warning("%s overran reward.timeout_s=%s; its thread is written off", path, timeout_s)
                 self._spawn()
             raise
         if outcome == "raised":

@@ -243,6 +243,30 @@ def test_sync_timeout_writes_off_the_thread_and_the_next_call_runs():
     assert scorer.metrics()["reward/failed_timeout"] == 1
 
 
+def test_a_cancelled_call_gives_its_worker_back():
+    release = threading.Event()
+
+    def blocks_first(sample):
+        if sample.index == 0:
+            release.wait(30)
+        return 1.0
+
+    samples = group_of("3", "3")
+    scorer = FunctionScorer(blocks_first, "tests.reward_fn", replace(CFG, num_workers=1))
+
+    async def run():
+        first = asyncio.ensure_future(scorer.score_group(samples[:1]))
+        await asyncio.sleep(0.05)
+        first.cancel()  # the pool dropped the group; its call still blocks its thread
+        # one worker: without a replacement thread this call would queue and time out (5 s)
+        await scorer.score_group(samples[1:])
+
+    asyncio.run(run())
+    release.set()
+    assert samples[0].reward is None
+    assert samples[1].reward == 1.0 and samples[1].status is Status.COMPLETED
+
+
 def test_async_timeout_and_an_own_timeout_error_differ():
     async def slow(sample):
         if sample.index == 0:
