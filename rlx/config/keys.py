@@ -58,7 +58,8 @@ def unknown_key_errors(cfg: DictConfig) -> list[str]:
 def _extra_keys(node: DictConfig, prefix: str) -> list[str]:
     schema = OmegaConf.get_type(node)
     if not (isinstance(schema, type) and is_dataclass(schema)):
-        return []  # a pass-through map: any key
+        # a map: any key, but values typed by a schema (data.eval's sets) are checked in turn
+        return [k for name in node.keys() for k in _typed_child_keys(node, name, f"{prefix}{name}.")]
     declared = {f.name for f in fields(schema)}
     extra = []
     for name in node.keys():
@@ -66,15 +67,25 @@ def _extra_keys(node: DictConfig, prefix: str) -> list[str]:
         if name not in declared:
             extra.append(key)
             continue
-        child = node._get_node(name)
-        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-            extra += _extra_keys(child, f"{key}.")
+        extra += _typed_child_keys(node, name, f"{key}.")
     return extra
 
 
-def suggest(key: str) -> str:
-    """'did you mean KEY2? set KEY2=...' for the closest real key (difflib), or where keys are listed."""
-    keys = list(schema_keys())
+def _typed_child_keys(node: DictConfig, name: Any, prefix: str) -> list[str]:
+    child = node._get_node(name)
+    if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+        schema = OmegaConf.get_type(child)
+        if isinstance(schema, type) and is_dataclass(schema):
+            return _extra_keys(child, prefix)
+    return []
+
+
+def suggest(key: str, schema: type | None = None) -> str:
+    """'did you mean KEY2? set KEY2=...' for the closest real key (difflib), or where keys are listed.
+    `schema`: the dataclass of `key`'s parent node, when it is not reachable from the root's
+    defaults (a value of a typed map such as data.eval.NAME)."""
+    parent = key.rsplit(".", 1)[0]
+    keys = [f"{parent}.{f.name}" for f in fields(schema)] if schema else list(schema_keys())
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if not close:  # the nearest key of the same section, if the section exists
         section = key.rsplit(".", 1)[0] + "."
@@ -100,6 +111,9 @@ def explain_override_error(text: str, cause: BaseException | None) -> str | None
         if parent in pass_through_maps():
             return f"{key} is a new key of the pass-through map {parent}; add it with a leading +: +{key}=..."
         return f"{key} does not exist; {suggest(key)}"
+    if cause is not None and (full_key := getattr(cause, "full_key", None)) and "not in '" in str(cause):
+        schema = getattr(cause, "object_type", None)  # e.g. `+data.eval={a:{pth:...}}`
+        return f"{full_key} does not exist; {suggest(full_key, schema if is_dataclass(schema) else None)}"
     if (match := _MERGE.search(text)) and cause is not None:
         key, value = match.group(1).lstrip("+~"), match.group(2)
         full_key = getattr(cause, "full_key", None) or key

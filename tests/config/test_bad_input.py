@@ -40,6 +40,10 @@ CONFIG_CASES = {
         ["+experiment=fast"],
         ["experiment is neither a config group", "conf/experiment", "remove +experiment="],
     ),
+    "misspelled key of an eval set": (
+        ["+data.eval={math:{pth:/data/math.jsonl}}"],
+        ["data.eval.math.pth does not exist", "did you mean data.eval.math.path? set data.eval.math.path="],
+    ),
     "wrong type: number": (["train.lr=abc"], ["train.lr=abc", "not a number", "set train.lr to a number"]),
     "wrong type: integer": (["run.seed=1.5"], ["run.seed=1.5", "not an integer", "set run.seed to an integer"]),
     "wrong type: bool": (["cluster.colocate=maybe"], ["cluster.colocate=maybe", "set cluster.colocate to true or false"]),
