@@ -197,8 +197,10 @@ class FunctionScorer(BaseScorer):
             return
         try:
             values = await self._call(samples)
-            if not isinstance(values, list | tuple) or len(values) != len(samples):
-                got = f"{len(values)} values" if isinstance(values, list | tuple) else _show(values)
+            if hasattr(values, "__len__") and not isinstance(values, str | bytes | dict):
+                values = list(values)  # a list, tuple, numpy array or tensor of rewards
+            if not isinstance(values, list) or len(values) != len(samples):
+                got = f"{len(values)} values" if isinstance(values, list) else _show(values)
                 raise RewardFailure(
                     "wrong_count", f"{self.path} returned {got} for a group of {len(samples)} samples"
                 )

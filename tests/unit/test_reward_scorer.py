@@ -127,6 +127,17 @@ def test_group_reward_wrong_count_fails_every_sample():
     assert "returned 2 values for a group of 3 samples" in samples[0].status_reason
     assert scorer.metrics()["reward/failed_wrong_count"] == 3
 
+    samples = group_of("3", "3")
+    score(group_reward(lambda samples: 0.5), samples)  # one number for the group
+    assert "returned float 0.5 for a group of 2 samples" in samples[0].status_reason
+
+
+def test_group_reward_may_return_an_array():
+    samples = group_of("3", "4")
+    score(group_reward(lambda samples: np.array([0.5, np.nan])), samples)
+    assert samples[0].reward == 0.5 and samples[0].status is Status.COMPLETED
+    assert samples[1].metadata["reward_failed"] == "not_finite"  # only the bad entry fails
+
 
 def test_load_scorer_finds_the_form_by_path():
     group = load_scorer("rlx.reward.group.majority_vote", CFG)
