@@ -115,6 +115,28 @@ def test_ray_cluster_with_too_few_gpus():
     assert check_gpus(to_object(compose()).cluster) is None  # CPU: nothing to check
 
 
+def test_ray_cluster_with_too_few_gpus_read_from_ray():
+    """check_gpus with cluster.ray_address reads the connected Ray cluster (here a local one with
+    2 logical GPUs; seconds)."""
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already up in this process")
+    ray.init(address="local", num_cpus=1, num_gpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        cluster = to_object(
+            compose(["cluster=1x8", "rollout.num_engines=4", "cluster.ray_address=auto"])
+        ).cluster
+        with pytest.raises(
+            ConfigError, match=r"needs 8 GPUs .* the Ray cluster at cluster.ray_address=auto .* has 2"
+        ):
+            check_gpus(cluster)
+        cluster.num_trainer_procs = cluster.num_rollout_gpus = 1
+        check_gpus(cluster)  # 2 GPUs needed, 2 there
+    finally:
+        ray.shutdown()
+
+
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 
