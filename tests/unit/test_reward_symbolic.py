@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import rlx.reward
 from rlx.errors import ConfigError
 from rlx.reward import load_reward_fn, load_scorer
 from rlx.reward.config import RewardConfig
@@ -15,7 +16,8 @@ from rlx.sample import Sample, Status
 
 def test_missing_package_is_a_config_error_naming_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "rlx.reward.symbolic", raising=False)
+    monkeypatch.delitem(sys.modules, "rlx.reward.symbolic", raising=False)  # not imported yet, either
+    monkeypatch.delattr(rlx.reward, "symbolic", raising=False)
     with pytest.raises(
         ConfigError,
         match=r"(?s)rollout.reward_fn='rlx.reward.symbolic.math_verify' cannot be imported.*pip install math-verify",
