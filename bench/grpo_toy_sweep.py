@@ -150,7 +150,8 @@ def main() -> None:
     procs = []
     for values in itertools.product(*(vs for _, vs in axes)):
         overrides = dict(zip((k for k, _ in axes), values, strict=True))
-        argv = [f"--{k}={v}" for k, v in {**base, **overrides}.items()] + [f"--log-every={args.log_every}"]
+        argv = [f"--{k.replace('_', '-')}={v}" for k, v in {**base, **overrides}.items()]
+        argv.append(f"--log-every={args.log_every}")
         procs.append(subprocess.Popen([sys.executable, __file__, *argv]))
     sys.exit(max(p.wait() for p in procs))
 

@@ -168,7 +168,7 @@ def make_engine(path: Path, **kwargs):
     ))  # fmt: skip
 
 
-def run_moe(root: Path, results: dict) -> None:
+def run_moe(root: Path, results: dict, batches: list[int]) -> None:
     import rlx
 
     path = write_model(MOE_NAME, root)
@@ -179,7 +179,7 @@ def run_moe(root: Path, results: dict) -> None:
             results["cuda_graphs_captured"] = False
             graphs = False
         run_engine(engine, 8, new=8)  # warm-up
-        for batch in (64, 256):
+        for batch in batches:
             ours = run_engine(engine, batch)
             ours["roofline_fraction"] = roofline_s(engine, batch) / ours["wall_s"]
             entry = {"model": MOE_NAME, "batch": batch, "cuda_graphs": graphs, "rlx": ours}
@@ -199,12 +199,13 @@ def main() -> None:
     parser.add_argument("--hf-new-tokens", type=int, default=128)
     parser.add_argument("--engine-only", action="store_true", help="skip the transformers and flex runs")
     parser.add_argument("--moe", action="store_true", help="Qwen3-MoE decode, graphs on and off (docstring)")
+    parser.add_argument("--moe-batches", default="64,256", help="--moe: the batch sizes")
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
     if args.moe:
-        return run_moe(root, results)
+        return run_moe(root, results, [int(b) for b in args.moe_batches.split(",")])
     for name in ["qwen3_0.6b"] if args.quick else list(SHAPES):
         path = write_model(name, root)
         engine = make_engine(path)
