@@ -22,6 +22,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -146,11 +147,11 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
     this job's Ray and nothing else on the node). Raises NodeJoinError naming the missing nodes.
     """
     host_ip = socket.gethostbyname(role.hostnames[0])
-    port = free_port()
+    port = free_port(host_ip)
     address = f"{host_ip}:{port}"
     log_path = Path(run_dir) / f"ray_node0.{role.job_id}.log"
     head_args = ["--head", f"--port={port}", f"--node-ip-address={host_ip}", "--include-dashboard=false"]
-    proc = _ray_start(head_args, log_path)
+    proc = _ray_start(role, head_args, log_path)
     try:
         _connect(address, proc, log_path, timeout_s)
         path = rendezvous_path(run_dir, role)
@@ -218,7 +219,9 @@ def join(role: NodeRole, run_dir: str | Path, timeout_s: float) -> None:
             )
         time.sleep(POLL_S)
     address = json.loads(path.read_text())["address"]
-    proc = _ray_start([f"--address={address}"], Path(run_dir) / f"ray_node{role.node_rank}.{role.job_id}.log")
+    node_ip = socket.gethostbyname(role.hostnames[role.node_rank])  # the address SLURM knows the node by
+    log_path = Path(run_dir) / f"ray_node{role.node_rank}.{role.job_id}.log"
+    proc = _ray_start(role, [f"--address={address}", f"--node-ip-address={node_ip}"], log_path)
     log.info("node %d joined the Ray head at %s", role.node_rank, address)
     try:
         _stay_while_head_lives(address, proc)
@@ -254,12 +257,18 @@ def _ip(host: str) -> str | None:
         return None
 
 
-def _ray_start(args: list[str], log_path: Path) -> subprocess.Popen:
+def _ray_start(role: NodeRole, args: list[str], log_path: Path) -> subprocess.Popen:
     """`ray start ... --block`: it owns the Ray processes it starts for this job, and stops them
     when terminated (`stop`), leaving any other Ray on the node alone. Output goes to `log_path`."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.setdefault("RAY_AUTH_MODE", "disabled")
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *args]
+    # at the end of the job there is nothing to drain: stop at once, even with the head gone
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+    # A temp dir of the job's own: `ray start` records its cluster in <temp dir>/ray_current_cluster,
+    # and under the default /tmp/ray every later `ray.init()` on the node would join this job's Ray.
+    temp_dir = Path(tempfile.gettempdir()) / f"rlx_ray_{role.job_id}_{role.node_rank}"
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats"]
+    cmd += [f"--temp-dir={temp_dir}", *args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
