@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
 export RLX_CACHE="${RLX_CACHE:-$(mktemp -d)}"  # tiny checkpoints written fresh, like a new user's
+# tests/integration/test_slurm.py submits jobs to a one-node SLURM on localhost (root only; the
+# test itself says why it skips when SLURM cannot be started)
+if [[ $(id -u) -eq 0 ]]; then
+  bash scripts/slurm-local.sh || echo "warning: scripts/slurm-local.sh failed; the SLURM tests will say why" >&2
+fi
 python -m pytest -q "$@"
