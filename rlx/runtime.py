@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rlx import checkpoint
 from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
+from rlx.config.layout import check_gpus
+from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import max_prompt_len, validate
+from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.pool import RolloutPool
@@ -35,6 +38,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     job = _prepare(cfg)
     rc, out, data = job.cfg, job.out, job.data
     _start_ray(rc.cluster)
+    check_gpus(rc.cluster)
     trainer = pool = tracker = placement = sync = producer = None
     history = []
     try:
@@ -45,8 +49,9 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         start_step, version = state["step"] + 1, state["version"]
         turns.before_engines_start()
         turns.pool = pool = RolloutPool(
-            rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines
-        )
+            rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines,
+            reward=rc.reward,
+        )  # fmt: skip
         tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
         sync = WeightPublisher(
             trainer, pool, method=choose_method(rc.rollout, rc.cluster), disk_root=out / "weight_sync",
@@ -117,11 +122,11 @@ def _prepare(cfg: DictConfig) -> _Job:
     rc = to_object(cfg)
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml", resolve=True)
     family = build(rc.model)
     hf_dir = family.checkpoint_dir()
-    family.check_hf_config(hf_dir)
     tokenizer = _load_tokenizer(hf_dir)
+    check_checkpoint(family, hf_dir, tokenizer)
+    write_run_config(cfg, out, hf_dir)  # config.yaml (what was used) and run_info.json (versions)
     prompt_len = rc.data.max_prompt_len or max_prompt_len(
         rc.model.max_position_embeddings, rc.rollout.max_response_len
     )

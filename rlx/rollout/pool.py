@@ -17,7 +17,8 @@ import time
 
 import ray
 
-from rlx.reward import load_reward_fn
+from rlx.reward import load_scorer
+from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
@@ -45,12 +46,16 @@ class RolloutPool:
         *,
         seed: int,
         actor_options: list[dict] | None = None,
+        reward: RewardConfig | None = None,
     ):
-        """`actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU."""
+        """`actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU.
+        `reward`: the `reward` section (how rewards are computed; see `rlx.reward`)."""
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
-        self.reward_fn = load_reward_fn(cfg.reward_fn)
+        # before any engine starts: a reward function that does not import, or a reward server that
+        # does not answer, fails here
+        self.scorer = load_scorer(cfg.reward_fn, reward or RewardConfig(), rollout=cfg, tokenizer=tokenizer)
         options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlx-rollout", daemon=True)
@@ -126,8 +131,7 @@ class RolloutPool:
         if todo:
             await self._request(todo, step, version)
         if not any(s.status is Status.ABORTED for s in group):
-            for s in group:
-                self._reward(s)
+            await self.scorer.score_group(group)
 
     async def _request(self, todo: list[Sample], step: int, version: int) -> None:
         params: dict | list[dict] = self.sampling_params
@@ -157,7 +161,9 @@ class RolloutPool:
                         )
                     )
                 else:
-                    outs = await self.client.generate_batch([s.tokens for s in todo], params, rids=rids)
+                    # sglang-router 0.3.2 takes no list of request ids: behind it, `abort` aborts all
+                    batch_rids = rids if self.router is None else None
+                    outs = await self.client.generate_batch([s.tokens for s in todo], params, rids=batch_rids)
             except Exception as e:  # a failed request fails its group, not the run
                 for s in todo:
                     s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
@@ -197,25 +203,17 @@ class RolloutPool:
             s.status = Status.ABORTED if s.status is Status.ABORTED else Status.FAILED
             s.status_reason = str(finish.get("message", "empty response"))
 
-    def _reward(self, s: Sample) -> None:
-        if s.status in (Status.FAILED, Status.ABORTED):
-            s.reward = 0.0
-            return
-        try:
-            s.reward = float(self.reward_fn(s))
-        except Exception as e:
-            s.reward, s.status, s.status_reason = (
-                0.0,
-                Status.FAILED,
-                f"reward_fn raised {type(e).__name__}: {e}",
-            )
-
     async def abort(self, samples: list[Sample]) -> None:
         """Abort the requests of `samples` on every engine (they come back ABORTED with what they
         generated so far; SGLang aborts a live request by its exact id). Requests still waiting
-        for a slot under `rollout.max_concurrency` are never sent."""
+        for a slot under `rollout.max_concurrency` are never sent. Behind the router every running
+        request is aborted (as slime does): the others come back aborted too and are carried over
+        or restarted like any unfinished group."""
         rids = {rid(s) for s in samples}
         self._cancelled.update(rids & self._queued)
+        if self.router is not None:  # no request ids behind the router (see `_request`): all of them
+            await asyncio.gather(*(c.abort(abort_all=True) for c in self.engine_clients))
+            return
         await asyncio.gather(*(c.abort(r) for r in rids - self._queued for c in self.engine_clients))
 
     # ---- weights and lifecycle ---------------------------------------------------------------
@@ -268,6 +266,7 @@ class RolloutPool:
 
     def shutdown(self) -> None:
         try:
+            self.run(self.scorer.aclose())
             if self.router:
                 self.router.stop()
             for c in [self.client, *self.engine_clients]:
