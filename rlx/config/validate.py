@@ -33,6 +33,7 @@ from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.reward import load_reward_fn
 from rlx.rollout.filters import load_filter
+from rlx.rollout.generate import load_generate_fn
 from rlx.rollout.mode_rules import mode_errors
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
@@ -115,9 +116,10 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
 def _rollout_mode(cfg: RlxConfig, classes: Classes) -> list[str]:
     """rollout.mode, staleness and over-sampling against each other, the placement and the algorithm."""
     errors = mode_errors(cfg.rollout, cfg.cluster.colocate, cfg.algo.use_tis)
-    if cfg.rollout.filter_fn:
+    for path, load in ((cfg.rollout.filter_fn, load_filter), (cfg.rollout.generate_fn, load_generate_fn)):
         try:
-            load_filter(cfg.rollout.filter_fn)
+            if path:
+                load(path)
         except ConfigError as e:
             errors.append(str(e))
     return errors

@@ -28,7 +28,10 @@ class RolloutConfig:
     top_k: int = -1  # -1: no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # besides the tokenizer's EOS
     ignore_eos: bool = False  # generate max_response_len tokens whatever is sampled (benchmarks)
-    reward_fn: str = "rlx.reward.toy.position_match"  # _target_ path: (sample) -> float
+    reward_fn: str = "rlx.reward.toy.position_match"  # _target_ path: (sample) -> float (rlx.reward)
+    # _target_ path of an async (ctx, sample, sampling_params) -> Sample | list[Sample] that generates
+    # each sample itself (multi-turn, tools; rlx.rollout.generate); null: one request per group
+    generate_fn: str | None = None
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
     engine_threads: int = 1  # torch threads per local engine process
     engine_args: dict[str, Any] = field(default_factory=dict)  # passed to the engine unchanged

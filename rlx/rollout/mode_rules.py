@@ -36,6 +36,12 @@ def mode_errors(rollout: RolloutConfig, colocate: bool, use_tis: bool) -> list[s
             f"{rollout.batch_size}: each round launches at least a batch; set it >= {rollout.batch_size} "
             "or null"
         )
+    if rollout.partial_rollout and rollout.generate_fn:
+        errors.append(
+            f"rollout.partial_rollout=true with rollout.generate_fn={rollout.generate_fn!r}: a custom "
+            "generation cannot be continued where an abort stopped it (it is restarted); set "
+            "rollout.partial_rollout=false"
+        )
     if rollout.mask_old_policy_tokens and not rollout.partial_rollout:
         errors.append(
             "rollout.mask_old_policy_tokens=true masks tokens a partial rollout carried over; set "

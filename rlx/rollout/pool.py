@@ -22,6 +22,7 @@ from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
+from rlx.rollout.generate import GenerateContext, load_generate_fn
 from rlx.rollout.router import Router
 from rlx.sample import Sample, Status
 
@@ -55,6 +56,7 @@ class RolloutPool:
         self.tokenizer = tokenizer
         # before any engine starts: a reward function that does not import, or a reward server that
         # does not answer, fails here
+        self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         self.scorer = load_scorer(cfg.reward_fn, reward or RewardConfig(), rollout=cfg, tokenizer=tokenizer)
         options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self._loop = asyncio.new_event_loop()
@@ -128,10 +130,38 @@ class RolloutPool:
         repeat one sample n times). `version`: the engines' version if they do not report one.
         Request ids are `rid(sample)`, so `abort` can stop them."""
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
-        if todo:
+        if todo and self.generate_fn is not None:
+            await self._custom(group, todo, step, version)
+        elif todo:
             await self._request(todo, step, version)
         if not any(s.status is Status.ABORTED for s in group):
             await self.scorer.score_group(group)
+
+    async def _custom(self, group: list[Sample], todo: list[Sample], step: int, version: int) -> None:
+        """`rollout.generate_fn` on each sample to generate; fan-out grows the group in place."""
+
+        async def one(s: Sample) -> list[Sample]:
+            ctx = GenerateContext(self.client, self.tokenizer, self.cfg, version)
+            params = self.sampling_params | self._seeded(step, s)
+            async with self._semaphore:
+                try:
+                    out = await self.generate_fn(ctx, s, params)
+                except Exception as e:  # a failed sample, not a failed run
+                    s.status, s.status_reason = Status.FAILED, f"generate_fn raised {type(e).__name__}: {e}"
+                    return [s]
+            return out if isinstance(out, list) else [out]
+
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
+        results = dict(zip(map(id, todo), await asyncio.gather(*(one(s) for s in todo)), strict=True))
+        group[:] = [r for s in group for r in results.get(id(s), [s])]
+        for i, s in enumerate(group):
+            s.index = i
+            if s.status is Status.PENDING:
+                s.status, s.status_reason = (
+                    Status.FAILED,
+                    "generate_fn returned the sample without generating",
+                )
 
     async def _request(self, todo: list[Sample], step: int, version: int) -> None:
         params: dict | list[dict] = self.sampling_params

@@ -49,7 +49,9 @@ def ray_session():
 
 
 def _pool(tiny_qwen3_dir, tokenizer, **overrides) -> RolloutPool:
-    cfg = RolloutConfig(**({"n_samples_per_prompt": 2, "max_response_len": 12, "ignore_eos": True} | overrides))
+    cfg = RolloutConfig(
+        **({"n_samples_per_prompt": 2, "max_response_len": 12, "ignore_eos": True} | overrides)
+    )
     return RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0)
 
 
@@ -141,4 +143,41 @@ def test_the_dynamic_filter_keeps_every_batch_full_of_groups_whose_rewards_diffe
         assert dropped > 0  # about half of the groups of two agree; they never reached a batch
     finally:
         producer.close()
+        pool.shutdown()
+
+
+async def two_turns(ctx, sample, params):
+    """Model turn (3 tokens), a tool answer ("7 ="), model turn (3 tokens); fanned out to two."""
+    out = await ctx.generate(sample.tokens, params | {"max_new_tokens": 3})
+    ctx.append_output(sample, out)
+    tool = ctx.append_text(sample, "7 =")
+    out = await ctx.generate(sample.tokens, params | {"max_new_tokens": 3})
+    ctx.append_output(sample, out)
+    sample.metadata["tool_ids"] = tool
+    twin = Sample.from_json(sample.to_json())
+    twin.reward = 0.25  # set by the function itself: the scorer leaves it
+    return [sample, twin]
+
+
+def test_a_generate_fn_builds_multi_turn_samples_with_tool_tokens_out_of_the_loss(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.two_turns", max_response_len=16, ignore_eos=True
+    )
+    try:
+        group = expand(_Prompts(tokenizer).take(1)[0], 0, 2)
+        pool.run(pool.generate_group(group, step=0, version=0))
+        assert [s.index for s in group] == [0, 1, 2, 3]  # two samples, each fanned out to two
+        for s in group:
+            k = len(s.metadata["tool_ids"])
+            assert s.response_len == 3 + k + 3
+            assert s.loss_mask == [1] * 3 + [0] * k + [1] * 3
+            assert s.response_ids[3 : 3 + k] == s.metadata["tool_ids"]
+            assert s.rollout_logprobs[3 : 3 + k] == [0.0] * k
+            assert all(lp < 0 for lp in s.rollout_logprobs[:3] + s.rollout_logprobs[3 + k :])
+            assert s.status is Status.TRUNCATED and s.version == 0
+        assert [s.reward for s in group[1::2]] == [0.25, 0.25]  # the function's own reward kept
+        assert all(s.reward in (0.0, 1 / 3, 2 / 3, 1.0) for s in group[::2])  # scored by the toy reward
+    finally:
         pool.shutdown()

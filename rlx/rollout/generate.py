@@ -1,0 +1,111 @@
+"""Custom generation (`rollout.generate_fn`): multi-turn, tools, agents; one function per task.
+
+The contract of `rollout.generate_fn` (the dotted path of an async function):
+
+    async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict) -> Sample | list[Sample]
+
+It is called once per sample to generate (each of a group's `n_samples_per_prompt` copies of a
+prompt, concurrently), instead of rlx's one request per group. `sample` holds the prompt
+(`prompt`, `prompt_ids`, `label`, `metadata`) and an empty response; `sampling_params` is the
+run's (SGLang's names: temperature, top_p, top_k, max_new_tokens, stop_token_ids, ...), to pass
+on or change. The function drives the engines through `ctx` and builds the response as token ids:
+
+    out = await ctx.generate(sample.tokens, params)   # SGLang's /generate answer
+    ctx.append_output(sample, out)                    # the model's tokens: trained (loss_mask 1)
+    ctx.append_tokens(sample, tool_ids)               # tool or environment output: not trained
+
+so what the model produced is never re-tokenised, and only model tokens carry loss. It sets
+`sample.status` when it ends some other way than the last output says (`append_output` sets
+it from the engine's finish reason), and may set `sample.reward` itself (the scorer then leaves
+it). It returns the sample, or several (fan-out: each becomes a sample of the group, numbered
+after it). An exception fails that sample (status FAILED with the reason); the run goes on.
+
+slime's `async def generate(args, sample, sampling_params)` ports by taking `ctx` for `args`:
+`ctx.url` is the router's address (slime's `args.sglang_router_ip/port`), `ctx.post(path, json)`
+its `post` helper, `ctx.tokenizer` the tokenizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hydra._internal.utils import _locate
+
+from rlx.errors import ConfigError
+from rlx.rollout.client import EngineClient
+from rlx.rollout.config import RolloutConfig
+from rlx.sample import Sample, Status
+
+GenerateFn = Callable[["GenerateContext", Sample, dict], Awaitable[Sample | list[Sample]]]
+
+FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+class GenerateContext:
+    """What a generate_fn drives the engines with (one per sample call)."""
+
+    def __init__(self, client: EngineClient, tokenizer, rollout: RolloutConfig, version: int):
+        self.client, self.tokenizer, self.rollout, self.version = client, tokenizer, rollout, version
+        self.url = client.base_url
+
+    async def generate(self, input_ids: list[int], sampling_params: dict, **kwargs: Any) -> dict:
+        """POST /generate for one prompt (through the router when there is one); SGLang's answer,
+        with `meta_info.output_token_logprobs` (the logprobs every trained token needs)."""
+        return await self.client.generate(list(input_ids), sampling_params, **kwargs)
+
+    async def post(self, path: str, payload: dict) -> Any:
+        """POST any SGLang endpoint (slime's `post(url, payload)`); the JSON answer."""
+        return (await self.client._request("POST", path, json=payload)).body
+
+    def append_output(self, sample: Sample, out: dict) -> int:
+        """Append the model's tokens of one /generate answer to the response (trained, with their
+        logprobs and the version that generated them); set the status from its finish reason.
+        Returns the number of tokens appended."""
+        meta = out.get("meta_info", {})
+        pairs = meta.get("output_token_logprobs") or []
+        ids = [int(t) for _, t, *_ in pairs]
+        weight_version = meta.get("weight_version")
+        version = int(weight_version) if weight_version not in (None, "", "default") else self.version
+        _extend(sample, ids, [float(lp) for lp, *_ in pairs], 1, version)
+        finish = meta.get("finish_reason") or {}
+        sample.status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+        if sample.status is Status.ABORTED:
+            sample.status_reason = str(finish.get("message", "aborted"))
+        return len(ids)
+
+    def append_tokens(self, sample: Sample, token_ids: list[int]) -> None:
+        """Append tokens the model did not generate (tool output, environment feedback): part of
+        the context of what follows, left out of the loss (loss_mask 0, logprob 0)."""
+        ids = [int(t) for t in token_ids]
+        _extend(sample, ids, [0.0] * len(ids), 0, self.version)
+
+    def append_text(self, sample: Sample, text: str) -> list[int]:
+        """`append_tokens` of `text` tokenised alone (no special tokens added); the ids."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.append_tokens(sample, ids)
+        return ids
+
+
+def _extend(sample: Sample, ids: list[int], logprobs: list[float], mask: int, version: int) -> None:
+    if len(logprobs) != len(ids):
+        raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs (ask for return_logprob)")
+    sample.response_ids = sample.response_ids + ids
+    sample.rollout_logprobs = sample.rollout_logprobs + logprobs
+    sample.loss_mask = sample.loss_mask + [mask] * len(ids)
+    sample.token_versions = sample.token_versions + [version] * len(ids)
+    model_versions = [v for v, m in zip(sample.token_versions, sample.loss_mask, strict=True) if m]
+    sample.version = min(model_versions, default=version)
+
+
+def load_generate_fn(path: str) -> GenerateFn:
+    """The async function `rollout.generate_fn` names; ConfigError naming the key when it is not one."""
+    fix = "fix: give the dotted path of `async def generate(ctx, sample, sampling_params)` (rlx.rollout.generate)"
+    try:
+        fn = _locate(path)
+    except Exception as e:  # any import failure is the same user error
+        raise ConfigError(f"rollout.generate_fn={path!r} cannot be imported: {e}\n{fix}") from e
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"rollout.generate_fn={path!r} is not an async function\n{fix}")
+    return fn
