@@ -118,7 +118,9 @@ class RolloutPool:
             )
         return samples, rollout_metrics(samples, time.perf_counter() - start)
 
-    async def generate_group(self, group: list[Sample], step: int, version: int) -> None:
+    async def generate_group(
+        self, group: list[Sample], step: int, version: int, sampling: dict | None = None
+    ) -> None:
         """Generate each sample's response, or the rest of it (a partial rollout carried over), in
         one request per group; then reward the group unless it was aborted.
 
@@ -128,21 +130,25 @@ class RolloutPool:
         sglang-router 0.3.2 accepts only one `sampling_params` object per batch request, so behind
         the router a group shares the engines' own random streams instead (one seed for all would
         repeat one sample n times). `version`: the engines' version if they do not report one.
+        `sampling`: SGLang sampling parameters overriding the run's (evaluation's own settings).
         Request ids are `rid(sample)`, so `abort` can stop them."""
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
+        params = self.sampling_params | (sampling or {})
         if todo and self.generate_fn is not None:
-            await self._custom(group, todo, step, version)
+            await self._custom(group, todo, step, version, params)
         elif todo:
-            await self._request(todo, step, version)
+            await self._request(todo, step, version, params)
         if not any(s.status is Status.ABORTED for s in group):
             await self.scorer.score_group(group)
 
-    async def _custom(self, group: list[Sample], todo: list[Sample], step: int, version: int) -> None:
+    async def _custom(
+        self, group: list[Sample], todo: list[Sample], step: int, version: int, sampling: dict
+    ) -> None:
         """`rollout.generate_fn` on each sample to generate; fan-out grows the group in place."""
 
         async def one(s: Sample) -> list[Sample]:
             ctx = GenerateContext(self.client, self.tokenizer, self.cfg, version)
-            params = self.sampling_params | self._seeded(step, s)
+            params = sampling | self._seeded(step, s)
             async with self._semaphore:
                 try:
                     out = await self.generate_fn(ctx, s, params)
@@ -163,12 +169,13 @@ class RolloutPool:
                     "generate_fn returned the sample without generating",
                 )
 
-    async def _request(self, todo: list[Sample], step: int, version: int) -> None:
-        params: dict | list[dict] = self.sampling_params
-        budget = [self.cfg.max_response_len - s.response_len for s in todo]
-        if self.router is None or any(n != self.cfg.max_response_len for n in budget):
+    async def _request(self, todo: list[Sample], step: int, version: int, sampling: dict) -> None:
+        params: dict | list[dict] = sampling
+        max_new = sampling["max_new_tokens"]
+        budget = [max_new - s.response_len for s in todo]
+        if self.router is None or any(n != max_new for n in budget):
             params = [
-                self.sampling_params | {"max_new_tokens": n} | self._seeded(step, s)
+                sampling | {"max_new_tokens": n} | self._seeded(step, s)
                 for s, n in zip(todo, budget, strict=True)
             ]
         if self._semaphore is None:  # made on the loop it guards
