@@ -260,15 +260,19 @@ class ModelFamily:
         )
 
     def export_hf_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full HF-named tensors, one at a time, in a stable order (a TP collective: every TP rank
-        must iterate it fully; all get full tensors). A tied lm_head is not exported. Under PP
-        each stage yields its own layers' tensors only."""
+        """Full HF-named tensors of the whole model, one at a time, in the one-rank order: a
+        collective over the TP and pipeline groups (every rank must iterate it fully; all get
+        every tensor, whatever stage holds it). A tied lm_head is not exported."""
         from megatron.core import parallel_state
 
-        return self.weight_bridge().export(
-            model,
-            tp_group=parallel_state.get_tensor_model_parallel_group(),
-            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+        from rlx.models.stages import gather_stages
+
+        return gather_stages(
+            self.weight_bridge().export(
+                model,
+                tp_group=parallel_state.get_tensor_model_parallel_group(),
+                tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+            )
         )
 
     # ---- size ----------------------------------------------------------------------------------

@@ -188,5 +188,8 @@ class MoEFamily(ModelFamily):
         self.weight_bridge().load(model, hf_dir, ParallelGroups.from_megatron())
 
     def export_hf_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full HF-named tensors, every expert included (a collective over TP, expert TP and EP)."""
-        return self.weight_bridge().export(model, ParallelGroups.from_megatron())
+        """Full HF-named tensors, every expert included (a collective over TP, expert TP, EP and
+        the pipeline stages; every rank gets every tensor)."""
+        from rlx.models.stages import gather_stages
+
+        return gather_stages(self.weight_bridge().export(model, ParallelGroups.from_megatron()))

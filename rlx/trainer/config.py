@@ -24,7 +24,11 @@ class TrainConfig:
     """Optimisation of the policy."""
 
     global_batch_size: int = 256  # samples per optimizer step
-    micro_batch_size: int = 64  # samples per forward/backward
+    micro_batch_size: int = 64  # samples per forward/backward (unused when packing)
+    # sequence packing: each micro-batch is one row of samples end to end, at most this many
+    # prompt + response tokens (first-fit decreasing), so short samples do not pay for padding
+    # to the longest one; null: micro_batch_size samples per micro-batch, right-padded
+    max_tokens_per_micro_batch: int | None = None
     num_steps_per_rollout: int = 1  # optimizer steps per rollout batch
     lr: float = 2e-3  # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule)
     # learning-rate schedule over the run's optimizer steps (run.num_rollout x num_steps_per_rollout):
@@ -46,6 +50,7 @@ class TrainConfig:
     RULES: ClassVar[dict[str, Rule]] = {
         "global_batch_size": AT_LEAST_1,
         "micro_batch_size": AT_LEAST_1,
+        "max_tokens_per_micro_batch": AT_LEAST_1,
         "num_steps_per_rollout": AT_LEAST_1,
         "lr": POSITIVE,
         "lr_warmup_steps": NON_NEGATIVE,

@@ -95,6 +95,9 @@ class Critic:
         family.load_hf_weights(model, hf_dir)  # the whole policy, output layer included...
         if model.post_process:
             attach_value_head(model, seed)  # ...whose output layer is then replaced
+        # Under PP the first stage's embedding would otherwise wait to all-reduce its gradient
+        # with a tied output layer on the last stage, which the value head is not.
+        model.share_embeddings_and_output_weights = False
         self.trainable = Trainable(
             model, train_cfg, peak_lr=algo_cfg.critic_lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=device, pad_multiple=pad_multiple,
@@ -118,7 +121,9 @@ class Critic:
 
     def _forward_step(self, mode: str, num_microbatches: int, data_iterator, model):
         mb: MicroBatch = next(data_iterator)
-        values_BL1 = model(input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=None)
+        values_BL1 = model(
+            input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=mb.attention_mask_B1LL
+        )
         return values_BL1, partial(self._loss, mode, num_microbatches, mb)
 
     def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, values_BL1: torch.Tensor):

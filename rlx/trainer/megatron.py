@@ -70,8 +70,15 @@ class MegatronTrainer:
         # Sequence parallelism (MoE under TP) splits the sequence over TP ranks.
         pad_multiple = cluster_cfg.tensor_parallel_size
         self.algo = build(algo_cfg)
-        # activation recompute is a TransformerConfig setting; the model config's own overrides win
-        overrides = RECOMPUTE[train_cfg.recompute] | model_cfg.megatron_overrides
+        # activation recompute is a TransformerConfig setting; the model config's own overrides win.
+        # Under PP, micro-batches differ in shape (padded to their own longest sample, or packed),
+        # so stages exchange each activation's shape first.
+        pipeline = {}
+        if cluster_cfg.pipeline_parallel_size > 1:
+            pipeline["variable_seq_lengths"] = True
+            if not model_cfg.num_moe_experts:  # megatron refuses its default (allgather) even when dense
+                pipeline["moe_token_dispatcher_type"] = "alltoall"
+        overrides = RECOMPUTE[train_cfg.recompute] | pipeline | model_cfg.megatron_overrides
         self.family = build(replace(model_cfg, megatron_overrides=overrides))
         hf_dir = self.family.checkpoint_dir()
         params_dtype = getattr(torch, PRECISION_DTYPES[train_cfg.precision])
@@ -126,7 +133,9 @@ class MegatronTrainer:
 
     def _forward_step(self, mode: str, num_microbatches: int, data_iterator: Iterator, model):
         mb: MicroBatch = next(data_iterator)
-        logits_BLV = model(input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=None)
+        logits_BLV = model(
+            input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=mb.attention_mask_B1LL
+        )
         return logits_BLV, partial(self._loss, mode, num_microbatches, mb)
 
     def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BLV: torch.Tensor):

@@ -16,10 +16,20 @@ from typing import Any
 
 import torch
 
+from rlx.errors import ConfigError
 from rlx.sample import Sample
-from rlx.trainer.batch import MicroBatch, make_micro_batch, num_loss_tokens, split
+from rlx.trainer.batch import (
+    MicroBatch,
+    make_micro_batch,
+    make_packed_micro_batch,
+    num_loss_tokens,
+    num_tokens,
+    pack,
+    split,
+)
 from rlx.trainer.config import TrainConfig
 from rlx.trainer.offload import Offloader
+from rlx.trainer.pipeline import broadcast_metrics, broadcast_rows, is_last_stage
 from rlx.trainer.schedule import lr_factor
 
 _NUM_UPDATES = "num_updates"  # kept in the checkpoint: the LR schedule continues after a resume
@@ -68,16 +78,47 @@ class Trainable:
         self, samples: list[Sample], mode: str, key: str, model: torch.nn.Module | None = None
     ) -> list[torch.Tensor]:
         """Per-sample [response_len] rows of the loss function's `key` output in `mode`, under
-        `model` (default: this one; the policy's frozen reference runs through the same steps)."""
+        `model` (default: this one; the policy's frozen reference runs through the same steps).
+
+        All micro-batches go through one schedule call (pipelined under PP); the last stage's
+        outputs are broadcast, so every pipeline stage returns them."""
         model = model if model is not None else self.model
         model.eval()
-        out = []
-        for chunk in split(samples, self.cfg.micro_batch_size):
-            mb = make_micro_batch(chunk, {}, self.pad_multiple).to(self.device)
-            step = partial(self.forward_step, mode)
-            (result,) = run_schedule(model, step, [mb], self.cfg.micro_batch_size, forward_only=True)
-            out += [row[: s.response_len].cpu() for row, s in zip(result[key], chunk, strict=True)]
-        return out
+        chunks = [[samples[i] for i in chunk] for chunk in self.micro_batches(samples, range(len(samples)))]
+        mbs = [self.make_micro_batch(chunk, {}) for chunk in chunks]
+        results = run_schedule(model, partial(self.forward_step, mode), mbs, forward_only=True)
+        shapes = [tuple(mb.mask_BT.shape) for mb in mbs]
+        rows = broadcast_rows([r[key] for r in results] if is_last_stage() else None, shapes, self.device)
+        return [
+            row[: s.response_len].cpu()
+            for chunk, rows_BT in zip(chunks, rows, strict=True)
+            for row, s in zip(rows_BT, chunk, strict=True)
+        ]
+
+    def micro_batches(self, samples: list[Sample], indices) -> list[list[int]]:
+        """`indices` (into `samples`) in micro-batches: packed by the token budget
+        `train.max_tokens_per_micro_batch`, else consecutive runs of `train.micro_batch_size`."""
+        indices = list(indices)
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is None:
+            return split(indices, self.cfg.micro_batch_size)
+        try:
+            bins = pack([num_tokens(samples[i]) for i in indices], budget)
+        except ValueError:
+            longest = max(indices, key=lambda i: num_tokens(samples[i]))
+            s = samples[longest]
+            raise ConfigError(
+                f"train.max_tokens_per_micro_batch={budget}: sample {longest} of the batch (group {s.group}, "
+                f"index {s.index}) has {num_tokens(s)} tokens ({len(s.prompt_ids)} prompt + {s.response_len} "
+                f"response) and fits in no micro-batch; set train.max_tokens_per_micro_batch >= {num_tokens(s)}"
+            ) from None
+        return [[indices[j] for j in bin_] for bin_ in bins]
+
+    def make_micro_batch(self, samples: list[Sample], extras: dict[str, list], **counts) -> MicroBatch:
+        """`samples` as one micro-batch on this rank's device: packed into one row when
+        `train.max_tokens_per_micro_batch` is set, else padded rows."""
+        make = make_packed_micro_batch if self.cfg.max_tokens_per_micro_batch else make_micro_batch
+        return make(samples, extras, self.pad_multiple, **counts).to(self.device)
 
     def train(self, samples: list[Sample], extras: dict[str, list[torch.Tensor]]) -> dict[str, float]:
         """One optimizer step per global batch of the rollout batch (`train.num_steps_per_rollout`),
@@ -93,23 +134,21 @@ class Trainable:
                 "num_global_samples": len(step),
             }
             mbs = [
-                make_micro_batch(
+                self.make_micro_batch(
                     [samples[i] for i in chunk],
                     {key: [values[i] for i in chunk] for key, values in extras.items()},
-                    self.pad_multiple,
                     **counts,
-                ).to(self.device)
-                for chunk in split(step[self.dp_rank :: self.dp_size], self.cfg.micro_batch_size)
+                )
+                for chunk in self.micro_batches(samples, step[self.dp_rank :: self.dp_size])
             ]
             lr = self.peak_lr * lr_factor(self.num_updates, self.cfg, self.total_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             forward_step = partial(self.forward_step, "train")
-            grad_norms.append(
-                optimizer_step(self.model, self.optimizer, forward_step, mbs, self.cfg.micro_batch_size, sums)
-            )
+            grad_norms.append(optimizer_step(self.model, self.optimizer, forward_step, mbs, sums))
             self.num_updates += 1
-        metrics = {k: v / len(steps) for k, v in dp_sum(sums, self.device).items()}
+        # the loss runs on the last pipeline stage: its sums, reduced over DP, go to every stage
+        metrics = broadcast_metrics({k: v / len(steps) for k, v in dp_sum(sums, self.device).items()})
         # the rate the optimizer stepped with, read back from it
         return metrics | {
             "grad_norm": sum(grad_norms) / len(grad_norms),
@@ -172,13 +211,15 @@ def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype
     return ddp_model, optimizer
 
 
-def run_schedule(
-    model, forward_step: Callable, mbs: list[MicroBatch], micro_batch_size: int, forward_only: bool
-) -> list[dict]:
-    """Run `mbs` through megatron's forward-backward schedule; the loss functions' metric dicts.
+def run_schedule(model, forward_step: Callable, mbs: list[MicroBatch], forward_only: bool) -> list[dict]:
+    """Run `mbs` through megatron's forward-backward schedule (1F1B under pipeline parallelism);
+    the loss functions' metric dicts, one per micro-batch, on the last pipeline stage (none on
+    the others).
 
     `forward_step(num_microbatches, data_iterator, model)` is megatron's forward step with the
-    number of micro-batches bound first (losses undo megatron's division by it).
+    number of micro-batches bound first (losses undo megatron's division by it). Micro-batches
+    may differ in shape: under PP the models' configs set `variable_seq_lengths`, so stages
+    exchange each activation's shape before it.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -188,24 +229,20 @@ def run_schedule(
         model=[model],
         num_microbatches=len(mbs),
         seq_length=max(mb.tokens_BL.shape[1] for mb in mbs),
-        micro_batch_size=micro_batch_size,
+        micro_batch_size=max(mb.tokens_BL.shape[0] for mb in mbs),
         forward_only=forward_only,
     )
 
 
 def optimizer_step(
-    model,
-    optimizer,
-    forward_step: Callable,
-    mbs: list[MicroBatch],
-    micro_batch_size: int,
-    sums: dict[str, float],
+    model, optimizer, forward_step: Callable, mbs: list[MicroBatch], sums: dict[str, float]
 ) -> float:
     """One optimizer step over `mbs` (this rank's share of a global batch); adds the loss
-    metrics into `sums` and returns the gradient norm (NaN when the optimizer gives none)."""
+    metrics into `sums` (last pipeline stage) and returns the gradient norm, reduced over the
+    model-parallel ranks by megatron (NaN when the optimizer gives none)."""
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    for result in run_schedule(model, forward_step, mbs, micro_batch_size, forward_only=False):
+    for result in run_schedule(model, forward_step, mbs, forward_only=False):
         for k, v in result.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     _, grad_norm, _ = optimizer.step()
