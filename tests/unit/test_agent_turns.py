@@ -1,0 +1,152 @@
+"""Multi-turn samples built by rlx.agent's helpers and the tool_calc generate_fn, against responses,
+loss masks and logprobs written out by hand. A scripted engine stands in for the model (no
+engine, no Ray); the context is the real GenerateContext and the calculator really runs in the
+sandbox. CPU, about a second."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from examples.tool_calc import generate as tool_calc
+from examples.tool_calc.reward import answer_reward
+from rlx.agent import ROUTING_KEY_HEADER, Sandbox, append_tool_tokens, call_tool, last_model_turn, model_turn
+from rlx.models.tiny import write_word_tokenizer
+from rlx.rollout.client import Reply
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.generate import GenerateContext
+from rlx.sample import Sample, Status
+
+# ids in the tiny vocabulary: <pad> 0, <eos> 1, digit d is d + 2, "=" 12, "+" 13, "-" 14, "?" 15
+EOS, EQ, PLUS, CALL = 1, 12, 13, 15
+
+
+def d(*digits: int) -> list[int]:
+    return [x + 2 for x in digits]
+
+
+class ScriptedEngine:
+    """The engine side of `ctx.client`: answers each POST /generate with the next scripted turn
+    (token ids, their logprobs, finish reason) and records what it was asked."""
+
+    base_url = "http://scripted"
+
+    def __init__(self, *turns: tuple[list[int], list[float], str]):
+        self.turns, self.requests = list(turns), []
+
+    async def _request(self, method, path, *, json, headers=None):
+        assert (method, path) == ("POST", "/generate")
+        self.requests.append(
+            {"input_ids": json["input_ids"], "params": json["sampling_params"], "headers": headers}
+        )
+        ids, logprobs, finish = self.turns.pop(0)
+        pairs = [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]
+        meta = {"output_token_logprobs": pairs, "finish_reason": {"type": finish}}
+        return Reply(200, {"output_ids": ids, "meta_info": meta})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    write_word_tokenizer(path)
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def context(tokenizer, engine) -> GenerateContext:
+    return GenerateContext(engine, tokenizer, RolloutConfig(max_response_len=15), version=3)
+
+
+def prompt(tokenizer, text="4 2 7 + 9 3 1 =", label="1 3 5 8") -> Sample:
+    return Sample(prompt=text, prompt_ids=tokenizer(text)["input_ids"], label=label, metadata={})
+
+
+PARAMS = {"max_new_tokens": 15, "temperature": 1.0, "stop_token_ids": [], "sampling_seed": 7}
+
+
+def test_call_calculator_answer_builds_the_hand_written_sample(tokenizer):
+    engine = ScriptedEngine(
+        ([CALL], [-0.5], "stop"),  # the call
+        ([*d(1, 3, 5, 8), EOS], [-0.1, -0.2, -0.3, -0.4, -0.05], "stop"),  # the answer
+    )
+    s = prompt(tokenizer)
+    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS)))
+
+    tool = [*d(1, 3, 5, 8), EQ]  # the calculator's 1358, written "1 3 5 8 ="
+    assert s.response_ids == [CALL, *tool, *d(1, 3, 5, 8), EOS]
+    assert s.loss_mask == [1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert s.rollout_logprobs == [-0.5, 0, 0, 0, 0, 0, -0.1, -0.2, -0.3, -0.4, -0.05]
+    assert s.token_versions == [3] * 11 and s.version == 3
+    assert s.status is Status.COMPLETED and s.status_reason == ""
+    assert s.response_text == "? 1 3 5 8 = 1 3 5 8" and s.metadata["answer"] == "1 3 5 8"
+    assert [c["output"] for c in s.metadata["tool_calls"]] == ["1358\n"]
+    assert answer_reward(s) == 1.0
+
+    first, second = engine.requests
+    assert first["input_ids"] == s.prompt_ids
+    assert first["params"]["max_new_tokens"] == 5 and first["params"]["stop_token_ids"] == [CALL]
+    # the second turn sees the call and the tool output, as token ids, never re-tokenised
+    assert second["input_ids"] == s.prompt_ids + [CALL, *tool]
+    assert second["params"]["max_new_tokens"] == 5 and second["params"]["stop_token_ids"] == []
+    assert second["params"]["sampling_seed"] != 7  # a fresh draw for the later turn
+    keys = {r["headers"][ROUTING_KEY_HEADER] for r in engine.requests}
+    assert keys == {s.metadata["session"]}  # one routing key for the whole conversation
+
+
+def test_a_wrong_copy_gets_partial_credit_and_a_direct_answer_none(tokenizer):
+    engine = ScriptedEngine(([4, CALL], [-1.0, -0.5], "stop"), ([*d(1, 3, 0, 8), EOS], [-0.1] * 5, "stop"))
+    s = prompt(tokenizer)
+    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS)))
+    assert s.loss_mask == [1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1]  # a word before the call is trained too
+    assert answer_reward(s) == pytest.approx(4 / 5)  # 3 of 4 digits, and it ended
+
+    # no "?": the first turn is the answer; no tool ran, so no reward whatever it says
+    engine = ScriptedEngine(([*d(1, 3, 5, 8), EOS], [-0.2] * 5, "stop"))
+    s = prompt(tokenizer)
+    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS)))
+    assert s.loss_mask == [1] * 5 and len(engine.requests) == 1 and "tool_calls" not in s.metadata
+    assert s.metadata["answer"] == "1 3 5 8" and answer_reward(s) == 0.0
+
+
+def test_tool_output_and_turns_stay_within_the_response_budget(tokenizer):
+    # budget 8: call (1) + tool (5) leaves 2 for the answer, which is cut there
+    engine = ScriptedEngine(([CALL], [-0.5], "stop"), (d(1, 3), [-0.1, -0.2], "length"))
+    s = prompt(tokenizer)
+    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS, max_new_tokens=8)))
+    assert engine.requests[1]["params"]["max_new_tokens"] == 2
+    assert s.loss_mask == [1, 0, 0, 0, 0, 0, 1, 1] and s.status is Status.TRUNCATED
+    assert answer_reward(s) == pytest.approx(2 / 5)
+
+    # budget 4: the tool output itself does not fit; what fits is kept, no answer turn
+    engine = ScriptedEngine(([CALL], [-0.5], "stop"))
+    s = prompt(tokenizer)
+    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS, max_new_tokens=4)))
+    assert s.response_ids == [CALL, *d(1, 3, 5)] and s.loss_mask == [1, 0, 0, 0]
+    assert s.status is Status.TRUNCATED and "overran the response budget (3 left)" in s.status_reason
+    assert len(engine.requests) == 1 and last_model_turn(s) == []
+
+
+def test_helpers_alternate_model_and_tool_turns(tokenizer, tmp_path):
+    # three turns, two tools: the mask is 1 exactly on what the engine generated
+    tool = tmp_path / "echo.py"
+    tool.write_text("import sys\nprint(sys.stdin.read()[::-1])\n")
+    engine = ScriptedEngine(
+        ([5, 6], [-1.0, -2.0], "stop"), ([7], [-3.0], "stop"), ([8, EOS], [-4.0, -0.5], "stop")
+    )
+    ctx, s, sandbox = context(tokenizer, engine), prompt(tokenizer), Sandbox(time_limit_s=10)
+
+    async def conversation():
+        for _ in range(2):
+            await model_turn(ctx, s, PARAMS, max_new_tokens=2)
+            result = await call_tool(sandbox, s, "echo", [str(tool)], stdin="1 2")
+            assert result.ok and result.output == "2 1\n"
+            append_tool_tokens(ctx, s, tokenizer(result.output)["input_ids"], PARAMS)
+        return await model_turn(ctx, s, PARAMS)
+
+    assert asyncio.run(conversation()) == [8, EOS]
+    assert s.response_ids == [5, 6, *d(2, 1), 7, *d(2, 1), 8, EOS]
+    assert s.loss_mask == [1, 1, 0, 0, 1, 0, 0, 1, 1]
+    assert s.rollout_logprobs == [-1.0, -2.0, 0, 0, -3.0, 0, 0, -4.0, -0.5]
+    assert [r["params"]["max_new_tokens"] for r in engine.requests] == [2, 2, 15 - 7]
+    assert last_model_turn(s) == [8, EOS] and s.status is Status.COMPLETED
