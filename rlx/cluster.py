@@ -28,6 +28,9 @@ class ClusterConfig:
     expert_parallel_size: int = 1  # MoE experts split over this many ranks (carved out of TP x DP)
     # multi-node SLURM jobs: how long the first node waits for the others to join its Ray head
     ray_join_timeout_s: float = 300.0
+    # the longest any call on the trainer ranks may take (start-up, a train step, a weight push, a
+    # checkpoint); past it the run stops naming the ranks that did not answer, instead of hanging
+    trainer_call_timeout_s: float = 1800.0
 
     RULES: ClassVar[dict[str, Rule]] = {
         "num_nodes": AT_LEAST_1,
@@ -39,4 +42,5 @@ class ClusterConfig:
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
         "ray_join_timeout_s": POSITIVE,
+        "trainer_call_timeout_s": POSITIVE,
     }

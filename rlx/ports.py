@@ -1,12 +1,55 @@
-"""Free TCP ports for the processes rlx starts (trainer rendezvous, engines, router)."""
+"""Addresses, ports and the API key of the processes rlx starts (trainer rendezvous, engines, router).
+
+On one node everything binds loopback. Across nodes (`cluster.num_nodes > 1`) the engines bind
+their node's address and require the run's API key (`Authorization: Bearer KEY`, SGLang's
+`--api-key`); `rlx.placement.plan` hands both to every engine and trainer rank through these two
+environment variables (Ray's `runtime_env`), and to the driver's own clients.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 
+LOOPBACK = "127.0.0.1"
+API_KEY_ENV = "RLX_ENGINE_API_KEY"  # the run's key; unset: engines take requests without one
+HOST_ENV = "RLX_ENGINE_HOST"  # "node": engines bind their Ray node's address; unset: loopback
 
-def free_port(host: str = "127.0.0.1") -> int:
+
+def free_port(host: str = LOOPBACK) -> int:
     """A port on `host` that was free a moment ago (the caller's child binds it; a race is unlikely)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def node_address() -> str:
+    """This process's node address as Ray sees it (what other nodes reach it by)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def engine_host() -> str:
+    """The address an engine started in this process binds: its node's (HOST_ENV=node) or loopback."""
+    return node_address() if os.environ.get(HOST_ENV) == "node" else LOOPBACK
+
+
+def api_key() -> str | None:
+    """The run's API key from API_KEY_ENV (None when unset or empty)."""
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def auth_headers(key: str | None = None) -> dict[str, str]:
+    """`Authorization: Bearer KEY` for `key` (default: the run's, `api_key()`); {} without one."""
+    key = key or api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def network_env(num_nodes: int) -> dict[str, str]:
+    """The environment every engine and trainer rank of a run gets: {} on one node; across nodes,
+    bind the node's address and a fresh per-run API key."""
+    if num_nodes <= 1:
+        return {}
+    return {HOST_ENV: "node", API_KEY_ENV: secrets.token_urlsafe(32)}

@@ -8,13 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-import ray
-
 from rlx.cluster import ClusterConfig
-from rlx.ports import free_port
 from rlx.rollout.config import RolloutConfig
-
-GROUP_ADDRESS = "127.0.0.1"  # trainer rank 0 and the engines share one node (multi-node: issue 12)
 
 
 def choose_method(rollout: RolloutConfig, cluster: ClusterConfig) -> str:
@@ -55,12 +50,13 @@ class WeightPublisher:
         self._previous = path
 
     def _form_group(self) -> None:
-        """Trainer rank 0 and every engine join one broadcast group, all at once."""
-        port = free_port(GROUP_ADDRESS)
+        """Trainer rank 0 and every engine join one broadcast group, all at once; rank 0 hosts it
+        on its own node's address, which the engines reach from theirs."""
+        address, port = self.trainer.master_addr, self.trainer.free_port()
         world_size = 1 + len(self.pool.engine_urls)
-        trainer_joins = self.trainer.async_init_weight_group(GROUP_ADDRESS, port, world_size, self.backend)
-        self.pool.join_weight_group(GROUP_ADDRESS, port, self.backend)
-        ray.get(trainer_joins)
+        trainer_joins = self.trainer.async_init_weight_group(address, port, world_size, self.backend)
+        self.pool.join_weight_group(address, port, self.backend)
+        self.trainer.wait(trainer_joins, "init_weight_group()")
         self._group_ready = True
 
     def close(self) -> None:

@@ -1,74 +1,193 @@
-"""The trainer ranks as Ray actors, driven together."""
+"""The trainer ranks as Ray actors, driven together.
+
+Every call on the ranks is bounded by `cluster.trainer_call_timeout_s`, and a rank whose process
+died (killed, out of memory) is named at once: both end the run with `TrainerRankError` instead of
+a silent stall. After one, the group is broken and `shutdown` only kills what is left.
+"""
 
 from __future__ import annotations
 
-import ray
+import os
+import time
 
-from rlx.ports import free_port
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from rlx import ports
 from rlx.trainer.megatron import MegatronTrainer
+
+SHUTDOWN_TIMEOUT_S = 30.0
+DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its peers' collectives fail
+
+
+class TrainerRankError(RuntimeError):
+    """A trainer rank died or did not answer a call in time; the message names the rank and call."""
+
+
+class TrainerRank(MegatronTrainer):
+    """One rank's actor, started empty: the group first asks rank 0 where it runs (the rendezvous
+    must be on rank 0's node, which only Ray knows), then `setup` builds the MegatronTrainer."""
+
+    def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
+        pass
+
+    def setup(self, *args, **kwargs) -> None:
+        MegatronTrainer.__init__(self, *args, **kwargs)
+
+    def endpoint(self) -> tuple[str, int, int]:
+        """(this node's address, a port free on it, this process's id)."""
+        address = ports.node_address()
+        return address, ports.free_port(address), os.getpid()
 
 
 class TrainerGroup:
-    """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world."""
+    """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world,
+    rendezvousing on trainer rank 0's node (`master_addr`)."""
 
     def __init__(self, cfg, actor_options: list[dict] | None = None):
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         num_procs = len(options)
-        port = free_port()
-        actor_cls = ray.remote(MegatronTrainer)
-        self.actors = [
-            actor_cls.options(**options[rank]).remote(
-                cfg.model,
-                cfg.algo,
-                cfg.train,
-                cfg.cluster,
-                rank=rank,
-                world_size=num_procs,
-                master_addr="127.0.0.1",
-                master_port=port,
-                seed=cfg.run.seed,
-                total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
-                temperature=cfg.rollout.temperature,
-            )  # fmt: skip
-            for rank in range(num_procs)
-        ]
+        self.call_timeout_s = cfg.cluster.trainer_call_timeout_s
+        self._broken = False
+        actor_cls = ray.remote(TrainerRank)
+        self.actors = [actor_cls.options(**options[rank]).remote() for rank in range(num_procs)]
+        self.where: list[str] = [f"rank {rank}" for rank in range(num_procs)]  # "pid P on node N" once known
+        try:
+            endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
+            self.where = [f"pid {pid} on {node}" for node, _, pid in endpoints]
+            self.pids = [pid for _, _, pid in endpoints]
+            self.master_addr, master_port, _ = endpoints[0]
+            self.wait(
+                [
+                    a.setup.remote(
+                        cfg.model,
+                        cfg.algo,
+                        cfg.train,
+                        cfg.cluster,
+                        rank=rank,
+                        world_size=num_procs,
+                        master_addr=self.master_addr,
+                        master_port=master_port,
+                        seed=cfg.run.seed,
+                        total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
+                        temperature=cfg.rollout.temperature,
+                    )  # fmt: skip
+                    for rank, a in enumerate(self.actors)
+                ],
+                "setup()",
+            )
+        except BaseException:
+            self._kill()
+            raise
+
+    def wait(self, refs: list, call: str, timeout_s: float | None = None) -> list:
+        """The results of `refs` (one per rank, in rank order), within `timeout_s` (default
+        `cluster.trainer_call_timeout_s`). A rank's own exception is raised as it is; a dead rank
+        or the time running out raises TrainerRankError naming the rank(s) and `call`."""
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, object] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                self._broken = True
+                ranks = sorted(pending.values())
+                raise TrainerRankError(
+                    f"trainer rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} did not answer "
+                    f"{call} within {timeout_s:g} s (cluster.trainer_call_timeout_s); "
+                    + "; ".join(f"rank {r}: {self.where[r]}" for r in ranks)
+                    + ". A rank stuck in a collective holds up the others: see each rank's log"
+                )
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except RayActorError as e:
+                    raise self._died(rank, call, e) from e
+                except Exception:
+                    # a survivor's collective fails when a peer dies: name the death, the cause
+                    self._raise_if_died(pending, call)
+                    raise
+        return [results[rank] for rank in range(len(refs))]
+
+    def _died(self, rank: int, call: str, error: RayActorError) -> TrainerRankError:
+        self._broken = True
+        return TrainerRankError(
+            f"trainer rank {rank} ({self.where[rank]}) died during {call}; the run cannot go on "
+            f"without it (run.resume_from=auto continues from the last checkpoint). "
+            f"Ray: {str(error).strip().splitlines()[0]}"
+        )
+
+    def _raise_if_died(self, pending: dict, call: str, within_s: float = DEATH_NOTICE_S) -> None:
+        """Raise TrainerRankError if one of the `pending` ranks turns out dead within `within_s`."""
+        ready, _ = (
+            ray.wait(list(pending), num_returns=len(pending), timeout=within_s) if pending else ([], [])
+        )
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                raise self._died(pending[ref], call, e) from e
+            except Exception:  # that rank's own error, like the one being raised
+                pass
+
+    def _call(self, method: str, *args) -> list:
+        """`method(*args)` on every rank at once; their results in rank order."""
+        return self.wait([getattr(a, method).remote(*args) for a in self.actors], f"{method}()")
 
     def train(self, samples) -> dict[str, float]:
         samples_ref = ray.put(samples)  # one copy in the object store, shared by every rank
-        return ray.get([a.train.remote(samples_ref) for a in self.actors])[0]
+        return self._call("train", samples_ref)[0]
 
     def offload(self) -> dict[str, float]:
         """Colocated GPUs: every rank's models and optimizer state to CPU; rank 0's memory figures."""
-        return ray.get([a.offload.remote() for a in self.actors])[0]
+        return self._call("offload")[0]
 
     def onload(self) -> dict[str, float]:
         """Colocated GPUs: every rank back onto its GPU; rank 0's memory figures from just before."""
-        return ray.get([a.onload.remote() for a in self.actors])[0]
+        return self._call("onload")[0]
 
     def push_weights(self, method: str, engine_urls: list[str], version: int, bucket_bytes: int) -> int:
         """The policy's weights straight to the engines (`tensor` or `distributed`); tensors sent."""
-        refs = [a.push_weights.remote(method, engine_urls, version, bucket_bytes) for a in self.actors]
-        return ray.get(refs)[0]
+        return self._call("push_weights", method, engine_urls, version, bucket_bytes)[0]
+
+    def free_port(self) -> int:
+        """A port free on rank 0's node (`master_addr`), for a group rank 0 hosts."""
+        return self.wait([self.actors[0].endpoint.remote()], "endpoint()")[0][1]
 
     def async_init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str):
-        """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all joined)."""
+        """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all
+        joined: pass them to `wait`)."""
         return [
             a.init_weight_group.remote(master_address, master_port, world_size, backend) for a in self.actors
         ]
 
     def export_weights(self, out_dir: str) -> str:
-        return ray.get([a.export_weights.remote(out_dir) for a in self.actors])[0]
+        return self._call("export_weights", out_dir)[0]
 
     def save(self, ckpt_dir: str) -> None:
-        ray.get([a.save.remote(ckpt_dir) for a in self.actors])
+        self._call("save", ckpt_dir)
 
     def load(self, ckpt_dir: str) -> None:
-        ray.get([a.load.remote(ckpt_dir) for a in self.actors])
+        self._call("load", ckpt_dir)
 
     def shutdown(self) -> None:
+        """Leave the process groups cleanly (a broken group is only killed), then end the actors."""
         try:
-            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+            if not self._broken:
+                self.wait(
+                    [a.shutdown.remote() for a in self.actors],
+                    "shutdown()",
+                    min(SHUTDOWN_TIMEOUT_S, self.call_timeout_s),
+                )
         finally:
-            for a in self.actors:
+            self._kill()
+
+    def _kill(self) -> None:
+        for a in self.actors:
+            try:
                 ray.kill(a)
+            except (RayActorError, GetTimeoutError, ValueError):
+                pass  # already gone
