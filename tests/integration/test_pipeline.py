@@ -68,40 +68,75 @@ def config(tmp_path, *overrides):
                               "train.adam_eps=1.0", "train.lr=0.1", "algo.critic_lr=0.1", *overrides]))  # fmt: skip
 
 
-def train(tmp_path, name, *overrides, save: bool = False, load: str | None = None):
-    """Two rollouts of training (two optimizer steps each); each rollout's metrics, the export."""
+def train(
+    tmp_path, name, *overrides, load: str | None = None, rollouts: int = 2, save_after: int | None = None
+):
+    """`rollouts` rollouts of training (two optimizer steps each), after loading the checkpoint
+    `load`; each rollout's metrics and the exported weights after each. With `save_after`=k a
+    checkpoint `<name>_ckpt` is written after rollout k."""
     cfg = config(tmp_path, *overrides)
+    samples = batch(Qwen3(cfg.model).checkpoint_dir())
     group = TrainerGroup(cfg)
+    history, exports = [], []
     try:
         if load:
             group.load(load)
-        samples = batch(Qwen3(cfg.model).checkpoint_dir())
-        history = [group.train(samples[:32]), group.train(list(reversed(samples)))]
-        group.export_weights(str(tmp_path / name))
-        if save:
-            group.save(str(tmp_path / f"{name}_ckpt"))
+        for k in range(rollouts):
+            # the same samples each rollout, in another order (other micro-batches and steps)
+            history.append(group.train(samples if k % 2 == 0 else list(reversed(samples))))
+            group.export_weights(str(tmp_path / f"{name}_{k}"))
+            exports.append(load_file(tmp_path / f"{name}_{k}" / "model-00001.safetensors"))
+            if save_after == k:
+                group.save(str(tmp_path / f"{name}_ckpt"))
     finally:
         group.shutdown()
-    return history, load_file(tmp_path / name / "model-00001.safetensors")
+    return history, exports
 
 
 def assert_same_run(name, got, expected, keys=COMPARED):
-    (history, weights), (base_history, base_weights) = got, expected
-    for step, (metrics, base) in enumerate(zip(history, base_history, strict=True)):
+    """Every rollout's metrics and exported weights as in `expected`, names in its order."""
+    for k, (metrics, base) in enumerate(zip(got[0], expected[0], strict=True)):
         for key in keys:
-            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, step, key)
-    assert list(weights) == list(base_weights)  # the one-rank names, in the one-rank order
-    for key, tensor in base_weights.items():
-        torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")
+            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, k, key)
+    for k, (weights, base) in enumerate(zip(got[1], expected[1], strict=True)):
+        assert list(weights) == list(base)  # the one-rank names, in the one-rank order
+        for key, tensor in base.items():
+            torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name} {k}: {key}")
 
 
-def test_pp2_and_tp2_pp2_match_one_rank(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
-    base = train(tmp_path, "one_rank")
-    assert base[0][0]["train/logprob_abs_diff"] <= 1e-5  # the trainer reproduces transformers
-    assert base[0][1]["train/ppo_kl"] != 0.0  # the second rollout starts from updated weights
-    assert_same_run("pp2", train(tmp_path, "pp2", *PP2), base)
-    assert_same_run("tp2_pp2", train(tmp_path, "tp2_pp2", *TP2_PP2), base)
+@pytest.fixture(scope="module")
+def one_rank(ray_session, tmp_path_factory):
+    """GRPO on one rank, three rollouts: the reference of every layout."""
+    return train(tmp_path_factory.mktemp("one_rank"), "one_rank", rollouts=3)
+
+
+def test_pp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(one_rank, tmp_path):
+    base_history, base_exports = one_rank
+    assert base_history[0]["train/logprob_abs_diff"] <= 1e-5  # the trainer reproduces transformers
+    assert base_history[1]["train/ppo_kl"] != 0.0  # the second step of a rollout moved the policy
     # the steps moved the weights (the comparison is not between untouched copies)
     initial = load_file(Qwen3(config(tmp_path).model).checkpoint_dir() / "model.safetensors")
-    assert max((base[1][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
+    assert max((base_exports[0][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
+
+    pp2 = train(tmp_path, "pp2", *PP2, rollouts=3, save_after=1)
+    assert_same_run("pp2", pp2, one_rank)
+    # written by two stages, loaded by one rank (model and Adam state): the third rollout again
+    resumed = train(tmp_path, "resumed", load=str(tmp_path / "pp2_ckpt"), rollouts=1)
+    assert_same_run("pp2 -> one rank", resumed, ([pp2[0][2]], [pp2[1][2]]))
+
+
+def test_tp2_pp2_matches_one_rank(one_rank, tmp_path):
+    """4 gloo ranks: two stages, each split over two tensor-parallel ranks."""
+    base_history, base_exports = one_rank
+    assert_same_run("tp2_pp2", train(tmp_path, "tp2_pp2", *TP2_PP2), (base_history[:2], base_exports[:2]))
+
+
+def test_ppo_critic_under_pp2_matches_one_rank(ray_session, tmp_path):
+    """PPO: the critic's values come from the last stage to GAE on every rank; critic and policy
+    take the one-rank steps."""
+    ppo = ["algo=ppo"]
+    keys = ("train/values_mean", "train/explained_variance", "train/value_loss", "train/critic_grad_norm",
+            "train/pg_loss", "train/grad_norm")  # fmt: skip
+    base = train(tmp_path, "ppo_one_rank", *ppo)
+    assert base[0][0]["train/value_loss"] > 0 and base[0][0]["train/critic_grad_norm"] > 0
+    assert_same_run("ppo pp2", train(tmp_path, "ppo_pp2", *ppo, *PP2), base, keys)
