@@ -57,6 +57,8 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"(model.num_moe_experts={cfg.model.num_moe_experts}); use a MoE model or set cluster.expert_parallel_size=1"
         )
     dp = c.num_trainer_procs // model_parallel
+    if t.max_tokens_per_micro_batch is not None:  # packing: micro-batches by tokens, not samples
+        return errors + packing(cfg, dp)
     if t.global_batch_size % (t.micro_batch_size * dp):
         per_rank = t.global_batch_size // dp if t.global_batch_size % dp == 0 else 0
         fits = [m for m in range(min(t.micro_batch_size, per_rank), 0, -1) if per_rank % m == 0]
@@ -70,6 +72,37 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"{t.micro_batch_size} × data-parallel size {dp} (cluster.num_trainer_procs={c.num_trainer_procs} / "
             f"(cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
             f"{c.pipeline_parallel_size})) = {t.micro_batch_size * dp}; {fix}"
+        )
+    return errors
+
+
+def packing(cfg: RlxConfig, dp: int) -> list[str]:
+    """With `train.max_tokens_per_micro_batch` each DP rank packs its share of a global batch
+    (an equal number of samples) into micro-batches, never splitting a sample: the budget must
+    hold the longest sample a rollout can make."""
+    t, m, r = cfg.train, cfg.model, cfg.rollout
+    errors = []
+    if t.global_batch_size % dp:
+        errors.append(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size {dp} "
+            f"(cluster.num_trainer_procs={cfg.cluster.num_trainer_procs} / (cluster.tensor_parallel_size × "
+            f"cluster.pipeline_parallel_size)); make train.global_batch_size a multiple of {dp}"
+        )
+    budget, response = t.max_tokens_per_micro_batch, r.max_response_len
+    if cfg.data.max_prompt_len is not None:
+        longest = cfg.data.max_prompt_len + response
+        why = f"data.max_prompt_len={cfg.data.max_prompt_len} + rollout.max_response_len={response}"
+    else:  # prompts up to the context less the response (rlx.config.validate.max_prompt_len)
+        longest = m.max_position_embeddings - 1
+        why = (
+            f"model.max_position_embeddings={m.max_position_embeddings} - 1 (data.max_prompt_len=null "
+            "allows prompts up to the context less rollout.max_response_len)"
+        )
+    if budget >= 1 and budget < longest:
+        errors.append(
+            f"train.max_tokens_per_micro_batch={budget} is less than the longest sample, {why} = {longest} "
+            f"tokens (packing never splits a sample); set train.max_tokens_per_micro_batch={longest} or more, "
+            "or lower data.max_prompt_len"
         )
     return errors
 
@@ -98,6 +131,12 @@ def model_split(cfg: RlxConfig, classes: Classes) -> list[str]:
         errors.append(
             f"model.vocab_size={m.vocab_size} is not divisible by cluster.tensor_parallel_size={tp} (each "
             f"tensor-parallel rank holds an equal slice of the vocabulary); set cluster.tensor_parallel_size={fit}"
+        )
+    if pp > 1 and m.num_moe_experts and m.moe_token_dispatcher_type == "allgather":
+        errors.append(
+            f"model.moe_token_dispatcher_type=allgather cannot run with cluster.pipeline_parallel_size={pp}: "
+            "stages exchange activations of varying length, which megatron's allgather dispatcher refuses; "
+            "set model.moe_token_dispatcher_type=alltoall"
         )
     if m.num_layers % pp:
         errors.append(

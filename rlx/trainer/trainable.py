@@ -84,16 +84,16 @@ class Trainable:
         outputs are broadcast, so every pipeline stage returns them."""
         model = model if model is not None else self.model
         model.eval()
-        chunks = [[samples[i] for i in chunk] for chunk in self.micro_batches(samples, range(len(samples)))]
-        mbs = [self.make_micro_batch(chunk, {}) for chunk in chunks]
+        chunks = self.micro_batches(samples, range(len(samples)))
+        mbs = [self.make_micro_batch([samples[i] for i in chunk], {}) for chunk in chunks]
         results = run_schedule(model, partial(self.forward_step, mode), mbs, forward_only=True)
         shapes = [tuple(mb.mask_BT.shape) for mb in mbs]
         rows = broadcast_rows([r[key] for r in results] if is_last_stage() else None, shapes, self.device)
-        return [
-            row[: s.response_len].cpu()
-            for chunk, rows_BT in zip(chunks, rows, strict=True)
-            for row, s in zip(rows_BT, chunk, strict=True)
-        ]
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for chunk, rows_BT in zip(chunks, rows, strict=True):  # packing reorders: back to batch order
+            for i, row in zip(chunk, rows_BT, strict=True):
+                out[i] = row[: samples[i].response_len].cpu()
+        return out
 
     def micro_batches(self, samples: list[Sample], indices) -> list[list[int]]:
         """`indices` (into `samples`) in micro-batches: packed by the token budget
