@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 import rlx.config.store  # noqa: F401  (registers the config schemas)
-from rlx.errors import UserError
+from rlx.errors import Stopped, UserError
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
@@ -23,6 +23,9 @@ def main(cfg: DictConfig) -> dict | None:
         return run_job(cfg)  # in a sweep (-m): the job's outcome, never an exception
     except UserError as e:
         sys.exit(f"error: {e}")
+    except Stopped as e:  # SIGTERM/SIGINT after a finished (and checkpointed) step
+        print(e, file=sys.stderr)
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

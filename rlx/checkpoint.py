@@ -4,11 +4,11 @@ Layout under the run directory:
 
     checkpoints/step_000009/megatron/    model + optimizer (megatron dist_checkpointing)
     checkpoints/step_000009/megatron_critic/  PPO's critic + its optimizer, beside the policy
-    checkpoints/step_000009/state.json   step, policy version, data position
+    checkpoints/step_000009/state.json   step, policy version, data position, rollout buffer
     checkpoints/latest                   name of the newest complete checkpoint
 
-`latest` is rewritten only after a checkpoint is complete, so a crash while saving leaves the
-previous one in force.
+A checkpoint is written as step_NNNNNN.partial/ and renamed when complete, and `latest` is
+rewritten only after that, so a crash while saving leaves the previous one in force.
 """
 
 from __future__ import annotations
@@ -30,21 +30,34 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
-def save(trainer, run_dir: Path, step: int, state: dict[str, Any]) -> Path:
-    """Checkpoint the trainer and `state` (JSON) as step `step`; mark it latest."""
+def save(trainer, run_dir: Path, step: int, state: dict[str, Any], keep: int = 0) -> Path:
+    """Checkpoint the trainer and `state` (JSON) as step `step`; mark it latest; then delete all
+    but the newest `keep` checkpoints (0: keep all). Written under a temporary name and renamed
+    when complete, so a crash while saving never leaves a half checkpoint in force."""
     path = step_dir(run_dir, step)
-    shutil.rmtree(path, ignore_errors=True)  # a half-written earlier attempt at this step
-    trainer.save(str(path / "megatron"))
-    (path / "state.json").write_text(json.dumps(state, indent=1))
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a half-written earlier attempt at this step
+    trainer.save(str(partial / "megatron"))
+    (partial / "state.json").write_text(json.dumps(state, indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(partial, path)
     latest = path.parent / "latest"
     tmp = latest.with_suffix(".tmp")
     tmp.write_text(path.name)
     os.replace(tmp, latest)
+    if keep:
+        done = sorted(p for p in path.parent.glob("step_*") if not p.name.endswith(".partial"))
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 
-def find_latest(resume_from: str) -> Path:
-    """The newest complete checkpoint under a run directory or its checkpoints/ directory."""
+def find_latest(resume_from: str, run_dir: Path | None = None) -> Path | None:
+    """The newest complete checkpoint under a run directory or its checkpoints/ directory;
+    `resume_from="auto"`: under `run_dir`, None when it has none (a fresh start)."""
+    if resume_from == "auto":
+        latest = Path(run_dir) / "checkpoints" / "latest"
+        return find_latest(str(run_dir)) if latest.is_file() else None
     root = Path(resume_from).expanduser().resolve()
     for candidate in (root / "checkpoints", root):
         latest = candidate / "latest"

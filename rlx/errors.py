@@ -18,3 +18,12 @@ class DataError(UserError):
 class CheckpointError(UserError):
     """A checkpoint directory is unusable: another family or shape, missing, truncated or corrupt
     weight files, a tokenizer that does not fit the vocabulary; the message names the file and fix."""
+
+
+class Stopped(Exception):
+    """The run stopped on SIGTERM/SIGINT after finishing a step (and checkpointing it); the
+    launcher exits with 128 + `signum`, as a process killed by the signal would."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,87 +23,155 @@ from rlx.config.layout import check_gpus
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import max_prompt_len, validate
+from rlx.errors import ConfigError, Stopped
+from rlx.eval import build_eval_sets
+from rlx.eval.runner import Evaluator
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
+from rlx.rollout.replay import DumpReplay
 from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
 from rlx.trainer.group import TrainerGroup
 
 log = logging.getLogger(__name__)
 
+# model keys that fix the shapes of the saved tensors: a resume that changes one is refused
+SHAPE_KEYS = ("_target_", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+              "num_query_groups", "kv_channels", "vocab_size", "tie_word_embeddings", "qk_layernorm",
+              "add_qkv_bias", "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+              "v_head_dim")  # fmt: skip
+
 
 def run(cfg: DictConfig) -> list[dict[str, float]]:
-    """Run `cfg.run.num_rollout` RL steps (rollout.mode: sync or async); return the per-step metrics."""
+    """Run `cfg.run.num_rollout` RL steps (rollout.mode: sync or async); return the per-step metrics.
+    SIGTERM or SIGINT ends the run after the step in progress, checkpointed (with run.save), by
+    raising `Stopped`; a second signal stops at once."""
     job = _prepare(cfg)
-    rc, out, data = job.cfg, job.out, job.data
+    rc = job.cfg
     _start_ray(rc.cluster)
     check_gpus(rc.cluster)
-    trainer = pool = tracker = placement = sync = producer = None
-    history = []
+    parts, history, stop = _Parts(), [], None
     try:
-        placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
-        trainer = TrainerGroup(rc, placement.trainer)
-        turns = GpuTurns(rc.cluster.colocate, trainer)
-        state = _load(job.resume, trainer, data) if job.resume else {"step": -1, "version": 0}
-        start_step, version = state["step"] + 1, state["version"]
-        turns.before_engines_start()
-        turns.pool = pool = RolloutPool(
-            rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=placement.engines,
-            reward=rc.reward,
-        )  # fmt: skip
-        tracker = Tracker(out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
-        sync = WeightPublisher(
-            trainer, pool, method=choose_method(rc.rollout, rc.cluster), disk_root=out / "weight_sync",
-            backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
-        )  # fmt: skip
-        if job.resume:  # engines start from the restored policy
-            turns.to_trainer()
-            turns.publish(sync, version)
-        producer = Producer(
-            rc.rollout, pool, data, RolloutBuffer(), version=version, last_step=rc.run.num_rollout - 1
-        )
-        if "rollout" in state:
-            producer.load_state_dict(state["rollout"])
-        bar = tqdm(
-            range(start_step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress
-        )
+        step, version = _start(job, parts)
+        stop = _StopOnSignal()  # from here on a signal lets the step in progress finish
+        bar = tqdm(range(step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress)
         for step in bar:
             step_start = time.perf_counter()
-            samples, metrics = producer.batch(step, version)  # async: made while earlier steps trained
-            metrics |= turns.to_trainer()
-            metrics |= trainer.train(samples)  # old/ref log-probs, advantages, optimizer steps
-            version += 1
-            if _should_save(rc.run, step):
-                _save(trainer, producer, data, out, step, version)
+            metrics = parts.evaluator.due(step, version)  # data.eval sets every run.eval_interval steps
+            samples, rollout = parts.producer.batch(step, version)  # async: made while earlier steps trained
+            metrics |= rollout | parts.train(samples)  # old/ref log-probs, advantages, optimizer steps
+            version += parts.trainer is not None
+            if saved := _should_save(rc.run, step):
+                _save(job, parts, step, version)
             if version % rc.rollout.update_weights_interval == 0:
-                metrics |= turns.publish(sync, version)
-                producer.published(version)
-
-            metrics["time/step_s"] = time.perf_counter() - step_start
-            metrics["perf/tokens_per_s"] = sum(len(s.tokens) for s in samples) / metrics["time/step_s"]
-            metrics["version"] = version
-            tracker.write_rollouts(step, samples)
-            line = tracker.log(step, metrics)
-            bar.write(line) if rc.run.progress else log.info(line)
-            history.append({"step": step, **metrics})
-        if rc.run.save_hf:
-            turns.to_trainer()
-            checkpoint.export_hf(trainer, out / "hf", job.hf_dir)
+                metrics |= parts.publish(version)
+            history.append(_log(parts, bar, step, step_start, samples, metrics | {"version": version}))
+            if stop.signum:  # SIGTERM/SIGINT during this step
+                if rc.run.save and not saved:
+                    _save(job, parts, step, version)
+                raise Stopped(stop.signum, _stopped_message(job, stop.signum, step))
+        _finish(job, parts, version, history)
     finally:
-        for part in (producer, pool, trainer):
-            if part is not None:
-                _quietly(part.close if part is producer else part.shutdown)
-        if placement is not None:
-            _quietly(placement.remove)
-        if tracker is not None:
-            tracker.close()
-        ray.shutdown()
-        if sync is not None:
-            sync.close()
+        if stop is not None:
+            stop.restore()
+        parts.close()
     return history
+
+
+@dataclass
+class _Parts:
+    """The processes and sinks of a run; a debug mode leaves one side out."""
+
+    placement: Any = None
+    trainer: TrainerGroup | None = None  # None: debug.rollout_only
+    turns: GpuTurns | None = None
+    pool: RolloutPool | None = None  # None: debug.train_only
+    sync: WeightPublisher | None = None
+    producer: Any = None  # Producer, or DumpReplay (debug.train_only)
+    evaluator: Any = None
+    tracker: Tracker | None = None
+    closers: list = field(default_factory=list)
+
+    def train(self, samples) -> dict[str, float]:
+        if self.trainer is None:
+            return {}
+        return self.turns.to_trainer() | self.trainer.train(samples)
+
+    def publish(self, version: int) -> dict[str, float]:
+        if self.trainer is None or self.pool is None:
+            return {}
+        metrics = self.turns.publish(self.sync, version)
+        self.producer.published(version)
+        return metrics
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            _quietly(close)
+        ray.shutdown()
+
+
+def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
+    """Start the trainer, engines and producer (restored from `job.resume`); (first step, version)."""
+    rc, debug = job.cfg, job.cfg.debug
+    parts.placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
+    parts.closers.append(parts.placement.remove)
+    state = {"step": -1, "version": 0}
+    if not debug.rollout_only:
+        parts.trainer = TrainerGroup(rc, parts.placement.trainer)
+        parts.closers.append(parts.trainer.shutdown)
+        state = _load(job, parts.trainer) if job.resume else state
+    parts.turns = GpuTurns(rc.cluster.colocate and parts.trainer is not None, parts.trainer)
+    parts.tracker = Tracker(job.out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
+    parts.closers.append(parts.tracker.close)
+    if debug.train_only:
+        parts.producer, parts.evaluator = DumpReplay(debug.load_rollouts), Evaluator(None, {}, rc.rollout, 0)
+        return state["step"] + 1, state["version"]
+    parts.turns.before_engines_start()
+    parts.turns.pool = parts.pool = RolloutPool(
+        rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
+        reward=rc.reward,
+    )  # fmt: skip
+    parts.closers.append(parts.pool.shutdown)
+    parts.sync = WeightPublisher(
+        parts.trainer, parts.pool, method=choose_method(rc.rollout, rc.cluster), disk_root=job.out / "weight_sync",
+        backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
+    )  # fmt: skip
+    parts.closers.append(parts.sync.close)
+    if job.resume and parts.trainer is not None:  # engines start from the restored policy
+        parts.turns.to_trainer()
+        parts.turns.publish(parts.sync, state["version"])
+    parts.producer = Producer(
+        rc.rollout, parts.pool, job.data, RolloutBuffer(), version=state["version"], last_step=rc.run.num_rollout - 1
+    )  # fmt: skip
+    parts.closers.append(parts.producer.close)
+    if "rollout" in state:
+        parts.producer.load_state_dict(state["rollout"])
+    parts.evaluator = Evaluator(parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval)
+    return state["step"] + 1, state["version"]
+
+
+def _log(parts: _Parts, bar, step: int, step_start: float, samples, metrics: dict) -> dict:
+    metrics["time/step_s"] = time.perf_counter() - step_start
+    metrics["perf/tokens_per_s"] = sum(len(s.tokens) for s in samples) / metrics["time/step_s"]
+    parts.tracker.write_rollouts(step, samples)
+    line = parts.tracker.log(step, metrics)
+    bar.write(line) if bar.disable is False else log.info(line)
+    return {"step": step, **metrics}
+
+
+def _finish(job: _Job, parts: _Parts, version: int, history: list) -> None:
+    """After the last step: evaluate the trained policy, export it."""
+    rc = job.cfg
+    if final := parts.evaluator.due(rc.run.num_rollout, version):
+        history.append({"step": rc.run.num_rollout, **final})
+        log.info(parts.tracker.log(rc.run.num_rollout, final))
+    if rc.run.save_hf and parts.trainer is not None:
+        parts.turns.to_trainer()
+        checkpoint.export_hf(parts.trainer, job.out / "hf", job.hf_dir)
 
 
 @dataclass
@@ -113,6 +183,7 @@ class _Job:
     hf_dir: Path  # the policy's HF checkpoint (engines load it; the tiny one is written here)
     tokenizer: Any
     data: Any  # the DataSource
+    eval_sets: dict[str, list]  # data.eval's prompts by set name ({} without run.eval_interval)
     resume: Path | None  # the checkpoint to continue from
 
 
@@ -131,31 +202,91 @@ def _prepare(cfg: DictConfig) -> _Job:
         rc.model.max_position_embeddings, rc.rollout.max_response_len
     )
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
+    eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here
-    resume = checkpoint.find_latest(rc.run.resume_from) if rc.run.resume_from else None
-    return _Job(rc, out, hf_dir, tokenizer, data, resume)
+    resume = checkpoint.find_latest(rc.run.resume_from, out) if rc.run.resume_from else None
+    if resume is not None:
+        _check_resumable(rc, checkpoint.load_state(resume), resume)
+    return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
 
 
-def _load(path: Path, trainer: TrainerGroup, data) -> dict:
+def _shape(rc: RlxConfig) -> dict[str, Any]:
+    """What a checkpoint's tensors depend on: the model's shape keys, whether there is a critic."""
+    return {f"model.{k}": getattr(rc.model, k) for k in SHAPE_KEYS} | {"critic": build(rc.algo).needs_critic}
+
+
+def _check_resumable(rc: RlxConfig, state: dict, path: Path) -> None:
+    saved = state.get("shape")
+    if saved is None:
+        return
+    changed = [
+        f"{k}: {saved.get(k)!r} in the checkpoint, {v!r} now"
+        for k, v in _shape(rc).items()
+        if saved.get(k) != v
+    ]
+    if changed:
+        raise ConfigError(
+            f"run.resume_from: the checkpoint {path} was saved with another model or algorithm: "
+            + "; ".join(changed)
+            + ". Resume with the same values (the checkpoint's config.yaml has them), or start fresh without run.resume_from"
+        )
+
+
+def _load(job: _Job, trainer: TrainerGroup) -> dict:
     """Restore trainer and data position from a checkpoint; its loop state (step, version, rollout)."""
-    state = checkpoint.load_state(path)
-    trainer.load(str(path / "megatron"))
-    data.load_state_dict(state["data"])
-    log.info("resumed from %s at step %d (policy version %d)", path, state["step"] + 1, state["version"])
+    state = checkpoint.load_state(job.resume)
+    trainer.load(str(job.resume / "megatron"))
+    job.data.load_state_dict(state["data"])
+    log.info(
+        "resumed from %s at step %d (policy version %d)", job.resume, state["step"] + 1, state["version"]
+    )
     return state
 
 
-def _save(trainer: TrainerGroup, producer: Producer, data, out: Path, step: int, version: int) -> None:
+def _save(job: _Job, parts: _Parts, step: int, version: int) -> None:
     """A checkpoint after `step`: the trainer, and (generation paused) the data position and buffer."""
-    producer.pause()
-    state = {"step": step, "version": version, "data": data.state_dict(), "rollout": producer.state_dict()}
-    checkpoint.save(trainer, out, step, state)
-    producer.resume()
+    if parts.trainer is None:
+        return
+    parts.producer.pause()
+    state = {"step": step, "version": version, "data": job.data.state_dict(),
+             "rollout": parts.producer.state_dict(), "shape": _shape(job.cfg)}  # fmt: skip
+    checkpoint.save(parts.trainer, job.out, step, state, keep=job.cfg.run.keep_checkpoints)
+    parts.producer.resume()
 
 
 def _should_save(run, step: int) -> bool:
     last = step == run.num_rollout - 1
     return run.save and (last or (run.save_interval > 0 and (step + 1) % run.save_interval == 0))
+
+
+def _stopped_message(job: _Job, signum: int, step: int) -> str:
+    name = signal.Signals(signum).name
+    if job.cfg.run.save:
+        return f"stopped by {name} after step {step}, checkpointed; continue with run.resume_from={job.out}"
+    return f"stopped by {name} after step {step} (run.save=false: no checkpoint)"
+
+
+class _StopOnSignal:
+    """SIGTERM/SIGINT: the run finishes its step, checkpoints and stops; a second one stops at once."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:  # the second: no more waiting
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning(
+            "%s: stopping after the step in progress (again to stop now)", signal.Signals(signum).name
+        )
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _load_tokenizer(hf_dir):

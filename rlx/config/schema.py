@@ -22,17 +22,36 @@ class RunConfig:
     seed: int = 1
     num_rollout: int = 80  # rollout steps (generate -> train -> sync)
     output_dir: str | None = None  # run directory; None: Hydra's run dir under launch.py, else the cwd
-    save: bool = False  # write Megatron checkpoints (model, optimizer) + loop and data state
+    # write checkpoints (Megatron's: model, optimizer; the loop's: data position, buffer, version)
+    # at the end, every save_interval steps, and when SIGTERM/SIGINT stops the run after a step
+    save: bool = False
     save_interval: int = 0  # with save: checkpoint every N steps as well as at the end (0: end only)
-    resume_from: str | None = (
-        None  # a run directory (or its checkpoints/): continue from its latest checkpoint
-    )
+    keep_checkpoints: int = 0  # keep the newest N checkpoints, delete older ones (0: keep all)
+    # a run directory (or its checkpoints/): continue from its latest checkpoint; auto: this run's
+    # own directory (run.output_dir) if it has one, else start fresh (jobs that SLURM requeues)
+    resume_from: str | None = None
     save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
+    # evaluate the data.eval sets every N steps, before the first and after the last (0: never)
+    eval_interval: int = 0
     dump_rollouts: bool = True  # rollouts/step_NNNNNN.jsonl
     tensorboard: bool = True
     progress: bool = True  # progress bar on the console
 
-    RULES: ClassVar[dict[str, Rule]] = {"num_rollout": NON_NEGATIVE, "save_interval": NON_NEGATIVE}
+    RULES: ClassVar[dict[str, Rule]] = {
+        "num_rollout": NON_NEGATIVE,
+        "save_interval": NON_NEGATIVE,
+        "eval_interval": NON_NEGATIVE,
+        "keep_checkpoints": NON_NEGATIVE,
+    }
+
+
+@dataclass
+class DebugConfig:
+    """Run one half of the loop alone (slime's --debug-rollout-only / --debug-train-only)."""
+
+    rollout_only: bool = False  # generate, score and dump rollouts; no trainer, no weight updates
+    train_only: bool = False  # no engines: train on the batches dumped by a run (debug.load_rollouts)
+    load_rollouts: str | None = None  # train_only: a run directory (or its rollouts/) to read batches from
 
 
 @dataclass
@@ -46,4 +65,5 @@ class RlxConfig:
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

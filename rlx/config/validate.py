@@ -35,6 +35,7 @@ from rlx.reward import load_reward_fn
 from rlx.rollout.filters import load_filter
 from rlx.rollout.generate import load_generate_fn
 from rlx.rollout.mode_rules import mode_errors
+from rlx.rollout.replay import rollouts_dir
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
 DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo class may say otherwise
@@ -107,7 +108,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _rollout_mode, _group_size, _lengths, _checkpoint):
+    for rule in (*rules, _rollout_mode, _debug, _evaluation, _group_size, _lengths, _checkpoint):
         errors += rule(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
@@ -123,6 +124,47 @@ def _rollout_mode(cfg: RlxConfig, classes: Classes) -> list[str]:
         except ConfigError as e:
             errors.append(str(e))
     return errors
+
+
+def _debug(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """debug.rollout_only / debug.train_only: one half of the loop alone."""
+    d, errors = cfg.debug, []
+    if d.rollout_only and d.train_only:
+        errors.append(
+            "debug.rollout_only=true and debug.train_only=true leave nothing to run; set one of them"
+        )
+    if d.train_only and not d.load_rollouts:
+        errors.append(
+            "debug.train_only=true trains on dumped batches; set debug.load_rollouts=RUN_DIR (a run's directory)"
+        )
+    if d.load_rollouts and not d.train_only:
+        errors.append(
+            f"debug.load_rollouts={d.load_rollouts!r} is read only with debug.train_only=true; set it, or drop the key"
+        )
+    if d.train_only and d.load_rollouts and not list(rollouts_dir(d.load_rollouts).glob("step_*.jsonl")):
+        errors.append(
+            f"debug.load_rollouts={d.load_rollouts!r}: no rollouts/step_NNNNNN.jsonl there; give the directory of a "
+            "run that had run.dump_rollouts=true"
+        )
+    if d.rollout_only and cfg.rollout.mode == "async":
+        errors.append(
+            "debug.rollout_only=true with rollout.mode=async: no trainer makes new versions to pace on; set rollout.mode=sync"
+        )
+    return errors
+
+
+def _evaluation(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """run.eval_interval and data.eval go together."""
+    if cfg.run.eval_interval and not cfg.data.eval:
+        return [
+            f"run.eval_interval={cfg.run.eval_interval} but data.eval names no set; add one, e.g. "
+            "'+data.eval={test: {path: test.jsonl}}', or set run.eval_interval=0"
+        ]
+    if cfg.data.eval and not cfg.run.eval_interval:
+        return [
+            f"data.eval names sets ({', '.join(cfg.data.eval)}) but run.eval_interval=0 never evaluates them; set run.eval_interval=N"
+        ]
+    return []
 
 
 def _listing(errors: list[str]) -> str:

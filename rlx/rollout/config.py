@@ -44,6 +44,11 @@ class RolloutConfig:
         "sglang.launch_server"  # rollout=sglang: `python -m` this (a fork's entry point, say)
     )
     router_args: dict[str, Any] = field(default_factory=dict)  # passed to sglang-router unchanged
+    # --- evaluation (rlx.eval.runner; data.eval names the sets, run.eval_interval when) ---
+    n_samples_per_eval_prompt: int = 1  # responses per eval prompt (pass@k for k up to this)
+    eval_temperature: float | None = None  # null: rollout.temperature
+    eval_top_p: float | None = None  # null: rollout.top_p
+    eval_max_response_len: int | None = None  # null: rollout.max_response_len
     # --- how batches are produced (rlx.rollout.producer) ---
     # sync: generate step k's batch, then train on it; async: later steps' batches are generated
     # while step k trains (split placement only), no sample older than max_staleness versions
@@ -83,6 +88,10 @@ class RolloutConfig:
         "engine_threads": AT_LEAST_1,
         "weight_sync": one_of(WEIGHT_SYNC_METHODS),
         "weight_bucket_mb": AT_LEAST_1,
+        "n_samples_per_eval_prompt": AT_LEAST_1,
+        "eval_temperature": NON_NEGATIVE,
+        "eval_top_p": UNIT_OPEN_LOW,
+        "eval_max_response_len": AT_LEAST_1,
         "mode": one_of(MODES),
         "update_weights_interval": AT_LEAST_1,
         "max_staleness": NON_NEGATIVE,

@@ -1,0 +1,71 @@
+"""The same seeded run in rollout.mode=sync and rollout.mode=async: step time and reward.
+
+    python bench/async_vs_sync.py                                  # CPU, the default job, 60 steps
+    python bench/async_vs_sync.py --steps 100 rollout.max_staleness=2
+    python bench/async_vs_sync.py cluster.gpus_per_node=2 cluster.num_rollout_gpus=1 ...   # split GPUs
+
+Both runs use the decoupled objective (algo.use_tis=true), so they differ only in the mode.
+Prints one JSON line: per mode the median step time (step 0, start-up, left out), the total
+wall time of the steps, the mean reward of the last 5 steps, the trainer's and the engines' idle
+fractions (async); and the ratio async / sync of the median step time. Record the figures with
+machine, date and command in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+
+from rlx.config.compose import compose
+from rlx.runtime import run
+
+
+def _one(mode: str, steps: int, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        history = run(
+            compose([f"run.output_dir={out}", f"run.num_rollout={steps}", "run.progress=false",
+                     "run.tensorboard=false", "run.dump_rollouts=false", "algo.use_tis=true",
+                     f"rollout.mode={mode}", *overrides])
+        )  # fmt: skip
+    median = lambda key: statistics.median(h[key] for h in history[1:] if key in h)  # noqa: E731
+    result = {
+        "median_step_s": median("time/step_s"),
+        "steps_wall_s": sum(h["time/step_s"] for h in history),
+        "median_train_s": median("time/train_s"),
+        "median_weight_sync_s": median("time/weight_sync_s"),
+        "reward_first5": statistics.mean(h["rollout/reward_mean"] for h in history[:5]),
+        "reward_last5": statistics.mean(h["rollout/reward_mean"] for h in history[-5:]),
+    }
+    if mode == "async":
+        for key in ("async/trainer_idle_frac", "async/rollout_idle_frac", "async/overlap_frac", "time/rollout_s"):
+            result["median_" + key.replace("/", "_")] = median(key)
+    else:
+        result["median_rollout_s"] = median("time/rollout_s")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
+    args = parser.parse_args()
+    sync = _one("sync", args.steps, args.overrides)
+    asynchronous = _one("async", args.steps, args.overrides)
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "overrides": args.overrides,
+                "sync": sync,
+                "async": asynchronous,
+                "step_time_ratio": asynchronous["median_step_s"] / sync["median_step_s"],
+                "wall_ratio": asynchronous["steps_wall_s"] / sync["steps_wall_s"],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Evaluation during a run: every `run.eval_interval` steps (and before the first and after the
+last), each `data.eval` set's prompts get `rollout.n_samples_per_eval_prompt` responses with the
+evaluation's own sampling settings (`rollout.eval_*`, the run's where null), scored by the run's
+reward, summarised as `eval/NAME/reward_mean`, `pass@1` and `pass@k` (k = 2, 4, 8, ... up to n)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rlx.eval.metrics import summarise
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.pool import RolloutPool, expand
+from rlx.sample import Sample
+
+
+def eval_sampling(rollout: RolloutConfig) -> dict:
+    """The sampling parameters that differ for evaluation (SGLang's names)."""
+    chosen = {
+        "temperature": rollout.eval_temperature,
+        "top_p": rollout.eval_top_p,
+        "max_new_tokens": rollout.eval_max_response_len,
+    }
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+def pass_ks(n: int) -> list[int]:
+    """1, 2, 4, ... below n, and n."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return [*ks, n]
+
+
+def evaluate(pool: RolloutPool, sets: dict[str, list[Sample]], rollout: RolloutConfig, version: int) -> dict:
+    """Generate and score every set once with the current weights; its metrics."""
+    start = time.perf_counter()
+    n = rollout.n_samples_per_eval_prompt
+    sampling = eval_sampling(rollout)
+    groups = {
+        name: [expand(prompt, g, n) for g, prompt in enumerate(prompts)] for name, prompts in sets.items()
+    }
+
+    async def everything():
+        await asyncio.gather(
+            *(
+                pool.generate_group(group, step=-1, version=version, sampling=sampling)
+                for set_groups in groups.values()
+                for group in set_groups
+            )
+        )
+
+    pool.run(everything())
+    metrics: dict[str, float] = {}
+    for name, set_groups in groups.items():
+        metrics |= summarise(name, [s for group in set_groups for s in group], ks=pass_ks(n))
+    return metrics | {"time/eval_s": time.perf_counter() - start}
+
+
+class Evaluator:
+    """`due(step, version)` -> the eval metrics when step is a multiple of `run.eval_interval`, else {}."""
+
+    def __init__(
+        self, pool: RolloutPool, sets: dict[str, list[Sample]], rollout: RolloutConfig, interval: int
+    ):
+        self.pool, self.sets, self.rollout, self.interval = pool, sets, rollout, interval
+
+    def due(self, step: int, version: int) -> dict:
+        if not self.sets or not self.interval or step % self.interval:
+            return {}
+        return evaluate(self.pool, self.sets, self.rollout, version)
