@@ -125,10 +125,12 @@ def test_pp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(one_rank, tmp
     assert_same_run("pp2 -> one rank", resumed, ([pp2[0][2]], [pp2[1][2]]))
 
 
-def test_tp2_pp2_matches_one_rank(one_rank, tmp_path):
-    """4 gloo ranks: two stages, each split over two tensor-parallel ranks."""
+def test_tp2_pp2_packed_matches_one_rank(one_rank, tmp_path):
+    """4 gloo ranks: two stages, each split over two tensor-parallel ranks, with packed
+    micro-batches (rows of up to 63 tokens, padded to a multiple of TP) of different shapes."""
     base_history, base_exports = one_rank
-    assert_same_run("tp2_pp2", train(tmp_path, "tp2_pp2", *TP2_PP2), (base_history[:2], base_exports[:2]))
+    packed = train(tmp_path, "tp2_pp2", *TP2_PP2, "train.max_tokens_per_micro_batch=63")
+    assert_same_run("tp2_pp2 packed", packed, (base_history[:2], base_exports[:2]))
 
 
 def test_ppo_critic_under_pp2_matches_one_rank(ray_session, tmp_path):
