@@ -6,13 +6,20 @@ Split placement gives the trainer `cluster.num_trainer_procs` GPUs and the engin
 ({"GPU": rollout.gpus_per_engine}). Colocated placement makes one bundle per trainer GPU and puts
 a trainer rank and an engine on each, half a GPU apiece in Ray's accounting (the two take turns:
 the engine releases its memory while the trainer works and the reverse).
+
+Across nodes (`cluster.num_nodes > 1`) every trainer rank and engine also gets the run's network
+environment (`rlx.ports.network_env`: engines bind their node's address and require a fresh API
+key) through Ray's `runtime_env`, and the driver gets the key for its own clients (the router's,
+the pool's) until `Placement.remove`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlx import ports
 from rlx.cluster import ClusterConfig
 from rlx.rollout.config import RolloutConfig
 
@@ -28,9 +35,17 @@ class Placement:
     engines: list[dict[str, Any]]
     bundles: list[dict[str, float]] = field(default_factory=list)  # the placement group's; [] on CPU
     group: Any = None  # the Ray placement group (None on CPU)
+    env: dict[str, str] = field(default_factory=dict)  # `rlx.ports.network_env`; {} on one node
+
+    @property
+    def api_key(self) -> str | None:
+        """The run's API key (None on one node)."""
+        return self.env.get(ports.API_KEY_ENV)
 
     def remove(self) -> None:
-        """Give the reserved GPUs back to Ray."""
+        """Give the reserved GPUs back to Ray, and the driver's environment back as it was."""
+        if self.env:
+            os.environ.pop(ports.API_KEY_ENV, None)
         if self.group is not None:
             from ray.util import remove_placement_group
 
@@ -54,10 +69,22 @@ def bundles_for(cluster: ClusterConfig, rollout: RolloutConfig) -> tuple[list[di
 
 def plan(cluster: ClusterConfig, rollout: RolloutConfig) -> Placement:
     """Reserve the run's GPUs (a Ray placement group; Ray must be started) and say where each
-    process goes. Raises RuntimeError naming the counts if the Ray cluster has too few GPUs."""
+    process goes, with the run's network environment (see the module doc). Raises RuntimeError
+    naming the counts if the Ray cluster has too few GPUs."""
+    placement = _place(cluster, rollout)
+    placement.env = ports.network_env(cluster.num_nodes)
+    if placement.env:
+        for options in [*placement.trainer, *placement.engines]:
+            options["runtime_env"] = {"env_vars": dict(placement.env)}
+        os.environ[ports.API_KEY_ENV] = placement.env[ports.API_KEY_ENV]  # the driver's own clients
+    return placement
+
+
+def _place(cluster: ClusterConfig, rollout: RolloutConfig) -> Placement:
     if cluster.gpus_per_node == 0:  # CPU: nothing to pin; zero CPUs so small machines never wait
         return Placement(
-            [{"num_cpus": 0}] * cluster.num_trainer_procs, [{"num_cpus": 0}] * rollout.num_engines
+            [{"num_cpus": 0} for _ in range(cluster.num_trainer_procs)],
+            [{"num_cpus": 0} for _ in range(rollout.num_engines)],
         )
     import ray
     from ray.util import placement_group

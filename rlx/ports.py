@@ -31,6 +31,14 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def route_address(to_host: str) -> str:
+    """This machine's address on the interface that routes to `to_host` (loopback for loopback);
+    no packet is sent."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((to_host, 9))
+        return sock.getsockname()[0]
+
+
 def engine_host() -> str:
     """The address an engine started in this process binds: its node's (HOST_ENV=node) or loopback."""
     return node_address() if os.environ.get(HOST_ENV) == "node" else LOOPBACK

@@ -16,11 +16,14 @@ from typing import Any
 
 import aiohttp
 
+from rlx import ports
+
 logger = logging.getLogger(__name__)
 
-# Failures of the connection itself (server restarting, keep-alive race); the request never ran
-# or its answer was lost, so sending it again is safe for every endpoint used here.
-TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+# Failures of the connection itself (server restarting, keep-alive race, connect timeout); the
+# request never ran or its answer was lost, so sending it again is safe for every endpoint used
+# here. A request that ran out of its whole time limit is not retried: that is a hang, not a blip.
+TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 TRANSIENT_STATUS = {502, 503, 504}  # the router's "no worker available yet" and proxies
 
 
@@ -31,6 +34,10 @@ class EngineError(RuntimeError):
         super().__init__(f"{url} answered {status_code}: {message}")
         self.status_code = status_code
         self.message = message
+
+
+class EngineTimeout(TimeoutError):
+    """An engine (or the router) did not answer a request within the client's time limit."""
 
 
 @dataclass
@@ -50,8 +57,11 @@ class EngineClient:
 
     aiohttp rather than httpx: at hundreds of concurrent requests on loopback httpx spent about
     10 ms a request (2.5 s for 256 /health calls) where aiohttp spends well under 1 ms.
-    Transient connection errors and 502/503/504 answers are retried `max_retries` times with
-    exponential backoff; everything else is raised as `EngineError` or the aiohttp error.
+    Every request is bounded by `timeout` seconds (a whole /generate included): past it,
+    `EngineTimeout` names the URL, the call and the limit. Transient connection errors and
+    502/503/504 answers are retried `max_retries` times with exponential backoff; everything else
+    is raised as `EngineError` or the aiohttp error. `api_key` (default: the run's, from the
+    RLX_ENGINE_API_KEY environment variable) is sent as `Authorization: Bearer KEY` on every request.
     """
 
     def __init__(
@@ -62,9 +72,11 @@ class EngineClient:
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         max_connections: int = 1024,
+        api_key: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key or ports.api_key()
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self.max_connections = max_connections
@@ -75,13 +87,20 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout, connect=min(self.timeout, 10.0)),
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
+                headers=ports.auth_headers(self.api_key),
                 trust_env=False,  # engines are on loopback or the cluster network, never behind a proxy
             )
         return self._session
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> Reply:
-        async with self._http().request(method, self.base_url + path, **kwargs) as response:
-            text = await response.text()
+        try:
+            async with self._http().request(method, self.base_url + path, **kwargs) as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            raise  # connect/read timeouts are ClientErrors too: transient, retried by `_request`
+        except TimeoutError as exc:  # the request's whole time limit
+            limit = kwargs["timeout"].total if "timeout" in kwargs else self.timeout
+            raise EngineTimeout(f"{self.base_url} did not answer {method} {path} within {limit:g} s") from exc
         try:
             body = json.loads(text) if text else None
         except ValueError:
@@ -103,7 +122,11 @@ class EngineClient:
                 if reply.is_success or reply.status_code in ok_statuses:
                     return reply
                 if reply.status_code not in TRANSIENT_STATUS or attempt == self.max_retries:
-                    raise EngineError(reply.status_code, _error_message(reply.body), self.base_url + path)
+                    message = _error_message(reply.body)
+                    if reply.status_code == 401:
+                        sent = "sent another key" if self.api_key else f"had none ({ports.API_KEY_ENV} unset)"
+                        message += f" (the engine requires the run's API key; this client {sent})"
+                    raise EngineError(reply.status_code, message, self.base_url + path)
             await asyncio.sleep(self.retry_backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -157,7 +180,7 @@ class EngineClient:
         """True if GET /health answers 200 (no retries: this is the probe)."""
         try:
             reply = await self._send("GET", "/health", timeout=aiohttp.ClientTimeout(total=10.0))
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, aiohttp.ClientError):  # EngineTimeout is a TimeoutError
             return False
         return reply.status_code == 200
 

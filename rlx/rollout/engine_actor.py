@@ -1,13 +1,15 @@
 """Thin Ray-actor shell around one rollout engine server (local or SGLang).
 
-`rollout._target_` names a launcher class built as `Launcher(cfg: RolloutConfig, model_path, seed=...)`
-that starts an engine serving SGLang's HTTP API and exposes `url` and `shutdown()`.
+`rollout._target_` names a launcher class (contract: `rlx.rollout.servers`) that starts an engine
+serving SGLang's HTTP API and exposes `url` and `shutdown()`. Where it binds and which API key it
+requires come from this process's environment (`rlx.ports`; set per run by `rlx.placement.plan`).
 """
 
 from __future__ import annotations
 
 from hydra.utils import get_class
 
+from rlx import ports
 from rlx.rollout.config import RolloutConfig
 
 
@@ -15,7 +17,8 @@ class EngineActor:
     """Starts the configured engine server in this (actor) process; tests use it in-process."""
 
     def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
-        self.server = get_class(cfg._target_)(cfg, model_path, seed=seed)
+        launcher = get_class(cfg._target_)
+        self.server = launcher(cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key())
 
     def url(self) -> str:
         return self.server.url

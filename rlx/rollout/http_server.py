@@ -11,6 +11,10 @@ finished, so no request ever sees half-loaded weights or a released cache.
 
 (Over 400 lines: scheduler, endpoints and CLI share private state; Scheduler could move to its own module.)
 
+With an API key (SGLang's `--api-key`) every route but `GET /health` answers 401 unless the request
+carries `Authorization: Bearer KEY`; /health stays open, as in SGLang, because sglang-router's
+liveness probe sends no key.
+
 Run as a child process with sglang.launch_server's flag names:
     python -m rlx.rollout.http_server --model-path DIR --host 127.0.0.1 --port 30000 --random-seed 0
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import hmac
 import json
 import logging
 import queue
@@ -263,12 +268,13 @@ class EngineServer:
         *,
         max_batch_size: int | None = None,
         batch_wait_s: float = 0.005,
+        api_key: str | None = None,
     ):
         self.engine = engine
         self.host = host
         self.port = port
         self.scheduler = Scheduler(engine, max_batch_size or engine.max_batch_size, batch_wait_s)
-        self.app = build_app(self)
+        self.app = build_app(self, api_key)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -532,13 +538,35 @@ async def _bad_request(request: Request, exc: Exception) -> JSONResponse:
     return error_response(str(exc))
 
 
-def build_app(server: EngineServer) -> FastAPI:
-    """A FastAPI app with SGLang's native endpoints, serving `server`."""
+class RequireApiKey:
+    """ASGI middleware: 401 (SGLang's body) unless `Authorization: Bearer KEY`, on every route but
+    `GET /health`. Plain ASGI, not Starlette's BaseHTTPMiddleware, which would hide client
+    disconnects from `_await_result`."""
+
+    OPEN = ("/health",)  # sglang-router probes liveness without the key
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await JSONResponse(error_body("Unauthorized"), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(server: EngineServer, api_key: str | None = None) -> FastAPI:
+    """A FastAPI app with SGLang's native endpoints, serving `server`; `api_key`: see the module doc."""
     app = FastAPI()
     app.state.server = server
     app.include_router(routes)
     app.include_router(weight_routes)  # the tensor and distributed weight paths
     app.add_exception_handler(ValueError, _bad_request)
+    if api_key:
+        app.add_middleware(RequireApiKey, api_key=api_key)
     return app
 
 
@@ -559,6 +587,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name")
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all routes but /health)")
     args, unknown = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     if unknown:
@@ -581,7 +610,7 @@ def main(argv: list[str] | None = None) -> None:
         num_threads=args.num_threads,
         **engine_args,
     )
-    server = EngineServer(engine, args.host, args.port).start()
+    server = EngineServer(engine, args.host, args.port, api_key=args.api_key).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

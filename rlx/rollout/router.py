@@ -3,6 +3,11 @@
 It spreads /generate over the engines' URLs; rlx's local engines and SGLang servers speak the
 same API, so the router cannot tell them apart. `rollout.router_args` become its `--flags`
 unchanged (see `python -m sglang_router.launch_router --help`).
+
+With an API key (across nodes: the run's, `rlx.ports`), sglang-router 0.3.2's `--api-key` makes it
+send `Authorization: Bearer KEY` to the workers and require the same from its own clients on the
+routes that drive them (/generate, /flush_cache, ...; /health stays open). It binds loopback
+even across nodes (its Prometheus metrics too): only the driver, beside it, talks to it.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rlx.ports import free_port
+from rlx import ports
+from rlx.ports import LOOPBACK, free_port
 from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
 
 
@@ -26,18 +32,25 @@ class Router(ChildService):
         self,
         worker_urls: list[str],
         *,
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int | None = None,
         policy: str = "round_robin",
         extra_args: dict[str, Any] | None = None,
         startup_timeout_s: float = 120.0,
+        api_key: str | None = None,
     ):
+        """`api_key`: default the run's (`rlx.ports.api_key()`); None there: no key."""
         if not worker_urls:
             raise ValueError("Router needs at least one worker URL")
         self.worker_urls = list(worker_urls)
         self.host = host
         self.port = port or free_port(host)
-        args = {"log_level": "warn", **(extra_args or {})}
+        api_key = api_key or ports.api_key()
+        # across nodes (a key), its metrics too stay beside it, on a port of their own: the
+        # default, 0.0.0.0:29000, is open to the network
+        metrics = {"prometheus_host": host, "prometheus_port": free_port(host)} if api_key else {}
+        key = {"api_key": api_key} if api_key else {}
+        args = {"log_level": "warn", **metrics, **(extra_args or {}), **key}
         for key in ("host", "port", "worker_urls", "policy"):  # owned by this class
             if key in args:
                 raise ValueError(f"router arg {key!r} is set by Router's own parameters")

@@ -1,23 +1,34 @@
 """Engine launchers named by `rollout._target_`: each starts one server speaking SGLang's HTTP API.
 
-Contract (what `EngineActor` relies on): `Launcher(cfg: RolloutConfig, model_path: str, *, seed: int)`
-starts the server and returns once it answers `/health`; `url`; `shutdown()`.
+Contract (what `EngineActor` relies on): `Launcher(cfg: RolloutConfig, model_path: str, *, seed: int,
+host: str, api_key: str | None)` starts the server bound to `host` (loopback on one node, the node's
+address across nodes) requiring `Authorization: Bearer api_key` when a key is given, and returns
+once it answers `/health`; `url` (the address others reach it by); `shutdown()`.
 """
 
 from __future__ import annotations
 
+from rlx.ports import LOOPBACK
 from rlx.rollout.config import RolloutConfig
 
 
 class LocalServer:
-    """rlx's own engine (HF weights, batched sampling) served in this process on 127.0.0.1."""
+    """rlx's own engine (HF weights, batched sampling) served in this process."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        *,
+        seed: int,
+        host: str = LOOPBACK,
+        api_key: str | None = None,
+    ):
         from rlx.rollout.http_server import EngineServer
         from rlx.rollout.local import LocalEngine
 
         engine = LocalEngine(model_path, seed=seed, num_threads=cfg.engine_threads, **dict(cfg.engine_args))
-        self._server = EngineServer(engine)
+        self._server = EngineServer(engine, host, api_key=api_key)
         self._server.start()
 
     @property
@@ -48,13 +59,22 @@ class SGLangServer:
             "(pip install '.[sglang]') or use rollout=local"
         ]
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        *,
+        seed: int,
+        host: str = LOOPBACK,
+        api_key: str | None = None,
+    ):
         from rlx.rollout.sglang import ServerProcess
 
         # an engine over several GPUs is SGLang's tensor parallelism (the actor holds them all)
         spread = {"tp_size": cfg.gpus_per_engine} if cfg.gpus_per_engine > 1 else {}
-        args = {"random_seed": seed, **spread, **dict(cfg.engine_args)}
-        self._process = ServerProcess(model_path, engine_args=args, module=cfg.server_module)
+        key = {"api_key": api_key} if api_key else {}  # SGLang's --api-key
+        args = {"random_seed": seed, **spread, **dict(cfg.engine_args), **key}
+        self._process = ServerProcess(model_path, engine_args=args, module=cfg.server_module, host=host)
         self._process.start()
 
     @property

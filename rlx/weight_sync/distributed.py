@@ -19,12 +19,14 @@ the address instead of hanging.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rlx.ports import route_address
 from rlx.weight_sync.buckets import BucketMeta, flatten, iter_buckets, unflatten
 
 __all__ = ["Announce", "WeightReceiver", "WeightSender", "WeightSyncError"]
@@ -68,7 +70,7 @@ class _Group:
             prefixed = dist.PrefixStore(
                 f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self.store))
             )
-            self.pg = _process_group(backend, prefixed, rank, world_size, timeout)
+            self.pg = _process_group(backend, prefixed, rank, world_size, timeout, route_address(address))
         except (dist.DistError, RuntimeError) as e:
             raise WeightSyncError(
                 f"weight-sync group at {self.where} did not form within {timeout_s:g} s: {e}"
@@ -93,9 +95,26 @@ class _Group:
         del self.pg, self.store
 
 
-def _process_group(backend: str, store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):
+def _process_group(
+    backend: str,
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    timeout: datetime.timedelta,
+    local_address: str,
+):
+    """`local_address`: this process's address towards rank 0, which gloo binds (its default is
+    what the hostname resolves to: loopback on many clusters, Debian's 127.0.1.1), unless
+    GLOO_SOCKET_IFNAME names an interface."""
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        interface = os.environ.get("GLOO_SOCKET_IFNAME")
+        device = dist.ProcessGroupGloo.create_device(
+            **({"interface": interface} if interface else {"hostname": local_address})
+        )
+        options._devices = [device]
+        return dist.ProcessGroupGloo(store, rank, world_size, options)
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     return dist.ProcessGroupNCCL(store, rank, world_size, options)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
 import pytest
 import ray
+from aiohttp import web
 
 from rlx.config.compose import compose, to_object
+from rlx.rollout.client import EngineClient, EngineTimeout
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup, TrainerRankError
 
@@ -93,3 +96,37 @@ def test_a_hung_rank_times_out_and_a_killed_rank_is_named(group):
         group.train(_batch())
     group.shutdown()  # broken: the survivor is killed, not asked to leave a world that lost a rank
     assert _gone(group.pids[0]) and _gone(group.pids[1])
+
+
+def test_an_engine_that_never_answers_is_named_with_the_call():
+    """A /generate that hangs ends after the client's limit, naming the engine and the call, and
+    is not sent again (a hang is not a transient failure)."""
+    calls = []
+
+    async def drive():
+        release = asyncio.Event()
+
+        async def hang(request):
+            calls.append(request.path)
+            await release.wait()  # until the test is over
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_post("/generate", hang)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            async with EngineClient(url, timeout=1.0) as client:
+                with pytest.raises(EngineTimeout) as e:
+                    await client.generate([2, 3], {"max_new_tokens": 1})
+        finally:
+            release.set()
+            await runner.cleanup()
+        return url, str(e.value)
+
+    url, message = asyncio.run(drive())
+    assert message == f"{url} did not answer POST /generate within 1 s"
+    assert calls == ["/generate"]

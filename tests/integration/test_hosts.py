@@ -1,0 +1,142 @@
+"""Nothing assumes one host: across nodes engines bind their node's address and require the run's
+API key, which the router forwards and every client sends; on one node, loopback and no key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import ray
+from starlette.routing import Route
+
+from rlx import ports
+from rlx.cluster import ClusterConfig
+from rlx.placement import plan
+from rlx.rollout import http_server
+from rlx.rollout.client import EngineClient, EngineError
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.engine_actor import EngineActor
+from rlx.rollout.http_server import EngineServer
+from rlx.rollout.local import LocalEngine
+from rlx.rollout.router import Router
+from rlx.rollout.weight_routes import weight_routes
+
+KEY = "run-key-123"
+GENERATE = {"input_ids": [2, 3, 4], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_qwen3_dir):
+    server = EngineServer(LocalEngine(str(tiny_qwen3_dir), seed=0), api_key=KEY).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def no_run_key(monkeypatch):
+    monkeypatch.delenv(ports.API_KEY_ENV, raising=False)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_engine_server_requires_the_key_on_every_route_but_health(keyed_server):
+    url = keyed_server.url
+    # SGLang's native API, the weight routes and FastAPI's own (/docs, /openapi.json)
+    every = [*http_server.routes.routes, *weight_routes.routes, *keyed_server.app.routes]
+    routes = [(m, r.path) for r in every if isinstance(r, Route) for m in r.methods]
+    assert len({path for _, path in routes}) >= 20 and ("POST", "/update_weights_from_tensor") in routes
+    with httpx.Client(timeout=30) as http:
+        for method, path in routes:
+            if path == "/health":
+                continue
+            for headers in ({}, bearer("wrong-key"), {"Authorization": KEY}):
+                reply = http.request(method, url + path, headers=headers, json={})
+                assert reply.status_code == 401, (method, path, headers)
+                if method != "HEAD":  # a HEAD answer has no body
+                    assert reply.json() == {"error": {"message": "Unauthorized"}}
+        # sglang-router probes liveness without the key, as SGLang allows
+        assert http.get(url + "/health").status_code == 200
+        assert http.get(url + "/get_model_info", headers=bearer(KEY)).status_code == 200
+        reply = http.post(url + "/generate", headers=bearer(KEY), json=GENERATE)
+        assert reply.status_code == 200 and len(reply.json()["output_ids"]) == 2
+
+
+def test_client_sends_the_key_and_names_a_missing_one(keyed_server, no_run_key):
+    async def drive():
+        async with EngineClient(keyed_server.url, api_key=KEY) as client:
+            out = await client.generate([2, 3], {"max_new_tokens": 3, "ignore_eos": True})
+        async with EngineClient(keyed_server.url) as keyless:
+            with pytest.raises(EngineError, match=f"answered 401.*{ports.API_KEY_ENV} unset") as e:
+                await keyless.get_weight_version()
+        return out, e.value.status_code
+
+    out, status = asyncio.run(drive())
+    assert len(out["output_ids"]) == 3 and status == 401
+
+
+def test_router_requires_and_forwards_the_key(keyed_server, no_run_key):
+    with Router([keyed_server.url], api_key=KEY) as router:
+        assert httpx.post(router.url + "/generate", json=GENERATE, timeout=30).status_code == 401
+        assert (
+            httpx.post(router.url + "/generate", json=GENERATE, headers=bearer("x"), timeout=30).status_code
+            == 401
+        )
+
+        async def drive():
+            async with EngineClient(router.url, api_key=KEY) as client:
+                return await client.generate([2, 3], {"max_new_tokens": 3, "ignore_eos": True})
+
+        # the router passed the key on: the engine refuses anything without it
+        assert len(asyncio.run(drive())["output_ids"]) == 3
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
+    ray_session, tiny_qwen3_dir, no_run_key
+):
+    rollout = RolloutConfig()
+    one_node = plan(ClusterConfig(), rollout)
+    assert one_node.api_key is None and "runtime_env" not in one_node.engines[0]
+    assert ports.API_KEY_ENV not in os.environ
+
+    earlier = plan(ClusterConfig(num_nodes=2), rollout)
+    earlier.remove()
+    placement = plan(ClusterConfig(num_nodes=2, num_trainer_procs=2), rollout)
+    key = placement.api_key
+    assert key and len(key) >= 32 and key != earlier.api_key  # a fresh key per run
+    for options in [*placement.trainer, *placement.engines]:
+        assert options["runtime_env"]["env_vars"] == {ports.HOST_ENV: "node", ports.API_KEY_ENV: key}
+    assert os.environ[ports.API_KEY_ENV] == key  # the driver's own clients (pool, router)
+
+    engine = (
+        ray.remote(EngineActor).options(**placement.engines[0]).remote(rollout, str(tiny_qwen3_dir), seed=0)
+    )
+    try:
+        url = ray.get(engine.url.remote(), timeout=120)
+        host = urlsplit(url).hostname
+        assert host == ray.util.get_node_ip_address() and host != ports.LOOPBACK
+        with pytest.raises(httpx.ConnectError):  # not on loopback
+            httpx.get(url.replace(host, ports.LOOPBACK) + "/health", timeout=10)
+        assert httpx.get(url + "/get_model_info", timeout=10).status_code == 401
+
+        async def version():
+            async with EngineClient(url) as client:  # the run's key, from the driver's environment
+                return await client.get_weight_version()
+
+        assert asyncio.run(version()) == "default"
+    finally:
+        ray.get(engine.shutdown.remote(), timeout=30)
+        ray.kill(engine)
+        placement.remove()
+    assert ports.API_KEY_ENV not in os.environ
