@@ -96,3 +96,15 @@ def test_groups_carried_over_at_a_checkpoint_continue_after_resume(tmp_path):
             assert match, row["prompt_ids"]
             assert match[0]["response_ids"][: len(row["response_ids"])] == row["response_ids"]
             assert match[0]["rollout_logprobs"][: len(row["response_ids"])] == row["rollout_logprobs"]
+
+
+def test_a_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path):
+    straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
+    run(compose([f"run.output_dir={straight}", "run.num_rollout=4", *SHORT]))
+    run(compose([f"run.output_dir={first}", "run.num_rollout=2", "run.save=true", *SHORT]))
+    run(compose([f"run.output_dir={resumed}", "run.num_rollout=4", f"run.resume_from={first}", *SHORT]))
+    rows = lambda d: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    keys = ("rollout/reward_mean", "train/loss", "train/grad_norm", "train/entropy", "train/lr")
+    expected = [{k: r[k] for k in keys} for r in rows(straight)[2:]]
+    assert [{k: r[k] for k in keys} for r in rows(resumed)] == expected  # steps 2 and 3, bit for bit
+    assert _dump(resumed, 3) == _dump(straight, 3)
