@@ -145,7 +145,8 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         parts.turns.to_trainer()
         parts.turns.publish(parts.sync, state["version"])
     parts.producer = Producer(
-        rc.rollout, parts.pool, job.data, RolloutBuffer(), version=state["version"], last_step=rc.run.num_rollout - 1
+        rc.rollout, parts.pool, job.data, RolloutBuffer(), version=state["version"], last_step=rc.run.num_rollout - 1,
+        max_failed_frac=rc.run.max_failed_frac,
     )  # fmt: skip
     parts.closers.append(parts.producer.close)
     if "rollout" in state:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from rlx.algo.config import AlgoConfig
 from rlx.cluster import ClusterConfig
-from rlx.config.rules import NON_NEGATIVE, Rule
+from rlx.config.rules import NON_NEGATIVE, UNIT_OPEN_LOW, Rule
 from rlx.data.config import DataConfig
 from rlx.models.config import ModelConfig
 from rlx.reward.config import RewardConfig
@@ -33,6 +33,9 @@ class RunConfig:
     save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
     # evaluate the data.eval sets every N steps, before the first and after the last (0: never)
     eval_interval: int = 0
+    # stop the run (with the first failure's reason) when at least this fraction of a round's samples
+    # failed (engine errors, reward functions that raise or time out), rather than train on nothing
+    max_failed_frac: float = 1.0
     dump_rollouts: bool = True  # rollouts/step_NNNNNN.jsonl
     tensorboard: bool = True
     progress: bool = True  # progress bar on the console
@@ -42,6 +45,7 @@ class RunConfig:
         "save_interval": NON_NEGATIVE,
         "eval_interval": NON_NEGATIVE,
         "keep_checkpoints": NON_NEGATIVE,
+        "max_failed_frac": UNIT_OPEN_LOW,
     }
 
 

@@ -51,9 +51,12 @@ class Producer:
         *,
         version: int,
         last_step: int,
+        max_failed_frac: float = 1.0,
     ):
-        """`version`: what the engines serve now; `last_step`: the run's last step (async stops there)."""
+        """`version`: what the engines serve now; `last_step`: the run's last step (async stops there);
+        `max_failed_frac`: a round in which at least this fraction of samples failed stops the run."""
         self.cfg, self.pool, self.data, self.buffer = cfg, pool, data, buffer
+        self.max_failed_frac = max_failed_frac
         self.filter = load_filter(cfg.filter_fn) if cfg.filter_fn else None
         self.last_step = last_step
         self._served = version
@@ -206,7 +209,7 @@ class Producer:
         tasks = {asyncio.ensure_future(self.pool.generate_group(g, step, self._served)): g for g in groups}
         pending = set(tasks)
         interrupt = asyncio.ensure_future(self._interrupt.wait())
-        failed = 0
+        failed = judged = 0
         try:
             while pending and len(kept) < need and not self._interrupt.is_set():
                 done, pending = await asyncio.wait(pending | {interrupt}, return_when=asyncio.FIRST_COMPLETED)
@@ -214,13 +217,16 @@ class Producer:
                 for task in sorted(done - {interrupt}, key=lambda t: tasks[t][0].group):
                     group = tasks[task]
                     task.result()
-                    failed += all(s.status is Status.FAILED for s in group)
+                    failed += sum(s.status is Status.FAILED for s in group)
+                    judged += len(group)
                     self._judge(group, kept, need)
         finally:
             interrupt.cancel()
-        if failed == len(groups):
+        if judged and failed / judged >= self.max_failed_frac:
+            first = next(s.status_reason for t in tasks for s in tasks[t] if s.status is Status.FAILED)
             raise RuntimeError(
-                f"every rollout request of step {step} failed; the first: {groups[0][0].status_reason}"
+                f"step {step}: {failed} of {judged} samples failed (run.max_failed_frac={self.max_failed_frac}); "
+                f"the first: {first}"
             )
         if pending:
             self._count("rollout/aborted_groups", len(pending))

@@ -181,3 +181,22 @@ def test_a_generate_fn_builds_multi_turn_samples_with_tool_tokens_out_of_the_los
         assert all(s.reward in (0.0, 1 / 3, 2 / 3, 1.0) for s in group[::2])  # scored by the toy reward
     finally:
         pool.shutdown()
+
+
+def broken_reward(sample: Sample) -> float:
+    raise ValueError("no label parser for this task")
+
+
+def test_a_step_whose_samples_all_fail_stops_the_run_with_the_reason(ray_session, tiny_qwen3_dir, tokenizer):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, batch_size=2, max_response_len=2, reward_fn="test_producer.broken_reward"
+    )
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), RolloutBuffer(), version=0, last_step=0)
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"4 of 4 samples failed \(run.max_failed_frac=1.0\).*no label parser"
+        ):
+            producer.batch(0, train_version=0)
+    finally:
+        producer.close()
+        pool.shutdown()
