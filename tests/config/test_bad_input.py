@@ -25,8 +25,8 @@ CONFIG_CASES = {
         ["rollout.batch_szie does not exist", "did you mean rollout.batch_size? set rollout.batch_size="],
     ),
     "unknown key added with +": (
-        ["+run.eval_interval=1"],
-        ["run.eval_interval does not exist", "leading +", "did you mean run.save_interval?"],
+        ["+run.eval_intervall=1"],
+        ["run.eval_intervall does not exist", "leading +", "did you mean run.eval_interval?"],
     ),
     "unknown plugin key added with +": (
         ["+rollout.custom_generate_fn=my.module.generate"],
@@ -37,8 +37,12 @@ CONFIG_CASES = {
         ["model.megatron_overrides.recompute_granularity", "+model.megatron_overrides.recompute_granularity="],
     ),
     "+group that does not exist": (
-        ["+experiment=fast"],
-        ["experiment is neither a config group", "conf/experiment", "remove +experiment="],
+        ["+experimant=fast"],
+        ["experimant is neither a config group", "conf/experimant", "remove +experimant="],
+    ),
+    "+experiment that does not exist": (
+        ["+experiment=tool_calk"],
+        ["Could not find 'experiment/tool_calk'", "did you mean experiment=tool_calc?"],
     ),
     "misspelled key of an eval set": (
         ["+data.eval={math:{pth:/data/math.jsonl}}"],

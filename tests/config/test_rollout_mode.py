@@ -36,6 +36,32 @@ CASES = {
     "unknown mode": (["rollout.mode=later"], ["rollout.mode='later'", "rollout.mode=sync"]),
     "unknown staleness policy": (["rollout.staleness_policy=wait"], ["rollout.staleness_policy"]),
     "unknown tis level": (["algo.tis_level=batch"], ["algo.tis_level", "token"]),
+    "train only without dumps": (
+        ["debug.train_only=true"],
+        ["debug.train_only=true", "debug.load_rollouts=RUN_DIR"],
+    ),
+    "dumps that are not there": (
+        ["debug.train_only=true", "debug.load_rollouts=/no/such/run"],
+        ["debug.load_rollouts='/no/such/run'", "run.dump_rollouts=true"],
+    ),
+    "dumps without train only": (
+        ["debug.load_rollouts=/tmp"],
+        ["debug.load_rollouts", "debug.train_only=true"],
+    ),
+    "both debug halves": (["debug.train_only=true", "debug.rollout_only=true"], ["leave nothing to run"]),
+    "rollout only in async": (
+        ["debug.rollout_only=true", "rollout.mode=async", "algo.use_tis=true"],
+        ["debug.rollout_only=true with rollout.mode=async", "rollout.mode=sync"],
+    ),
+    "eval interval without sets": (
+        ["run.eval_interval=5"],
+        ["run.eval_interval=5", "data.eval", "run.eval_interval=0"],
+    ),
+    "eval sets never evaluated": (
+        ["data=jsonl", "data.prompt_path=/etc/hostname", "+data.eval={test: {path: /etc/hostname}}"],
+        ["data.eval names sets (test)", "run.eval_interval=N"],
+    ),
+    "failed fraction out of range": (["run.max_failed_frac=0"], ["run.max_failed_frac=0", "(0, 1]"]),
 }
 
 
