@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, TOP_K, UNIT_OPEN_LOW, Rule, one_of
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_OPEN_LOW, Rule, one_of
 
 WEIGHT_SYNC_METHODS = ("auto", "tensor", "distributed", "disk")  # rollout.weight_sync
 MODES = ("sync", "async")  # rollout.mode
@@ -75,6 +75,19 @@ class RolloutConfig:
     # async with a PPO-family algorithm and no off-policy correction (algo.use_tis) is refused;
     # true allows it anyway
     allow_uncorrected_async: bool = False
+    # --- engine fault tolerance (rlx.rollout.health; docs/resilience.md) ---
+    # true: a monitor pings every engine; a dead or hung one is taken out of the router, restarted
+    # with the last published weights and put back, and requests that failed on it are sent again
+    fault_tolerance: bool = False
+    health_check_interval_s: float = 10.0  # seconds between two pings of every engine
+    # a ping (GET /health_generate: one token through the engine's scheduler) unanswered for this
+    # long fails; a refused connection (the process is gone) restarts the engine at once
+    health_check_timeout_s: float = 30.0
+    health_check_failures: int = 3  # failed pings in a row that make an engine hung (restarted)
+    max_request_retries: int = 3  # times one group's failed request is sent again before it fails
+    # the longest an engine restart may take (new actor, model loaded, weights, back in the router);
+    # requests wait at most this long for an engine to serve again
+    engine_restart_timeout_s: float = 900.0
 
     RULES: ClassVar[dict[str, Rule]] = {
         "temperature": NON_NEGATIVE,
@@ -97,4 +110,9 @@ class RolloutConfig:
         "max_staleness": NON_NEGATIVE,
         "staleness_policy": one_of(STALENESS_POLICIES),
         "over_sampling_batch_size": AT_LEAST_1,
+        "health_check_interval_s": POSITIVE,
+        "health_check_timeout_s": POSITIVE,
+        "health_check_failures": AT_LEAST_1,
+        "max_request_retries": NON_NEGATIVE,
+        "engine_restart_timeout_s": POSITIVE,
     }

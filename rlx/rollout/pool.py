@@ -2,7 +2,9 @@
 
 Engines run as Ray actors (each serving SGLang's HTTP API); with two or more, requests go
 through the real sglang-router. The pool only speaks HTTP to them, so local and SGLang
-engines are driven by the same code.
+engines are driven by the same code. With `rollout.fault_tolerance=true` a health monitor
+(`rlx.rollout.health`) restarts dead or hung engines and the pool sends their failed requests
+again; over 400 lines because generation, weights and the engines' lifecycle share its state.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import concurrent.futures
 import copy
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -23,6 +26,7 @@ from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
 from rlx.rollout.generate import GenerateContext, load_generate_fn
+from rlx.rollout.health import HealthMonitor, is_engine_failure
 from rlx.rollout.router import Router
 from rlx.sample import Sample, Status
 
@@ -58,14 +62,12 @@ class RolloutPool:
         # does not answer, fails here
         self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         self.scorer = load_scorer(cfg.reward_fn, reward or RewardConfig(), rollout=cfg, tokenizer=tokenizer)
-        options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
+        self.model_path = model_path
+        self.actor_options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlx-rollout", daemon=True)
         self._thread.start()
-        self.actors = [
-            ray.remote(EngineActor).options(**options[i]).remote(cfg, model_path, seed=seed + i)
-            for i in range(len(options))
-        ]
+        self.actors = [self.launch_engine(i) for i in range(len(self.actor_options))]
         self.router: Router | None = None
         self.engine_urls = ray.get([a.url.remote() for a in self.actors])
         if len(self.engine_urls) >= 2:
@@ -85,7 +87,46 @@ class RolloutPool:
         }
         self._semaphore: asyncio.Semaphore | None = None
         self._queued: set[str] = set()  # request ids waiting for a concurrency slot
-        self._cancelled: set[str] = set()  # of those, aborted before they were sent
+        self._retrying: set[str] = set()  # request ids waiting to be sent again (fault tolerance)
+        self._cancelled: set[str] = set()  # of the queued or retrying, aborted before they were sent
+        self._num_retries = 0  # requests sent again since the last `metrics()`
+        self._retired: list[EngineClient] = []  # clients of engines that were replaced
+        self.health: HealthMonitor | None = None
+        if cfg.fault_tolerance:
+            self.health = HealthMonitor(self)
+            self.health.start()
+
+    def launch_engine(self, i: int):
+        """A new actor for engine `i` (its Ray options and seed); its server starts in the background."""
+        options = self.actor_options[i]
+        return (
+            ray.remote(EngineActor).options(**options).remote(self.cfg, self.model_path, seed=self.seed + i)
+        )
+
+    async def install_engine(self, i: int, actor, client: EngineClient) -> None:
+        """Engine `i` is now `actor`, reached through `client` (a restart: rlx.rollout.health)."""
+        # the old clients are closed at shutdown: a request still retrying on one would reopen it
+        self._retired.append(self.engine_clients[i])
+        self.actors[i], self.engine_urls[i], self.engine_clients[i] = actor, client.base_url, client
+        if self.router is None:  # the one engine is addressed directly
+            self._retired.append(self.client)
+            self.url, self.client = client.base_url, EngineClient(client.base_url)
+
+    def metrics(self) -> dict[str, float]:
+        """`rollout/engine_restarts` and `rollout/request_retries` since the last call ({} without
+        `rollout.fault_tolerance`); call from the driver's thread."""
+        if self.health is None:
+            return {}
+
+        async def take() -> dict[str, float]:
+            counts = {
+                "rollout/engine_restarts": self.health.num_restarts,
+                "rollout/request_retries": self._num_retries,
+            }
+            self.health.num_restarts = self._num_retries = 0
+            return {k: float(v) for k, v in counts.items()}
+
+        return self.run(take())
 
     def run(self, coro):
         """Run `coro` on the pool's loop and return its result (call from any other thread)."""
@@ -147,14 +188,19 @@ class RolloutPool:
         """`rollout.generate_fn` on each sample to generate; fan-out grows the group in place."""
 
         async def one(s: Sample) -> list[Sample]:
-            ctx = GenerateContext(self.client, self.tokenizer, self.cfg, version)
             params = sampling | self._seeded(step, s)
             async with self._semaphore:
-                try:
-                    out = await self.generate_fn(ctx, s, params)
-                except Exception as e:  # a failed sample, not a failed run
-                    s.status, s.status_reason = Status.FAILED, f"generate_fn raised {type(e).__name__}: {e}"
-                    return [s]
+                for attempt in itertools.count():
+                    saved = _snapshot(s) if self.health else None
+                    ctx = GenerateContext(self.client, self.tokenizer, self.cfg, version)
+                    try:
+                        out = await self.generate_fn(ctx, s, params)
+                        break
+                    except Exception as e:  # a failed sample, not a failed run
+                        reason = f"generate_fn raised {type(e).__name__}: {e}"
+                        if not await self._retry(e, attempt, [rid(s)], reason, [s]):
+                            return [s]
+                        _restore(s, saved)  # the engine failed: start the sample over
             return out if isinstance(out, list) else [out]
 
         if self._semaphore is None:
@@ -184,29 +230,65 @@ class RolloutPool:
         self._queued.update(rids)
         async with self._semaphore:
             self._queued.difference_update(rids)
-            if self._cancelled.intersection(rids):  # aborted while it waited: never sent
-                self._cancelled.difference_update(rids)
-                for s in todo:
-                    s.status, s.status_reason = Status.ABORTED, "aborted before it was sent"
+            if self._aborted_unsent(rids, todo):
                 return
-            try:
-                if isinstance(params, list) and self.router is not None:  # the router takes one params
-                    outs = await asyncio.gather(
-                        *(
-                            self.client.generate(s.tokens, p, rid=r)
-                            for s, p, r in zip(todo, params, rids, strict=True)
-                        )
-                    )
-                else:
-                    # sglang-router 0.3.2 takes no list of request ids: behind it, `abort` aborts all
-                    batch_rids = rids if self.router is None else None
-                    outs = await self.client.generate_batch([s.tokens for s in todo], params, rids=batch_rids)
-            except Exception as e:  # a failed request fails its group, not the run
-                for s in todo:
-                    s.status, s.status_reason = Status.FAILED, f"{type(e).__name__}: {e}"
-                return
+            for attempt in itertools.count():
+                try:
+                    outs = await self._send(todo, params, rids)
+                    break
+                except Exception as e:  # a failed request fails its group, not the run
+                    if not await self._retry(e, attempt, rids, f"{type(e).__name__}: {e}", todo):
+                        return
         for s, out in zip(todo, outs, strict=True):
             self._fill(s, out, version)
+
+    async def _send(self, todo: list[Sample], params: dict | list[dict], rids: list[str]) -> list[dict]:
+        if isinstance(params, list) and self.router is not None:  # the router takes one params
+            outs = await asyncio.gather(
+                *(
+                    self.client.generate(s.tokens, p, rid=r)
+                    for s, p, r in zip(todo, params, rids, strict=True)
+                ),
+                return_exceptions=True,  # all settled before any is sent again
+            )
+            if errors := [o for o in outs if isinstance(o, BaseException)]:
+                raise errors[0]
+            return outs
+        # sglang-router 0.3.2 takes no list of request ids: behind it, `abort` aborts all
+        batch_rids = rids if self.router is None else None
+        return await self.client.generate_batch([s.tokens for s in todo], params, rids=batch_rids)
+
+    async def _retry(
+        self, error: Exception, attempt: int, rids: list[str], reason: str, todo: list[Sample]
+    ) -> bool:
+        """After `error` on attempt `attempt` (from 0): True to send the request again, once an
+        engine serves (fault tolerance, an engine failure, `rollout.max_request_retries` not spent);
+        else False, with `todo` marked FAILED (or ABORTED if aborted while it waited)."""
+        if self.health is None or attempt >= self.cfg.max_request_retries or not is_engine_failure(error):
+            for s in todo:
+                s.status, s.status_reason = Status.FAILED, reason
+            return False
+        self._num_retries += 1
+        log.warning("request %s failed (%s); sending it again (retry %d)", rids[0], reason, attempt + 1)
+        self._retrying.update(rids)
+        try:
+            await self.health.recover()
+        except TimeoutError as e:
+            for s in todo:
+                s.status, s.status_reason = Status.FAILED, f"{reason}; not sent again: {e}"
+            return False
+        finally:
+            self._retrying.difference_update(rids)
+        return not self._aborted_unsent(rids, todo)
+
+    def _aborted_unsent(self, rids: list[str], todo: list[Sample]) -> bool:
+        """True (and `todo` marked ABORTED) if `abort` came while these requests waited."""
+        if not self._cancelled.intersection(rids):
+            return False
+        self._cancelled.difference_update(rids)
+        for s in todo:
+            s.status, s.status_reason = Status.ABORTED, "aborted before it was sent"
+        return True
 
     def _seeded(self, step: int, s: Sample) -> dict:
         """A 63-bit sampling seed from (run seed, step, group, index[, tokens so far]), distinct per
@@ -247,17 +329,29 @@ class RolloutPool:
         request is aborted (as slime does): the others come back aborted too and are carried over
         or restarted like any unfinished group."""
         rids = {rid(s) for s in samples}
-        self._cancelled.update(rids & self._queued)
+        self._cancelled.update(rids & (self._queued | self._retrying))
+        clients, tolerant = self._live_clients(), self.health is not None  # a dead engine: nothing to abort
         if self.router is not None:  # no request ids behind the router (see `_request`): all of them
-            await asyncio.gather(*(c.abort(abort_all=True) for c in self.engine_clients))
+            await asyncio.gather(*(c.abort(abort_all=True) for c in clients), return_exceptions=tolerant)
             return
-        await asyncio.gather(*(c.abort(r) for r in rids - self._queued for c in self.engine_clients))
+        sent = rids - self._queued - self._retrying
+        await asyncio.gather(*(c.abort(r) for r in sent for c in clients), return_exceptions=tolerant)
+
+    def _live_clients(self) -> list[EngineClient]:
+        """The clients of the engines in rotation (all of them without fault tolerance)."""
+        if self.health is None:
+            return list(self.engine_clients)
+        return [self.engine_clients[i] for i in sorted(self.health.serving)]
 
     # ---- weights and lifecycle ---------------------------------------------------------------
 
     def update_weights(self, path: str, version: int) -> None:
-        """Every engine loads the HF weight shards at `path` and then serves `version`."""
-
+        """Every engine loads the HF weight shards at `path` and then serves `version` (with fault
+        tolerance: every engine in rotation; one being restarted loads `path` when it is back)."""
+        if self.health is not None:
+            self.run(self.health.update_from_disk(path, version))
+            self.check_version(version)
+            return
         for url, result in zip(
             self.engine_urls,
             self.run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
@@ -270,7 +364,11 @@ class RolloutPool:
         self.check_version(version)
 
     def check_version(self, version: int) -> None:
-        """RuntimeError unless every engine now serves `version`."""
+        """RuntimeError unless every engine now serves `version` (with fault tolerance: every
+        engine in rotation; restarted engines waiting for this version rejoin)."""
+        if self.health is not None:
+            self.run(self.health.confirm_version(version))
+            return
         served = self.run(self._on_engines("get_weight_version"))
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
@@ -298,17 +396,29 @@ class RolloutPool:
         self.run(self._on_engines("resume_memory_occupation", tags))
 
     async def _on_engines(self, method: str, *args, **kwargs) -> list:
-        """Call one client method on every engine at once."""
-        return await asyncio.gather(*(getattr(c, method)(*args, **kwargs) for c in self.engine_clients))
+        """Call one client method on every engine at once (with fault tolerance: every engine in
+        rotation; one that fails to answer is left to the health monitor)."""
+        calls = (getattr(c, method)(*args, **kwargs) for c in self._live_clients())
+        results = await asyncio.gather(*calls, return_exceptions=self.health is not None)
+        for r in results:
+            if isinstance(r, BaseException) and not is_engine_failure(r):
+                raise r
+        return results
 
     def shutdown(self) -> None:
         try:
+            if self.health is not None:
+                self.run(self.health.stop())
             self.run(self.scorer.aclose())
             if self.router:
                 self.router.stop()
-            for c in [self.client, *self.engine_clients]:
+            for c in [self.client, *self.engine_clients, *self._retired]:
                 self.run(c.aclose())
-            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+            stops = [a.shutdown.remote() for a in self.actors]
+            if self.health is None:
+                ray.get(stops, timeout=30)
+            else:  # an engine that died meanwhile has nothing to stop
+                ray.wait(stops, num_returns=len(stops), timeout=30)
         finally:
             for a in self.actors:
                 ray.kill(a)
@@ -326,6 +436,16 @@ def expand(prompt: Sample, group: int, n: int) -> list[Sample]:
         s.group, s.index = group, i
         samples.append(s)
     return samples
+
+
+def _snapshot(s: Sample) -> dict:
+    """A sample's fields (lists and dicts copied), for `_restore` after a failed engine."""
+    return {name: copy.copy(getattr(s, name)) for name in Sample.__slots__}
+
+
+def _restore(s: Sample, saved: dict) -> None:
+    for name, value in saved.items():
+        setattr(s, name, value)
 
 
 def rid(s: Sample) -> str:

@@ -1,0 +1,188 @@
+"""Engine fault tolerance (`rollout.fault_tolerance=true`): an engine killed (kill -9) or hung
+(SIGSTOP) in the middle of a rollout is restarted at the published weights, and its requests are
+sent again, so the batch comes back whole. CPU, tiny Qwen3, real sglang-router on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from urllib.parse import urlparse
+
+import aiohttp
+import httpx
+import psutil
+import pytest
+import ray
+from conftest import write_tiny_qwen3
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from rlx.rollout.client import EngineError, EngineTimeout
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.health import is_engine_failure
+from rlx.rollout.pool import RolloutPool
+from rlx.sample import Sample, Status
+from rlx.trainer.weights import write_weight_shards
+
+NUM_GROUPS, GROUP_SIZE, MAX_LEN = 16, 4, 40
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def weights_v1(tmp_path_factory, tiny_qwen3_dir):
+    """Version 1 of the policy as the trainer publishes it on disk (other weights than the start)."""
+    root = tmp_path_factory.mktemp("ft")
+    other = write_tiny_qwen3(root / "other", seed=1)
+    write_weight_shards(load_file(other / "model.safetensors").items(), root / "v1", bucket_bytes=64 << 10)
+    return str(root / "v1")
+
+
+def _cfg(num_engines: int) -> RolloutConfig:
+    return RolloutConfig(
+        num_engines=num_engines,
+        n_samples_per_prompt=GROUP_SIZE,
+        max_response_len=MAX_LEN,
+        ignore_eos=True,  # every request decodes MAX_LEN tokens: long enough to be caught mid-way
+        fault_tolerance=True,
+        health_check_interval_s=0.5,
+        health_check_timeout_s=2.0,
+        health_check_failures=2,
+        engine_restart_timeout_s=60.0,
+        # the router must not hide the failure by retrying on the other engine itself
+        router_args={"disable_retries": True} if num_engines > 1 else {},
+    )
+
+
+def _prompts(tokenizer) -> list[Sample]:
+    texts = [f"{d % 10} {d % 7}" for d in range(NUM_GROUPS)]
+    return [Sample(prompt=f"{t} =", prompt_ids=tokenizer(f"{t} =")["input_ids"], label=t) for t in texts]
+
+
+def _server_pid(url: str) -> int:
+    """The process listening on `url`'s port (the engine actor, which serves in-process)."""
+    port = urlparse(url).port
+    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
+
+
+def _when_busy(url: str, act) -> threading.Thread:
+    """Call `act()` as soon as the engine at `url` has requests running (in a thread)."""
+
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            load = httpx.get(url + "/get_load", timeout=10).json()[0]
+            if load["num_reqs"] > 0:
+                act()
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_all_serving(pool: RolloutPool, timeout_s: float = 60.0) -> None:
+    """Until every engine is back in rotation (a restart finishes in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while len(pool.health.serving) < len(pool.engine_urls):
+        assert time.monotonic() < deadline, pool.health.describe()
+        time.sleep(0.1)
+
+
+def _version(url: str) -> str:
+    return httpx.get(url + "/get_weight_version", timeout=10).json()["weight_version"]
+
+
+def _check_batch(samples: list[Sample]) -> None:
+    assert [(s.group, s.index) for s in samples] == [
+        (g, i) for g in range(NUM_GROUPS) for i in range(GROUP_SIZE)
+    ]
+    bad = [(s.group, s.index, s.status, s.status_reason) for s in samples if s.status is not Status.TRUNCATED]
+    assert not bad, bad
+    assert all(s.response_len == MAX_LEN and len(s.rollout_logprobs) == MAX_LEN for s in samples)
+    assert {s.version for s in samples} == {1}  # the restarted engine served the published weights too
+
+
+def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir, weights_v1):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    pool = RolloutPool(_cfg(2), str(tiny_qwen3_dir), tokenizer, seed=0)
+    try:
+        pool.update_weights(weights_v1, version=1)
+        assert pool.metrics() == {"rollout/engine_restarts": 0.0, "rollout/request_retries": 0.0}
+        victim = pool.engine_urls[0]
+        pid = _server_pid(victim)
+        watcher = _when_busy(victim, lambda: os.kill(pid, signal.SIGKILL))
+        samples, _ = pool.generate(_prompts(tokenizer), version=1)
+        watcher.join()
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        _check_batch(samples)  # all of it from the other engine, meanwhile
+        _wait_all_serving(pool)
+        counts = pool.metrics()
+        assert counts["rollout/engine_restarts"] == 1.0
+        assert counts["rollout/request_retries"] >= 1.0  # its in-flight groups were sent again
+        assert pool.metrics() == {"rollout/engine_restarts": 0.0, "rollout/request_retries": 0.0}  # reset
+
+        # the new engine: another process and port, at version 1, back behind the router
+        restarted = pool.engine_urls[0]
+        assert restarted != victim and _server_pid(restarted) != pid
+        assert _version(restarted) == "1"
+        workers = httpx.get(pool.url + "/workers", timeout=10).json()["workers"]
+        assert sorted(w["url"] for w in workers) == sorted(pool.engine_urls)
+        before = httpx.get(restarted + "/get_server_info", timeout=10).json()["internal_states"][0]
+        samples, _ = pool.generate(_prompts(tokenizer), version=1)
+        after = httpx.get(restarted + "/get_server_info", timeout=10).json()["internal_states"][0]
+        assert after["num_requests_total"] > before["num_requests_total"]  # it takes requests again
+        _check_batch(samples)
+
+        # a later weight update reaches it like any engine
+        pool.update_weights(weights_v1, version=2)
+        assert [_version(u) for u in pool.engine_urls] == ["2", "2"]
+    finally:
+        pool.shutdown()
+
+
+def test_one_engine_hung_mid_rollout_is_restarted(ray_session, tiny_qwen3_dir, weights_v1):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0)
+    pid = None
+    try:
+        pool.update_weights(weights_v1, version=1)
+        victim = pool.engine_urls[0]
+        pid = _server_pid(victim)
+        watcher = _when_busy(victim, lambda: os.kill(pid, signal.SIGSTOP))  # hung, not gone
+        samples, _ = pool.generate(_prompts(tokenizer), version=1)  # requests wait for the restart
+        watcher.join()
+        _check_batch(samples)
+        counts = pool.metrics()
+        assert counts["rollout/engine_restarts"] == 1.0 and counts["rollout/request_retries"] >= 1.0
+        assert pool.url == pool.engine_urls[0] != victim and _version(pool.url) == "1"
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if pid is not None and psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
+        pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    "error, failed",
+    [
+        (aiohttp.ClientConnectionError("refused"), True),
+        (EngineTimeout("no answer"), True),
+        (EngineError(503, "no worker", "http://r/generate"), True),
+        (EngineError(400, "bad sampling params", "http://r/generate"), False),
+        (ValueError("a generate_fn bug"), False),
+    ],
+)
+def test_which_errors_are_engine_failures(error, failed):
+    assert is_engine_failure(error) is failed
+    wrapped = RuntimeError("tool turn failed")
+    wrapped.__cause__ = error
+    assert is_engine_failure(wrapped) is failed  # as a generate_fn may raise it
