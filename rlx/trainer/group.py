@@ -52,31 +52,20 @@ class TrainerGroup:
         self._broken = False
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**options[rank]).remote() for rank in range(num_procs)]
-        self.where: list[str] = [f"rank {rank}" for rank in range(num_procs)]  # "pid P on node N" once known
+        self.where = ["not started yet"] * num_procs  # then "pid P on NODE", for messages
         try:
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
             self.where = [f"pid {pid} on {node}" for node, _, pid in endpoints]
             self.pids = [pid for _, _, pid in endpoints]
             self.master_addr, master_port, _ = endpoints[0]
-            self.wait(
-                [
-                    a.setup.remote(
-                        cfg.model,
-                        cfg.algo,
-                        cfg.train,
-                        cfg.cluster,
-                        rank=rank,
-                        world_size=num_procs,
-                        master_addr=self.master_addr,
-                        master_port=master_port,
-                        seed=cfg.run.seed,
-                        total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
-                        temperature=cfg.rollout.temperature,
-                    )  # fmt: skip
-                    for rank, a in enumerate(self.actors)
-                ],
-                "setup()",
-            )
+            kwargs = dict(
+                world_size=num_procs, master_addr=self.master_addr, master_port=master_port,
+                seed=cfg.run.seed, total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
+                temperature=cfg.rollout.temperature,
+            )  # fmt: skip
+            model_cfgs = (cfg.model, cfg.algo, cfg.train, cfg.cluster)
+            setups = [a.setup.remote(*model_cfgs, rank=rank, **kwargs) for rank, a in enumerate(self.actors)]
+            self.wait(setups, "setup()")
         except BaseException:
             self._kill()
             raise
