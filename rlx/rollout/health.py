@@ -106,7 +106,7 @@ class HealthMonitor:
     """Pings, restarts and re-admits the pool's engines; every coroutine runs on the pool's loop.
 
     `serving`: indices of the engines in rotation (behind the router, or the one engine).
-    `published(version, path)` records the weights a restarted engine must serve."""
+    `update_from_disk` and `confirm_version` record the weights a restarted engine must serve."""
 
     def __init__(self, pool: RolloutPool):
         self.pool, self.cfg = pool, pool.cfg
@@ -125,6 +125,9 @@ class HealthMonitor:
         self._probe_lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None  # set whenever an engine rejoins or is given up
         self._task: asyncio.Task | None = None
+        # no pings while the engines' memory is released (a colocated trainer's turn): they cannot
+        # generate then, and that is not a failure
+        self.paused = False
 
     def start(self) -> None:
         """Begin pinging (from any thread but the pool's)."""
@@ -139,6 +142,8 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.health_check_interval_s)
+            if self.paused:
+                continue
             try:
                 async with self._probe_lock:
                     await self._probe_round()
@@ -248,11 +253,22 @@ class HealthMonitor:
     async def _restart_once(self, i: int) -> None:
         actor, url = await asyncio.to_thread(self._replace_actor, i)
         client = EngineClient(url)
+        try:
+            await self._bring_back(i, actor, client)
+        except BaseException:  # not installed: the next attempt starts another
+            await client.aclose()
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise
+
+    async def _bring_back(self, i: int, actor, client: EngineClient) -> None:
         async with self._weights_lock:
             if self.version is not None and self.weights_path is None:
                 await self.pool.install_engine(i, actor, client)  # the next publish reaches it
                 self.behind.add(i)
-                log.warning("engine %d restarted at %s; it rejoins at the next weight publish", i, url)
+                log.warning(
+                    "engine %d restarted at %s; it rejoins at the next weight publish", i, client.base_url
+                )
             else:
                 if self.version is not None:
                     await self._load(client, self.weights_path, self.version)

@@ -389,11 +389,15 @@ class RolloutPool:
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""
+        if self.health is not None:
+            self.health.paused = True  # until resume_memory
         self.run(self._on_engines("release_memory_occupation", tags))
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """Every engine allocates `tags` again (all when None)."""
         self.run(self._on_engines("resume_memory_occupation", tags))
+        if self.health is not None:
+            self.health.paused = False
 
     async def _on_engines(self, method: str, *args, **kwargs) -> list:
         """Call one client method on every engine at once (with fault tolerance: every engine in
