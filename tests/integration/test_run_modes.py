@@ -134,3 +134,27 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_in_force(tmp_path):
     assert latest.name == "step_000002" and checkpoint.load_state(latest) == {"step": 2}
     assert checkpoint.find_latest("auto", tmp_path) == latest
     assert checkpoint.find_latest("auto", tmp_path / "fresh") is None  # nothing there: start fresh
+
+
+def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
+    import psutil
+
+    out = tmp_path / "run"
+    args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=30", "run.save=true",
+            "run.save_interval=1", "run.resume_from=auto", "run.progress=false", *SMALL[:3]]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "step    1 |" in line:
+            break
+    family = psutil.Process(proc.pid).children(recursive=True)
+    trainers = [
+        p for p in family if " ".join(p.cmdline()).startswith("ray::") and "Trainer" in " ".join(p.cmdline())
+    ]
+    assert trainers, [" ".join(p.cmdline())[:40] for p in family]
+    trainers[0].kill()  # kill -9 of the trainer rank
+    proc.communicate(timeout=120)
+    assert proc.returncode not in (0, None)
+    resumed = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [row["step"] for row in _rows(out / "metrics.jsonl")]
+    assert steps == list(range(30))  # nothing trained twice or skipped
