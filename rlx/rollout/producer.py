@@ -288,6 +288,7 @@ class Producer:
         for k, n in sorted(Counter(staleness).items()):
             metrics[f"rollout/staleness_hist/{k}"] = n / len(samples)
         metrics |= {key: float(v) for key, v in counts.items()}
+        metrics |= self.pool.metrics() | self.pool.scorer.metrics()  # engine restarts, reward failures
         if cfg.mode == "async":
             metrics |= {
                 "rollout/stale_dropped": float(dropped),
