@@ -2,8 +2,8 @@
 
 Every `rollout.health_check_interval_s` the monitor pings each engine with `GET /health_generate`
 (one token through the engine's scheduler, so a hung scheduler fails it, not just a dead port).
-An engine is restarted when its port refuses connections (the process, or its Ray actor, is
-gone) or after `rollout.health_check_failures` pings in a row failed (no answer within
+An engine is restarted when its port refuses connections (its process is gone) or its Ray actor
+died, or after `rollout.health_check_failures` pings in a row failed (no answer within
 `rollout.health_check_timeout_s`, or an error status). A restart:
 
   1. takes the engine out of rotation and out of sglang-router (`DELETE /workers/{id}`);
@@ -161,7 +161,15 @@ class HealthMonitor:
 
     # ---- pinging -------------------------------------------------------------------------------
 
-    async def _probe(self, url: str) -> Verdict:
+    async def _probe(self, i: int) -> Verdict:
+        """Engine i's server pinged, and its actor asked for its URL: an actor that died is dead
+        even if a child server of its (SGLang's) still answers."""
+        http, actor = await asyncio.gather(
+            self._ping(self.pool.engine_urls[i]), self._actor_alive(self.pool.actors[i])
+        )
+        return http if actor else Verdict.DEAD
+
+    async def _ping(self, url: str) -> Verdict:
         try:
             async with self._session.get(url + "/health_generate") as r:
                 return Verdict.OK if r.status == 200 else Verdict.FAILED
@@ -170,13 +178,22 @@ class HealthMonitor:
         except (aiohttp.ClientError, TimeoutError):
             return Verdict.FAILED
 
+    async def _actor_alive(self, actor) -> bool:
+        try:
+            await asyncio.wait_for(actor.url.remote(), self.cfg.health_check_timeout_s)
+        except ray.exceptions.ActorDiedError:
+            return False
+        except Exception:  # slow, busy or briefly unreachable: the HTTP ping judges that
+            return True
+        return True
+
     async def _probe_round(self) -> None:
         """Ping every engine not being restarted; start the restart of each dead or hung one."""
         self._rounds += 1
         checked = [
             i for i in range(len(self.pool.actors)) if i not in self._restarts and i not in self.given_up
         ]
-        verdicts = await asyncio.gather(*(self._probe(self.pool.engine_urls[i]) for i in checked))
+        verdicts = await asyncio.gather(*(self._probe(i) for i in checked))
         for i, verdict in zip(checked, verdicts, strict=True):
             self.failures[i] = 0 if verdict is Verdict.OK else self.failures[i] + 1
             if verdict is Verdict.DEAD or self.failures[i] >= self.cfg.health_check_failures:
