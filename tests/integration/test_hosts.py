@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from rlx import ports
 from rlx.cluster import ClusterConfig
+from rlx.config.compose import compose
 from rlx.placement import plan
 from rlx.rollout import http_server
 from rlx.rollout.client import EngineClient, EngineError
@@ -23,6 +24,7 @@ from rlx.rollout.http_server import EngineServer
 from rlx.rollout.local import LocalEngine
 from rlx.rollout.router import Router
 from rlx.rollout.weight_routes import weight_routes
+from rlx.runtime import run
 
 KEY = "run-key-123"
 GENERATE = {"input_ids": [2, 3, 4], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
@@ -95,7 +97,7 @@ def test_router_requires_and_forwards_the_key(keyed_server, no_run_key):
         assert len(asyncio.run(drive())["output_ids"]) == 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_session():
     ray.init(address="local", num_cpus=1, include_dashboard=False)
     yield
@@ -140,3 +142,23 @@ def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
         ray.kill(engine)
         placement.remove()
     assert ports.API_KEY_ENV not in os.environ
+
+
+def test_a_run_in_multi_node_mode_generates_and_syncs_through_keyed_engines(tmp_path, no_run_key):
+    """cluster.num_nodes=2 on this one machine: two SGLang-CLI engine processes (rlx's engine as the
+    module) on the node's address with the run's --api-key, the router with it in front of them;
+    every request and weight update of the loop carries the key."""
+    ray.init(address="local", num_cpus=1, include_dashboard=False)  # the run joins it (ray_address)
+    history = run(
+        compose(
+            [f"run.output_dir={tmp_path}", "cluster.num_nodes=2", "cluster.ray_address=auto", "rollout=sglang",
+             "rollout.server_module=rlx.rollout.http_server", "rollout.num_engines=2", "run.num_rollout=2",
+             "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
+             "run.progress=false", "run.tensorboard=false"]
+        )
+    )  # fmt: skip
+    assert [h["version"] for h in history] == [1, 2]
+    assert all(h["rollout/failed_frac"] == 0.0 for h in history)  # no request was refused
+    assert history[1]["train/logprob_abs_diff"] <= 1e-5  # the engines loaded the trainer's weights
+    assert ports.API_KEY_ENV not in os.environ  # the key lived as long as the run
+    assert not ray.is_initialized()
