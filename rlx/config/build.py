@@ -27,3 +27,19 @@ def locate(path: str) -> Any:
         return getattr(importlib.import_module(module_path), name)
     except AttributeError:
         raise ImportError(f"module {module_path!r} has no attribute {name!r}") from None
+
+
+def load_function(key: str, path: str, fix: str) -> Any:
+    """The callable `path` names, for config key `key` (rollout.reward_fn, say); a ConfigError naming
+    the key, the path and the problem, followed by `fix`, when it does not import or is no function."""
+    from hydra._internal.utils import _locate  # hydra's get_method, minus its error logging
+
+    from rlx.errors import ConfigError
+
+    try:
+        fn = _locate(path)
+    except Exception as e:  # any import failure is the same user error
+        raise ConfigError(f"{key}={path!r} cannot be imported: {e}\nfix: {fix}") from e
+    if not callable(fn):
+        raise ConfigError(f"{key}={path!r} is a {type(fn).__name__}, not a function\nfix: {fix}")
+    return fn

@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from rlx.config.build import load_function
 from rlx.errors import ConfigError
 from rlx.reward.config import RewardConfig
 from rlx.reward.scorer import FunctionScorer, group_reward, slime_args
@@ -113,17 +114,9 @@ def load_scorer(
 
 def load_reward_fn(path: str) -> RewardFn:
     """Import the function named by `path` (e.g. "rlx.reward.toy.position_match")."""
-    # what hydra.utils.get_method uses, minus its error logging; imported here because the config
-    # schema imports this package and must stay light
-    from hydra._internal.utils import _locate
-
-    try:
-        fn = _locate(path)
-    except Exception as e:  # any import failure is the same user error
-        raise ConfigError(f"rollout.reward_fn={path!r} cannot be imported: {e}\n{_FIX}") from e
-    if not callable(fn):
-        raise ConfigError(f"rollout.reward_fn={path!r} is a {type(fn).__name__}, not a function\n{_FIX}")
-    return fn
+    return load_function("rollout.reward_fn", path, _FIX)
 
 
-_FIX = "fix: give the dotted path of a function (sample) -> float, e.g. rollout.reward_fn=rlx.reward.math.math_answer"
+_FIX = (
+    "give the dotted path of a function (sample) -> float, e.g. rollout.reward_fn=rlx.reward.math.math_answer"
+)

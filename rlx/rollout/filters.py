@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hydra._internal.utils import _locate
-
-from rlx.errors import ConfigError
+from rlx.config.build import load_function
 from rlx.sample import Sample
 
 GroupFilter = Callable[[list[Sample]], bool]
@@ -26,11 +24,5 @@ def reward_varies(group: list[Sample]) -> bool:
 
 def load_filter(path: str) -> GroupFilter:
     """The function named by `rollout.filter_fn`; ConfigError naming the key when it is not one."""
-    fix = "fix: give the dotted path of a function (group) -> bool, e.g. rollout.filter_fn=rlx.rollout.filters.reward_varies"
-    try:
-        fn = _locate(path)
-    except Exception as e:  # any import failure is the same user error
-        raise ConfigError(f"rollout.filter_fn={path!r} cannot be imported: {e}\n{fix}") from e
-    if not callable(fn):
-        raise ConfigError(f"rollout.filter_fn={path!r} is a {type(fn).__name__}, not a function\n{fix}")
-    return fn
+    fix = "give the dotted path of a function (group) -> bool, e.g. rollout.filter_fn=rlx.rollout.filters.reward_varies"
+    return load_function("rollout.filter_fn", path, fix)

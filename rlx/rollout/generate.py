@@ -31,8 +31,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hydra._internal.utils import _locate
-
+from rlx.config.build import load_function
 from rlx.errors import ConfigError
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
@@ -101,11 +100,8 @@ def _extend(sample: Sample, ids: list[int], logprobs: list[float], mask: int, ve
 
 def load_generate_fn(path: str) -> GenerateFn:
     """The async function `rollout.generate_fn` names; ConfigError naming the key when it is not one."""
-    fix = "fix: give the dotted path of `async def generate(ctx, sample, sampling_params)` (rlx.rollout.generate)"
-    try:
-        fn = _locate(path)
-    except Exception as e:  # any import failure is the same user error
-        raise ConfigError(f"rollout.generate_fn={path!r} cannot be imported: {e}\n{fix}") from e
+    fix = "give the dotted path of `async def generate(ctx, sample, sampling_params)` (rlx.rollout.generate)"
+    fn = load_function("rollout.generate_fn", path, fix)
     if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(f"rollout.generate_fn={path!r} is not an async function\n{fix}")
+        raise ConfigError(f"rollout.generate_fn={path!r} is not an async function\nfix: {fix}")
     return fn
