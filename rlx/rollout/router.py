@@ -23,9 +23,10 @@ from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
 class Router(ChildService):
     """sglang-router over `worker_urls`; `start()` returns once the router's /health answers 200.
 
-    `policy` is one of the router's: random, round_robin, cache_aware, power_of_two. Round robin
-    suits single-turn rollouts (every engine gets an equal share); use cache_aware for multi-turn
-    sessions, where prefix affinity pays.
+    `policy` is one of the router's: random, round_robin, cache_aware, power_of_two, manual (also
+    from `rollout.router_args.policy`). Round robin suits single-turn rollouts (every engine gets an
+    equal share); manual keeps requests with one `X-SMG-Routing-Key` header on one engine (the
+    multi-turn helpers of rlx.agent send one per conversation); cache_aware routes by prefix.
     """
 
     def __init__(
@@ -46,12 +47,14 @@ class Router(ChildService):
         self.host = host
         self.port = port or free_port(host)
         api_key = api_key or ports.api_key()
-        # across nodes (a key), its metrics too stay beside it, on a port of their own: the
-        # default, 0.0.0.0:29000, is open to the network
-        metrics = {"prometheus_host": host, "prometheus_port": free_port(host)} if api_key else {}
+        # its metrics stay beside it, on a port of their own: the default, 0.0.0.0:29000, is open to
+        # the network and taken by the first router on the machine
+        metrics = {"prometheus_host": host, "prometheus_port": free_port(host)}
         key = {"api_key": api_key} if api_key else {}
-        args = {"log_level": "warn", **metrics, **(extra_args or {}), **key}
-        for key in ("host", "port", "worker_urls", "policy"):  # owned by this class
+        extra = dict(extra_args or {})
+        policy = extra.pop("policy", policy)  # rollout.router_args.policy=manual: session affinity
+        args = {"log_level": "warn", **metrics, **extra, **key}
+        for key in ("host", "port", "worker_urls"):  # owned by this class
             if key in args:
                 raise ValueError(f"router arg {key!r} is set by Router's own parameters")
         cmd = [

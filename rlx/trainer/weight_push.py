@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import torch
 
+from rlx.ports import auth_headers
 from rlx.weight_sync.buckets import BucketMeta, iter_buckets
 from rlx.weight_sync.distributed import WeightSender
 from rlx.weight_sync.tensor import TensorHandoff
@@ -30,7 +31,7 @@ class WeightPusher:
 
     def __init__(self) -> None:
         self.sender = WeightSender()
-        self.http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self.http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers())  # the run's API key, if any
         self._posts = ThreadPoolExecutor(max_workers=16)  # announcements go out while we broadcast
 
     def post(self, url: str, path: str, body: dict[str, Any]) -> None:

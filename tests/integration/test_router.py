@@ -88,6 +88,10 @@ def test_extra_router_args_become_flags(engines):
         "cache_aware",
         "--log-level",
         "warn",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        flags[flags.index("--prometheus-port") + 1],  # a free one
         "--cache-threshold",
         "0.3",
         "--disable-retries",
@@ -98,3 +102,5 @@ def test_extra_router_args_become_flags(engines):
     assert cli_flags({"a_b": None, "c": False}) == []
     with pytest.raises(ValueError):
         Router([engines[0].url], extra_args={"worker_urls": ["x"]})
+    manual = Router([engines[0].url], extra_args={"policy": "manual"})  # rollout.router_args.policy
+    assert manual.cmd[manual.cmd.index("--policy") + 1] == "manual"
