@@ -281,7 +281,7 @@ class HealthMonitor:
     async def _bring_back(self, i: int, actor, client: EngineClient) -> None:
         async with self._weights_lock:
             if self.version is not None and self.weights_path is None:
-                await self.pool.install_engine(i, actor, client)  # the next publish reaches it
+                self.pool.install_engine(i, actor, client, serving=False)  # the next publish reaches it
                 self.behind.add(i)
                 log.warning(
                     "engine %d restarted at %s; it rejoins at the next weight publish", i, client.base_url
@@ -319,7 +319,7 @@ class HealthMonitor:
             await RouterWorkers(self._session, self.pool.url, self.cfg.engine_restart_timeout_s).add(
                 client.base_url
             )
-        await self.pool.install_engine(i, actor, client)
+        self.pool.install_engine(i, actor, client, serving=True)
         self.serving.add(i)
         self.behind.discard(i)
         self.failures[i] = 0

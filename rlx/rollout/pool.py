@@ -103,12 +103,15 @@ class RolloutPool:
             ray.remote(EngineActor).options(**options).remote(self.cfg, self.model_path, seed=self.seed + i)
         )
 
-    async def install_engine(self, i: int, actor, client: EngineClient) -> None:
-        """Engine `i` is now `actor`, reached through `client` (a restart: rlx.rollout.health)."""
-        # the old clients are closed at shutdown: a request still retrying on one would reopen it
-        self._retired.append(self.engine_clients[i])
-        self.actors[i], self.engine_urls[i], self.engine_clients[i] = actor, client.base_url, client
-        if self.router is None:  # the one engine is addressed directly
+    def install_engine(self, i: int, actor, client: EngineClient, *, serving: bool) -> None:
+        """Engine `i` is now `actor`, reached through `client` (a restart: rlx.rollout.health).
+        `serving`: it takes requests now (a single engine is addressed directly from now on);
+        else only weight updates reach it."""
+        # old clients are closed at shutdown: a request still retrying on one would reopen it
+        if self.engine_clients[i] is not client:
+            self._retired.append(self.engine_clients[i])
+            self.actors[i], self.engine_urls[i], self.engine_clients[i] = actor, client.base_url, client
+        if serving and self.router is None:
             self._retired.append(self.client)
             self.url, self.client = client.base_url, EngineClient(client.base_url)
 

@@ -145,8 +145,39 @@ def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir
         # a later weight update reaches it like any engine
         pool.update_weights(weights_v1, version=2)
         assert [_version(u) for u in pool.engine_urls] == ["2", "2"]
+
+        # weights pushed by the trainer (tensor/distributed: no directory to reload): a restarted
+        # engine stays out of rotation until the next push reaches it
+        _push(pool, weights_v1, version=3)
+        victim, pid = pool.engine_urls[1], _server_pid(pool.engine_urls[1])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while 1 not in pool.health.behind:
+            assert time.monotonic() < deadline, pool.health.describe()
+            time.sleep(0.1)
+        assert pool.health.serving == {0} and pool.engine_urls[1] != victim
+        assert _version(pool.engine_urls[1]) == "default"  # the checkpoint's weights, not version 3
+        assert [w["url"] for w in httpx.get(pool.url + "/workers", timeout=10).json()["workers"]] == [
+            pool.engine_urls[0]
+        ]
+        samples, _ = pool.generate(_prompts(tokenizer)[:2], version=3)
+        assert {s.version for s in samples} == {3}  # never from the engine left behind
+        _push(pool, weights_v1, version=4)  # reaches every engine, the restarted one too
+        assert pool.health.serving == {0, 1} and not pool.health.behind
+        workers = httpx.get(pool.url + "/workers", timeout=10).json()["workers"]
+        assert sorted(w["url"] for w in workers) == sorted(pool.engine_urls)
+        assert pool.metrics()["rollout/engine_restarts"] == 1.0
     finally:
         pool.shutdown()
+
+
+def _push(pool: RolloutPool, path: str, version: int) -> None:
+    """What the trainer's tensor or distributed push does: new weights to every engine URL, then
+    the publisher's `check_version`."""
+    for url in pool.engine_urls:
+        body = {"model_path": path, "weight_version": str(version)}
+        assert httpx.post(url + "/update_weights_from_disk", json=body, timeout=60).json()["success"]
+    pool.check_version(version)
 
 
 def test_one_engine_hung_mid_rollout_is_restarted(ray_session, tiny_qwen3_dir, weights_v1):
