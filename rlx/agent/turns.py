@@ -77,10 +77,7 @@ async def model_turn(
 
 async def generate_in_session(ctx, input_ids: list[int], params: dict, key: str) -> dict:
     """`ctx.generate` with the conversation's routing key in `ROUTING_KEY_HEADER`."""
-    # GenerateContext.generate takes no headers (yet): the same POST, through its client's retries
-    payload = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
-    reply = await ctx.client._request("POST", "/generate", json=payload, headers={ROUTING_KEY_HEADER: key})
-    return reply.body
+    return await ctx.generate(input_ids, params, headers={ROUTING_KEY_HEADER: key})
 
 
 async def call_tool(

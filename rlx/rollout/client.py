@@ -137,8 +137,10 @@ class EngineClient:
         *,
         return_logprob: bool = True,
         rid: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """POST /generate for one prompt; the raw SGLang response (`text`, `output_ids`, `meta_info`)."""
+        """POST /generate for one prompt; the raw SGLang response (`text`, `output_ids`, `meta_info`).
+        `headers`: extra HTTP headers (sglang-router's `X-SMG-Routing-Key`, say)."""
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": dict(sampling_params),
@@ -146,7 +148,7 @@ class EngineClient:
         }
         if rid is not None:
             payload["rid"] = rid
-        return (await self._request("POST", "/generate", json=payload)).body
+        return (await self._request("POST", "/generate", json=payload, headers=headers or {})).body
 
     async def generate_batch(
         self,

@@ -56,8 +56,13 @@ def workers():
 
 
 class Ctx:
+    """The part of GenerateContext a session uses: `generate` through a real EngineClient."""
+
     def __init__(self, url: str):
         self.client = EngineClient(url)
+
+    async def generate(self, input_ids, params, **kwargs):
+        return await self.client.generate(input_ids, params, **kwargs)
 
 
 def conversations(url: str, num_sessions: int, num_turns: int) -> dict[str, list[str]]:

@@ -36,6 +36,10 @@ class ScriptedEngine:
     def __init__(self, *turns: tuple[list[int], list[float], str]):
         self.turns, self.requests = list(turns), []
 
+    async def generate(self, input_ids, sampling_params, *, headers=None):  # EngineClient.generate
+        payload = {"input_ids": input_ids, "sampling_params": sampling_params}
+        return (await self._request("POST", "/generate", json=payload, headers=headers)).body
+
     async def _request(self, method, path, *, json, headers=None):
         assert (method, path) == ("POST", "/generate")
         self.requests.append(
