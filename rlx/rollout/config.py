@@ -33,6 +33,10 @@ class RolloutConfig:
     # each sample itself (multi-turn, tools; rlx.rollout.generate); null: one request per group
     generate_fn: str | None = None
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
+    # the longest one request to an engine or the router may take (a hung engine then fails it,
+    # naming the engine, instead of stalling the run)
+    request_timeout_s: float = 600.0
+    engine_start_timeout_s: float = 900.0  # engines must serve within this (model load, CUDA graphs)
     engine_threads: int = 1  # torch threads per local engine process
     engine_args: dict[str, Any] = field(default_factory=dict)  # passed to the engine unchanged
     # how new weights reach the engines: tensor (colocated: CUDA IPC, or shared memory on CPU),
@@ -110,6 +114,8 @@ class RolloutConfig:
         "max_staleness": NON_NEGATIVE,
         "staleness_policy": one_of(STALENESS_POLICIES),
         "over_sampling_batch_size": AT_LEAST_1,
+        "request_timeout_s": POSITIVE,
+        "engine_start_timeout_s": POSITIVE,
         "health_check_interval_s": POSITIVE,
         "health_check_timeout_s": POSITIVE,
         "health_check_failures": AT_LEAST_1,

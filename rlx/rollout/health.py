@@ -269,7 +269,7 @@ class HealthMonitor:
 
     async def _restart_once(self, i: int) -> None:
         actor, url = await asyncio.to_thread(self._replace_actor, i)
-        client = EngineClient(url)
+        client = EngineClient(url, timeout=self.pool.cfg.request_timeout_s)
         try:
             await self._bring_back(i, actor, client)
         except BaseException:  # not installed: the next attempt starts another

@@ -69,13 +69,21 @@ class RolloutPool:
         self._thread.start()
         self.actors = [self.launch_engine(i) for i in range(len(self.actor_options))]
         self.router: Router | None = None
-        self.engine_urls = ray.get([a.url.remote() for a in self.actors])
+        try:
+            self.engine_urls = ray.get(
+                [a.url.remote() for a in self.actors], timeout=cfg.engine_start_timeout_s
+            )
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the rollout engines did not serve within rollout.engine_start_timeout_s="
+                f"{cfg.engine_start_timeout_s:g} s (each engine's log is in Ray's session logs)"
+            ) from None
         if len(self.engine_urls) >= 2:
             self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args))
             self.router.start()
         self.url = self.router.url if self.router else self.engine_urls[0]
-        self.client = EngineClient(self.url)
-        self.engine_clients = [EngineClient(u) for u in self.engine_urls]
+        self.client = EngineClient(self.url, timeout=cfg.request_timeout_s)
+        self.engine_clients = [EngineClient(u, timeout=cfg.request_timeout_s) for u in self.engine_urls]
         self.sampling_params = {
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
@@ -113,7 +121,10 @@ class RolloutPool:
             self.actors[i], self.engine_urls[i], self.engine_clients[i] = actor, client.base_url, client
         if serving and self.router is None:
             self._retired.append(self.client)
-            self.url, self.client = client.base_url, EngineClient(client.base_url)
+            self.url, self.client = (
+                client.base_url,
+                EngineClient(client.base_url, timeout=self.cfg.request_timeout_s),
+            )
 
     def metrics(self) -> dict[str, float]:
         """`rollout/engine_restarts` and `rollout/request_retries` since the last call ({} without
