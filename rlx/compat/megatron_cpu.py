@@ -2,8 +2,8 @@
 
 megatron-core assumes CUDA throughout (about 500 `torch.cuda.*` calls, about 80 hard-coded
 `device="cuda"`), and no configuration flag avoids them. `apply()` makes the dense GPT training
-path (TP, PP=1, DP, megatron DDP, `get_megatron_optimizer`, grad clipping,
-`get_forward_backward_func`) run on CPU over gloo:
+path (TP, PP with the 1F1B and interleaved schedules, DP, megatron DDP, `get_megatron_optimizer`,
+grad clipping, `get_forward_backward_func`) run on CPU over gloo:
 
 - `torch.cuda.current_device()` returns device index 0, which the device mode below turns into
   the CPU wherever it reaches a tensor;

@@ -57,6 +57,7 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"(model.num_moe_experts={cfg.model.num_moe_experts}); use a MoE model or set cluster.expert_parallel_size=1"
         )
     dp = c.num_trainer_procs // model_parallel
+    errors += virtual_stages(cfg, dp)
     if t.max_tokens_per_micro_batch is not None:  # packing: micro-batches by tokens, not samples
         return errors + packing(cfg, dp)
     if t.global_batch_size % (t.micro_batch_size * dp):
@@ -73,6 +74,51 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"(cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
             f"{c.pipeline_parallel_size})) = {t.micro_batch_size * dp}; {fix}"
         )
+    return errors
+
+
+VIRTUAL_STAGES = "model.megatron_overrides.virtual_pipeline_model_parallel_size"  # rlx.trainer.pipeline
+
+
+def virtual_stages(cfg: RlxConfig, dp: int) -> list[str]:
+    """Megatron's interleaved schedule (virtual pipeline stages): several stages to interleave,
+    as many layers in each virtual stage, micro-batches of one shape in groups of PP."""
+    c, t, m = cfg.cluster, cfg.train, cfg.model
+    vp = m.megatron_overrides.get(VIRTUAL_STAGES.rsplit(".", 1)[1])
+    if vp is None:
+        return []
+    pp = c.pipeline_parallel_size
+    if not isinstance(vp, int) or isinstance(vp, bool) or vp < 2:
+        return [
+            f"{VIRTUAL_STAGES}={vp!r} must be an integer >= 2 (model chunks per rank); remove it for none"
+        ]
+    if pp < 2:
+        return [
+            f"{VIRTUAL_STAGES}={vp} interleaves pipeline stages, but cluster.pipeline_parallel_size={pp}; "
+            f"set cluster.pipeline_parallel_size to 2 or more, or remove {VIRTUAL_STAGES}"
+        ]
+    errors = []
+    if m.num_layers % (pp * vp):
+        errors.append(
+            f"model.num_layers={m.num_layers} is not divisible by cluster.pipeline_parallel_size={pp} × "
+            f"{VIRTUAL_STAGES}={vp} = {pp * vp} (each virtual stage holds as many layers); set {VIRTUAL_STAGES}="
+            f"{largest_divisor(m.num_layers // pp, vp) if m.num_layers % pp == 0 else 1} or remove it"
+        )
+    if t.max_tokens_per_micro_batch is not None:
+        errors.append(
+            f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} (packing) with {VIRTUAL_STAGES}={vp}: "
+            "the interleaved schedule needs micro-batches of one shape and a known count; set "
+            f"train.max_tokens_per_micro_batch=null or remove {VIRTUAL_STAGES}"
+        )
+    elif t.global_batch_size % (t.micro_batch_size * dp) == 0:
+        num_mbs = t.global_batch_size // (t.micro_batch_size * dp)
+        if num_mbs % pp:
+            errors.append(
+                f"train.global_batch_size={t.global_batch_size} / (train.micro_batch_size={t.micro_batch_size} × "
+                f"data-parallel size {dp}) = {num_mbs} micro-batches per step, not a multiple of "
+                f"cluster.pipeline_parallel_size={pp} (the interleaved schedule runs them in groups of {pp}); "
+                f"set train.micro_batch_size so that the count is a multiple of {pp}"
+            )
     return errors
 
 

@@ -3,7 +3,9 @@
 The local spec's `DotProductAttention` materialises the full score matrix in Python
 (17% MFU on an H200); `torch.nn.functional.scaled_dot_product_attention` picks a fused kernel
 (flash / memory-efficient / math on CPU) and gives the same losses at about 3x the speed.
-Packed (varlen) sequences are not supported here; they need a varlen attention.
+Packed sequences (`rlx.trainer.batch.make_packed_micro_batch`) arrive as a block-diagonal causal
+`attention_mask`, which SDPA takes as is (its memory-efficient kernel on CUDA, not flash);
+megatron's THD `packed_seq_params` and context parallelism are not supported.
 """
 
 from __future__ import annotations

@@ -188,16 +188,16 @@ class ModelFamily:
 
         return fusion_kwargs(self.kernels(), params_dtype=params_dtype, rotary_interleaved=rotary_interleaved)
 
-    def layer_spec(self, config):
+    def layer_spec(self, config, vp_stage: int | None = None):
         """Megatron's local (no Transformer Engine) layer spec, core attention on torch SDPA,
         `kernels()`' fused norms and SwiGLU on CUDA, post-sublayer norms when
         `model.post_sublayer_norms`, as a block spec where the final norm is fused too
-        (see `rlx.models.layers`)."""
+        (see `rlx.models.layers`); `vp_stage`: the virtual pipeline chunk being built."""
         from rlx.models.layers import block_spec, local_layer_spec
 
         kernels = self.kernels()
         spec = local_layer_spec(config, post_sublayer_norms=self.cfg.post_sublayer_norms, kernels=kernels)
-        return block_spec(config, spec, kernels)
+        return block_spec(config, spec, kernels, vp_stage=vp_stage)
 
     def build_model(
         self,
@@ -205,9 +205,11 @@ class ModelFamily:
         params_dtype: torch.dtype = torch.float32,
         pre_process: bool | None = None,
         post_process: bool | None = None,
+        vp_stage: int | None = None,
         **config_overrides,
     ):
-        """This rank's `GPTModel` (its TP shard and PP stage); parallel_state must be initialised.
+        """This rank's `GPTModel` (its TP shard and PP stage; with virtual pipeline stages, its
+        chunk `vp_stage`); parallel_state must be initialised.
 
         `config_overrides` are TransformerConfig kwargs applied last (the trainer's activation
         recompute: `recompute_granularity="full", recompute_method="uniform",
@@ -227,11 +229,20 @@ class ModelFamily:
                 )
         model = GPTModel(
             config=config,
-            transformer_layer_spec=self.layer_spec(config),
+            transformer_layer_spec=self.layer_spec(config, vp_stage=vp_stage),
             vocab_size=self.cfg.vocab_size,
             max_sequence_length=self.cfg.max_position_embeddings,
-            pre_process=parallel_state.is_pipeline_first_stage() if pre_process is None else pre_process,
-            post_process=parallel_state.is_pipeline_last_stage() if post_process is None else post_process,
+            pre_process=(
+                parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+                if pre_process is None
+                else pre_process
+            ),
+            post_process=(
+                parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+                if post_process is None
+                else post_process
+            ),
+            vp_stage=vp_stage,
             parallel_output=True,
             share_embeddings_and_output_weights=self.cfg.tie_word_embeddings,
             position_embedding_type="rope",
@@ -259,21 +270,23 @@ class ModelFamily:
             tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         )
 
-    def export_hf_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_weights(
+        self, model: torch.nn.Module | list[torch.nn.Module]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors of the whole model, one at a time, in the one-rank order: a
         collective over the TP and pipeline groups (every rank must iterate it fully; all get
-        every tensor, whatever stage holds it). A tied lm_head is not exported."""
+        every tensor, whatever stage holds it). `model`: this rank's model, or its list of
+        virtual-stage chunks. A tied lm_head is not exported."""
         from megatron.core import parallel_state
 
-        from rlx.models.stages import gather_stages
+        from rlx.models.stages import as_chunks, gather_stages
 
-        return gather_stages(
-            self.weight_bridge().export(
-                model,
-                tp_group=parallel_state.get_tensor_model_parallel_group(),
-                tp_size=parallel_state.get_tensor_model_parallel_world_size(),
-            )
+        bridge = self.weight_bridge()
+        groups = dict(
+            tp_group=parallel_state.get_tensor_model_parallel_group(),
+            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         )
+        return gather_stages([bridge.export(chunk, **groups) for chunk in as_chunks(model)])
 
     # ---- size ----------------------------------------------------------------------------------
 

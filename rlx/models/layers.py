@@ -67,9 +67,15 @@ def _use_kernels(spec: ModuleSpec, config: TransformerConfig, kernels: KernelSet
         layer.mlp.submodules.activation_func = kernels.swiglu()
 
 
-def block_spec(config: TransformerConfig, layer_spec: ModuleSpec, kernels: KernelSet | None = None):
-    """`layer_spec` for this pipeline stage's layers, as a block whose final norm is `kernels`'
-    RMSNorm; just `layer_spec` (megatron adds its own final norm) when there is none."""
+def block_spec(
+    config: TransformerConfig,
+    layer_spec: ModuleSpec,
+    kernels: KernelSet | None = None,
+    vp_stage: int | None = None,
+):
+    """`layer_spec` for this pipeline stage's layers (of its virtual chunk `vp_stage`), as a
+    block whose final norm is `kernels`' RMSNorm; just `layer_spec` (megatron adds its own final
+    norm) when there is none."""
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
@@ -78,7 +84,8 @@ def block_spec(config: TransformerConfig, layer_spec: ModuleSpec, kernels: Kerne
     if kernels is None or kernels.norm is None or config.normalization != "RMSNorm":
         return layer_spec
     return TransformerBlockSubmodules(
-        layer_specs=[layer_spec] * get_num_layers_to_build(config), layer_norm=kernels.norm()
+        layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_norm=kernels.norm(),
     )
 
 

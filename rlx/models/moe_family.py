@@ -121,8 +121,9 @@ class MoEFamily(ModelFamily):
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
         return MLATransformerConfig(**(fields | mla))
 
-    def layer_spec(self, config):
-        """This pipeline stage's layer specs: dense MLP or MoE per layer, SDPA core attention."""
+    def layer_spec(self, config, vp_stage: int | None = None):
+        """This pipeline stage's (virtual chunk's) layer specs: dense MLP or MoE per layer, SDPA
+        core attention."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.post_training.modelopt.layers import Linear
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -156,8 +157,8 @@ class MoEFamily(ModelFamily):
 
         dense, moe = spec(None), spec(config.num_moe_experts)
         layers = [moe if is_moe else dense for is_moe in self.moe_layer_pattern()]
-        offset = get_transformer_layer_offset(config)
-        local = layers[offset : offset + get_num_layers_to_build(config)]
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        local = layers[offset : offset + get_num_layers_to_build(config, vp_stage=vp_stage)]
         return TransformerBlockSubmodules(layer_specs=local, layer_norm=WrappedTorchNorm)
 
     def build_model(self, **kwargs):
@@ -187,9 +188,12 @@ class MoEFamily(ModelFamily):
         self.check_hf_config(hf_dir)
         self.weight_bridge().load(model, hf_dir, ParallelGroups.from_megatron())
 
-    def export_hf_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_weights(
+        self, model: torch.nn.Module | list[torch.nn.Module]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors, every expert included (a collective over TP, expert TP, EP and
-        the pipeline stages; every rank gets every tensor)."""
-        from rlx.models.stages import gather_stages
+        the pipeline stages; every rank gets every tensor); `model` as `ModelFamily`'s."""
+        from rlx.models.stages import as_chunks, gather_stages
 
-        return gather_stages(self.weight_bridge().export(model, ParallelGroups.from_megatron()))
+        bridge, groups = self.weight_bridge(), ParallelGroups.from_megatron()
+        return gather_stages([bridge.export(chunk, groups) for chunk in as_chunks(model)])

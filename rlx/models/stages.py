@@ -17,36 +17,47 @@ import torch.distributed as dist
 _END = None  # the header that closes a stage's stream
 
 
-def gather_stages(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def as_chunks(model: torch.nn.Module | list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """A model, or a rank's list of virtual-stage chunks, as a list."""
+    return list(model) if isinstance(model, list | tuple) else [model]
+
+
+def gather_stages(
+    chunks: list[Iterable[tuple[str, torch.Tensor]]],
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Every stage's (HF name, tensor) pairs, in pipeline order, on every pipeline rank.
 
-    A collective over the pipeline group (and, through `named`, whatever groups the stage's
+    `chunks`: this rank's export per model chunk (one, or one per virtual stage: chunk c of
+    stage s holds virtual stage c * PP + s, so the order is chunk by chunk, stage by stage).
+    A collective over the pipeline group (and, through the exports, whatever groups a stage's
     export uses): every rank must consume the iterator to the end, in step. With one stage it
-    is `named` itself.
+    yields the chunks' pairs as they come.
     """
     from megatron.core import parallel_state as ps
 
     num_stages = ps.get_pipeline_model_parallel_world_size()
     if num_stages == 1:
-        yield from named
+        for named in chunks:
+            yield from named
         return
     group = ps.get_pipeline_model_parallel_group()
     ranks = dist.get_process_group_ranks(group)
     own = ps.get_pipeline_model_parallel_rank()
     device = _device()
-    for stage in range(num_stages):
-        if stage == own:
-            for name, tensor in named:
-                _send_header((name, tuple(tensor.shape), tensor.dtype), ranks[stage], group)
-                dist.broadcast(tensor.to(device).contiguous(), src=ranks[stage], group=group)
+    for named in chunks:
+        for stage in range(num_stages):
+            if stage == own:
+                for name, tensor in named:
+                    _send_header((name, tuple(tensor.shape), tensor.dtype), ranks[stage], group)
+                    dist.broadcast(tensor.to(device).contiguous(), src=ranks[stage], group=group)
+                    yield name, tensor
+                _send_header(_END, ranks[stage], group)
+                continue
+            while (header := _send_header(None, ranks[stage], group)) is not _END:
+                name, shape, dtype = header
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+                dist.broadcast(tensor, src=ranks[stage], group=group)
                 yield name, tensor
-            _send_header(_END, ranks[stage], group)
-            continue
-        while (header := _send_header(None, ranks[stage], group)) is not _END:
-            name, shape, dtype = header
-            tensor = torch.empty(shape, dtype=dtype, device=device)
-            dist.broadcast(tensor, src=ranks[stage], group=group)
-            yield name, tensor
 
 
 def _send_header(header, src: int, group) -> tuple | None:

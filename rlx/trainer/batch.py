@@ -131,6 +131,20 @@ def make_packed_micro_batch(
     )
 
 
+def widen(mb: MicroBatch, width_L: int) -> MicroBatch:
+    """`mb` (padded, not packed) right-padded to `width_L` columns: the same outputs for its real
+    tokens. Megatron's interleaved schedule needs every micro-batch of a call in one shape."""
+    if mb.attention_mask_B1LL is not None:
+        raise ValueError("a packed micro-batch cannot be widened")
+    extra = width_L - mb.tokens_BL.shape[1]
+    if extra <= 0:
+        return mb
+    num_rows, device = mb.tokens_BL.shape[0], mb.tokens_BL.device
+    positions_BL = torch.arange(width_L, device=device).expand(num_rows, -1).contiguous()
+    tokens_BL = torch.cat([mb.tokens_BL, mb.tokens_BL.new_zeros(num_rows, extra)], dim=1)
+    return replace(mb, tokens_BL=tokens_BL, position_ids_BL=positions_BL)
+
+
 def response_slice(values_BL: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     """Gather per-position values predicting each response token: [R, L-1] -> [B, T].
 

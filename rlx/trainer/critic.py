@@ -18,6 +18,7 @@ from rlx.algo.losses import aggregate, clipped_value_loss
 from rlx.sample import Sample
 from rlx.trainer.batch import MicroBatch, response_slice
 from rlx.trainer.config import TrainConfig
+from rlx.trainer.pipeline import build_chunks
 from rlx.trainer.trainable import Trainable
 
 _TRAINED_ROLLOUTS = "critic_trained_rollouts"  # kept in the checkpoint: warm-up survives a resume
@@ -91,15 +92,15 @@ class Critic:
         pad_multiple: int,
         seed: int,
     ):
-        model = family.build_model(params_dtype=params_dtype).to(device)
-        family.load_hf_weights(model, hf_dir)  # the whole policy, output layer included...
-        if model.post_process:
-            attach_value_head(model, seed)  # ...whose output layer is then replaced
-        # Under PP the first stage's embedding would otherwise wait to all-reduce its gradient
-        # with a tied output layer on the last stage, which the value head is not.
-        model.share_embeddings_and_output_weights = False
+        chunks = build_chunks(family, hf_dir, params_dtype, device)  # the policy, output layer included...
+        for chunk in chunks:
+            if chunk.post_process:
+                attach_value_head(chunk, seed)  # ...whose output layer is then replaced
+            # Under PP the first stage's embedding would otherwise wait to all-reduce its gradient
+            # with a tied output layer on the last stage, which the value head is not.
+            chunk.share_embeddings_and_output_weights = False
         self.trainable = Trainable(
-            model, train_cfg, peak_lr=algo_cfg.critic_lr, total_steps=total_steps, params_dtype=params_dtype,
+            chunks, train_cfg, peak_lr=algo_cfg.critic_lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=device, pad_multiple=pad_multiple,
         )  # fmt: skip
         self.value_clip = algo_cfg.value_clip

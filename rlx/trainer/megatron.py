@@ -4,6 +4,9 @@ The driver hands every rank the whole rollout batch; each data-parallel rank tra
 own shard. Losses are normalised by counts over the whole global batch, so gradients summed
 over micro-batches and averaged by DDP over data-parallel ranks equal the full-batch gradient.
 An algorithm with `needs_critic` (PPO) gets a value model beside the policy (`rlx.trainer.critic`).
+Under pipeline parallelism every rank still gets the whole batch and returns the same metrics:
+log-probs, values and loss metrics come from the last stage (`rlx.trainer.pipeline`), and weight
+exports gather every stage (`rlx.models.stages`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from rlx.trainer.critic import Critic
 from rlx.trainer.logprobs import logprobs_and_entropy
 from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
+from rlx.trainer.pipeline import build_chunks, virtual_stages
 from rlx.trainer.trainable import Trainable
 from rlx.trainer.weight_push import WeightPusher
 from rlx.trainer.weights import write_weight_shards
@@ -65,17 +69,21 @@ class MegatronTrainer:
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,
             tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size,
-            ep=cluster_cfg.expert_parallel_size, seed=seed,
+            ep=cluster_cfg.expert_parallel_size, vp=virtual_stages(model_cfg.megatron_overrides), seed=seed,
         )  # fmt: skip
         # Sequence parallelism (MoE under TP) splits the sequence over TP ranks.
         pad_multiple = cluster_cfg.tensor_parallel_size
         self.algo = build(algo_cfg)
         # activation recompute is a TransformerConfig setting; the model config's own overrides win.
         # Under PP, micro-batches differ in shape (padded to their own longest sample, or packed),
-        # so stages exchange each activation's shape first.
+        # so stages exchange each activation's shape first. The interleaved schedule (virtual
+        # stages) sends activations and gradients to the same neighbour at once, which one batch
+        # of p2p ops mixes up between two stages: there, megatron's unbatched ops (which keep the
+        # two directions on separate groups) and micro-batches widened to one shape.
         pipeline = {}
         if cluster_cfg.pipeline_parallel_size > 1:
-            pipeline["variable_seq_lengths"] = True
+            interleaved = virtual_stages(model_cfg.megatron_overrides) is not None
+            pipeline |= {"variable_seq_lengths": not interleaved, "batch_p2p_comm": not interleaved}
             if not model_cfg.num_moe_experts:  # megatron refuses its default (allgather) even when dense
                 pipeline["moe_token_dispatcher_type"] = "alltoall"
         overrides = RECOMPUTE[train_cfg.recompute] | pipeline | model_cfg.megatron_overrides
@@ -83,20 +91,15 @@ class MegatronTrainer:
         hf_dir = self.family.checkpoint_dir()
         params_dtype = getattr(torch, PRECISION_DTYPES[train_cfg.precision])
 
-        # Megatron builds linear layers on the current device but torch norms on the CPU;
-        # Megatron-LM's get_model moves the whole model afterwards, and so do we.
-        model = self.family.build_model(params_dtype=params_dtype).to(self.device)
-        self.family.load_hf_weights(model, hf_dir)
         self.policy = Trainable(
-            model, train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
+            build_chunks(self.family, hf_dir, params_dtype, self.device), train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=self.device, pad_multiple=pad_multiple,
         )  # fmt: skip
-        self.ref_model = None
+        self.ref_chunks = None  # the reference model's chunks (frozen)
         if self.algo.needs_ref:
-            ref_model = self.family.build_model(params_dtype=params_dtype).to(self.device)
-            self.family.load_hf_weights(ref_model, hf_dir)
-            self.ref_model = half_precision(ref_model).eval()
-            self._ref_offloader = Offloader(self.ref_model)
+            chunks = build_chunks(self.family, hf_dir, params_dtype, self.device)
+            self.ref_chunks = [half_precision(chunk).eval() for chunk in chunks]
+            self._ref_offloaders = [Offloader(chunk) for chunk in self.ref_chunks]
         self.critic = None
         if self.algo.needs_critic:
             self.critic = Critic(
@@ -106,14 +109,14 @@ class MegatronTrainer:
 
     @property
     def model(self):
-        """The policy (megatron DDP over the GPTModel)."""
+        """The policy (megatron DDP over the GPTModel; its first chunk under virtual stages)."""
         return self.policy.model
 
     # ---- colocated GPUs -------------------------------------------------------------------------
 
     def _offloaders(self) -> list[Offloader]:
-        ref = [self._ref_offloader] if self.ref_model is not None else []
-        return [self.policy.offloader, *ref, *([self.critic.trainable.offloader] if self.critic else [])]
+        ref = self._ref_offloaders if self.ref_chunks is not None else []
+        return [*self.policy.offloaders, *ref, *(self.critic.trainable.offloaders if self.critic else [])]
 
     def offload(self) -> dict[str, float]:
         """Every model, gradient buffer and optimizer state of this rank to pinned CPU memory (the
@@ -155,11 +158,11 @@ class MegatronTrainer:
         # ranks; the loss is already normalised over the global batch, so undo both.
         return loss * (num_microbatches * self.policy.dp_size), metrics
 
-    def _logprobs(self, model, samples: list[Sample]) -> list[torch.Tensor]:
-        """Every sample's response log-probs [response_len] under `model` (the policy's or the
-        reference's), each DP rank computing its shard, gathered in batch order."""
+    def _logprobs(self, chunks: list, samples: list[Sample]) -> list[torch.Tensor]:
+        """Every sample's response log-probs [response_len] under the model `chunks` (the policy's
+        or the reference's), each DP rank computing its shard, gathered in batch order."""
         return self._on_dp_shards(
-            samples, lambda shard: self.policy.forward_only(shard, "logprob", "logp", model)
+            samples, lambda shard: self.policy.forward_only(shard, "logprob", "logp", chunks)
         )
 
     # ---- training ---------------------------------------------------------------------------
@@ -168,9 +171,9 @@ class MegatronTrainer:
         """Log-probs (and values), advantages, then `num_steps_per_rollout` optimizer steps of
         the critic (when there is one) and of the policy (unless the critic is warming up)."""
         start = time.perf_counter()
-        logprobs = {"old_logp": self._logprobs(self.policy.model, samples)}
-        if self.ref_model is not None:
-            logprobs["ref_logp"] = self._logprobs(self.ref_model, samples)
+        logprobs = {"old_logp": self._logprobs(self.policy.chunks, samples)}
+        if self.ref_chunks is not None:
+            logprobs["ref_logp"] = self._logprobs(self.ref_chunks, samples)
         inputs = dict(logprobs)
         if self.critic is not None:  # values go to the algorithm, not into every policy micro-batch
             inputs["values"] = self._on_dp_shards(samples, self.critic.values)
@@ -231,7 +234,7 @@ class MegatronTrainer:
 
         A collective over the model-parallel group; global rank 0 writes and returns the path.
         """
-        named = self.family.export_hf_weights(self.model.module)
+        named = self.family.export_hf_weights([chunk.module for chunk in self.policy.chunks])
         if self.rank != 0:
             for _ in named:  # every rank takes part in the gathers
                 pass
@@ -243,7 +246,7 @@ class MegatronTrainer:
         """Send the policy's HF-named weights straight to the engines (`rlx.trainer.weight_push`):
         `tensor`, rank r to engines r, r + R, ...; `distributed`, rank 0 broadcasts (after
         `init_weight_group`). A collective over the model-parallel group; returns tensors sent."""
-        named = self.family.export_hf_weights(self.model.module)
+        named = self.family.export_hf_weights([chunk.module for chunk in self.policy.chunks])
         if method == "tensor":
             urls = engine_urls[self.rank :: self._world_size]
             return self._pusher.tensor(named, urls, version, bucket_bytes)

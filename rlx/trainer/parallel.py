@@ -18,6 +18,7 @@ def init_distributed(
     pp: int = 1,
     seed: int = 0,
     ep: int = 1,
+    vp: int | None = None,
 ) -> torch.device:
     """Join the default process group and initialise megatron's parallel state and RNG.
 
@@ -26,7 +27,8 @@ def init_distributed(
     the rank takes GPU `LOCAL_RANK` (else `rank % device_count`) and NCCL.
     Data parallelism is what is left of `world_size` after `tp * pp`. Expert parallelism (`ep`)
     splits MoE experts over ranks; experts keep the dense TP size, so `tp * ep * pp` must divide
-    `world_size` (megatron's rule). Returns the device that this rank's tensors live on.
+    `world_size` (megatron's rule). `vp`: virtual pipeline stages per rank (megatron's interleaved
+    schedule), None for none. Returns the device that this rank's tensors live on.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -54,7 +56,10 @@ def init_distributed(
             timeout=datetime.timedelta(minutes=10),
         )
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        virtual_pipeline_model_parallel_size=vp,
     )
     # Seeds the tensor-parallel RNG tracker too; on CPU this is the CPU generator (see boundary).
     model_parallel_cuda_manual_seed(seed)

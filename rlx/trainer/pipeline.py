@@ -1,4 +1,10 @@
-"""What pipeline parallelism adds to the trainer: results made on the last stage, shared with all.
+"""What pipeline parallelism adds to the trainer: model chunks per virtual stage, and results
+made on the last stage, shared with all.
+
+Virtual pipeline stages (megatron's interleaved schedule) are set as Megatron-LM sets them, by
+TransformerConfig's `virtual_pipeline_model_parallel_size`, here
+`model.megatron_overrides.virtual_pipeline_model_parallel_size`: each rank then holds that many
+model chunks (chunk c of stage s holds the layers of virtual stage c * PP + s).
 
 Megatron's schedules run the loss function on the last pipeline stage only, so per-token
 outputs (log-probs, entropies, values) and loss metrics exist there alone. These helpers
@@ -9,7 +15,32 @@ return their input unchanged and communicate nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+VIRTUAL_STAGES_KEY = "virtual_pipeline_model_parallel_size"  # in model.megatron_overrides
+
+
+def virtual_stages(megatron_overrides: dict) -> int | None:
+    """Model chunks per rank the config asks for (None: one, the plain 1F1B schedule)."""
+    return megatron_overrides.get(VIRTUAL_STAGES_KEY)
+
+
+def build_chunks(family, hf_dir: str | Path, params_dtype: torch.dtype, device: torch.device) -> list:
+    """This rank's model chunks (one per virtual stage, else one), built on `device` and loaded
+    from the HF checkpoint `hf_dir`."""
+    from megatron.core import parallel_state
+
+    num_chunks = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+    chunks = []
+    for vp_stage in range(num_chunks) if num_chunks else [None]:
+        # Megatron builds linear layers on the current device but torch norms on the CPU;
+        # Megatron-LM's get_model moves the whole model afterwards, and so do we.
+        chunk = family.build_model(params_dtype=params_dtype, vp_stage=vp_stage).to(device)
+        family.load_hf_weights(chunk, hf_dir)
+        chunks.append(chunk)
+    return chunks
 
 
 def num_stages() -> int:

@@ -26,6 +26,7 @@ from rlx.trainer.batch import (
     num_tokens,
     pack,
     split,
+    widen,
 )
 from rlx.trainer.config import TrainConfig
 from rlx.trainer.offload import Offloader
@@ -39,6 +40,9 @@ class Trainable:
     """One trainable model on this rank: forward-only passes and optimizer steps over the whole
     rollout batch, each data-parallel rank taking its shard of every global batch.
 
+    The model is this rank's list of chunks: one, or one per virtual pipeline stage (megatron's
+    interleaved schedule), each in its own megatron DDP, under one optimizer.
+
     `forward_step(mode, num_microbatches, data_iterator, model)` is the owner's megatron forward
     step; its loss function reads each micro-batch's global counts, `MicroBatch.num_global_*`.
     The learning rate follows `rlx.trainer.schedule` from `peak_lr` over `total_steps` updates.
@@ -46,7 +50,7 @@ class Trainable:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        chunks: list[torch.nn.Module],
         cfg: TrainConfig,
         *,
         peak_lr: float,
@@ -58,13 +62,21 @@ class Trainable:
     ):
         from megatron.core import parallel_state
 
-        self.model, self.optimizer = wrap_for_training(model, cfg, peak_lr, params_dtype)
+        self.chunks, self.optimizer = wrap_for_training(chunks, cfg, peak_lr, params_dtype)
         self.cfg, self.peak_lr, self.total_steps = cfg, peak_lr, total_steps
         self.forward_step, self.device, self.pad_multiple = forward_step, device, pad_multiple
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.num_updates = 0
-        self.offloader = Offloader(self.model, self.optimizer)  # colocated GPUs: yield to the engines
+        # colocated GPUs: yield to the engines (the optimizer state goes with the first chunk)
+        self.offloaders = [
+            Offloader(c, self.optimizer if i == 0 else None) for i, c in enumerate(self.chunks)
+        ]
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The first model chunk (the whole model without virtual pipeline stages), megatron DDP."""
+        return self.chunks[0]
 
     def local_indices(self, num_samples: int) -> list[int]:
         """This DP rank's samples of a rollout batch of `num_samples`, global batch by global batch."""
@@ -75,23 +87,27 @@ class Trainable:
 
     @torch.no_grad()
     def forward_only(
-        self, samples: list[Sample], mode: str, key: str, model: torch.nn.Module | None = None
+        self, samples: list[Sample], mode: str, key: str, chunks: list[torch.nn.Module] | None = None
     ) -> list[torch.Tensor]:
         """Per-sample [response_len] rows of the loss function's `key` output in `mode`, under
-        `model` (default: this one; the policy's frozen reference runs through the same steps).
+        the model `chunks` (default: this one's; the policy's frozen reference runs through the
+        same steps).
 
         All micro-batches go through one schedule call (pipelined under PP); the last stage's
         outputs are broadcast, so every pipeline stage returns them."""
-        model = model if model is not None else self.model
-        model.eval()
-        chunks = self.micro_batches(samples, range(len(samples)))
-        mbs = [self.make_micro_batch([samples[i] for i in chunk], {}) for chunk in chunks]
-        results = run_schedule(model, partial(self.forward_step, mode), mbs, forward_only=True)
+        chunks = chunks if chunks is not None else self.chunks
+        for chunk in chunks:
+            chunk.eval()
+        members = self.micro_batches(samples, range(len(samples)))  # sample indices per micro-batch
+        mbs = self.same_shape(
+            [self.make_micro_batch([samples[i] for i in indices], {}) for indices in members]
+        )
+        results = run_schedule(chunks, partial(self.forward_step, mode), mbs, forward_only=True)
         shapes = [tuple(mb.mask_BT.shape) for mb in mbs]
         rows = broadcast_rows([r[key] for r in results] if is_last_stage() else None, shapes, self.device)
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for chunk, rows_BT in zip(chunks, rows, strict=True):  # packing reorders: back to batch order
-            for i, row in zip(chunk, rows_BT, strict=True):
+        for indices, rows_BT in zip(members, rows, strict=True):  # packing reorders: back to batch order
+            for i, row in zip(indices, rows_BT, strict=True):
                 out[i] = row[: samples[i].response_len].cpu()
         return out
 
@@ -114,6 +130,14 @@ class Trainable:
             ) from None
         return [[indices[j] for j in bin_] for bin_ in bins]
 
+    def same_shape(self, mbs: list[MicroBatch]) -> list[MicroBatch]:
+        """`mbs` as they are, or, with several model chunks (the interleaved schedule, which
+        exchanges activations of one fixed shape), each widened to the widest."""
+        if len(self.chunks) == 1:
+            return mbs
+        width_L = max(mb.tokens_BL.shape[1] for mb in mbs)
+        return [widen(mb, width_L) for mb in mbs]
+
     def make_micro_batch(self, samples: list[Sample], extras: dict[str, list], **counts) -> MicroBatch:
         """`samples` as one micro-batch on this rank's device: packed into one row when
         `train.max_tokens_per_micro_batch` is set, else padded rows."""
@@ -124,7 +148,8 @@ class Trainable:
         """One optimizer step per global batch of the rollout batch (`train.num_steps_per_rollout`),
         forward step in mode "train"; `extras` are per-sample per-token inputs of the loss, in
         batch order. Returns the loss metrics averaged over steps, "grad_norm" and "lr"."""
-        self.model.train()
+        for chunk in self.chunks:
+            chunk.train()
         steps = self._global_batches(len(samples))
         sums: dict[str, float] = {}
         grad_norms = []
@@ -141,11 +166,12 @@ class Trainable:
                 )
                 for chunk in self.micro_batches(samples, step[self.dp_rank :: self.dp_size])
             ]
+            mbs = self.same_shape(mbs)
             lr = self.peak_lr * lr_factor(self.num_updates, self.cfg, self.total_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             forward_step = partial(self.forward_step, "train")
-            grad_norms.append(optimizer_step(self.model, self.optimizer, forward_step, mbs, sums))
+            grad_norms.append(optimizer_step(self.chunks, self.optimizer, forward_step, mbs, sums))
             self.num_updates += 1
         # the loss runs on the last pipeline stage: its sums, reduced over DP, go to every stage
         metrics = broadcast_metrics({k: v / len(steps) for k, v in dp_sum(sums, self.device).items()})
@@ -158,18 +184,19 @@ class Trainable:
     def save(self, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
         """Megatron distributed checkpoint of model, optimizer, the update count and `common`."""
         save_checkpoint(
-            self.model, self.optimizer, ckpt_dir, {_NUM_UPDATES: self.num_updates, **(common or {})}
+            self.chunks, self.optimizer, ckpt_dir, {_NUM_UPDATES: self.num_updates, **(common or {})}
         )
 
     def load(self, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-        """Restore what `save` wrote, whatever TP/DP wrote it; the saved values of `common_keys`."""
-        common = load_checkpoint(self.model, self.optimizer, ckpt_dir, (_NUM_UPDATES, *common_keys))
+        """Restore what `save` wrote, whatever TP/PP/DP wrote it; the saved values of `common_keys`."""
+        common = load_checkpoint(self.chunks, self.optimizer, ckpt_dir, (_NUM_UPDATES, *common_keys))
         self.num_updates = int(common.pop(_NUM_UPDATES) or 0)  # checkpoints before the schedule: 0
         return common
 
 
-def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype: torch.dtype):
-    """`(ddp_model, optimizer)`: megatron DDP over `model` and Adam with `train_cfg`'s settings at `lr`."""
+def wrap_for_training(chunks: list[torch.nn.Module], train_cfg, lr: float, params_dtype: torch.dtype):
+    """`(ddp_chunks, optimizer)`: megatron DDP over each model chunk and one Adam over all, with
+    `train_cfg`'s settings at `lr`, wired up as Megatron-LM's training loop does."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -179,14 +206,18 @@ def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype
 
     from rlx.models.precision import half_precision
 
-    tf_config = model.config
-    ddp_model = DistributedDataParallel(
-        config=tf_config,
-        ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=train_cfg.distributed_optimizer
-        ),
-        module=half_precision(model),  # bf16/fp16: Float16Module (fp32 outputs), as Megatron-LM wraps
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=train_cfg.distributed_optimizer
     )
+    ddp_chunks = [
+        DistributedDataParallel(
+            config=chunk.config,
+            ddp_config=ddp_config,
+            module=half_precision(chunk),  # bf16/fp16: Float16Module (fp32 outputs), as Megatron-LM wraps
+            disable_bucketing=i > 0,  # as Megatron-LM: only the first chunk's grads are bucketed
+        )
+        for i, chunk in enumerate(chunks)
+    ]
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
@@ -202,19 +233,21 @@ def wrap_for_training(model: torch.nn.Module, train_cfg, lr: float, params_dtype
             params_dtype=params_dtype,
             use_distributed_optimizer=train_cfg.distributed_optimizer,
         ),
-        [ddp_model],
+        ddp_chunks,
     )
-    # What Megatron-LM's training loop wires up: grad sync at the end of the last micro-batch.
+    # Grad sync at the end of the last micro-batch; the schedule reads the first chunk's config.
+    tf_config = chunks[0].config
     tf_config.finalize_model_grads_func = finalize_model_grads
-    tf_config.no_sync_func = ddp_model.no_sync
+    no_sync = [chunk.no_sync for chunk in ddp_chunks]
+    tf_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     tf_config.grad_scale_func = optimizer.scale_loss
-    return ddp_model, optimizer
+    return ddp_chunks, optimizer
 
 
-def run_schedule(model, forward_step: Callable, mbs: list[MicroBatch], forward_only: bool) -> list[dict]:
-    """Run `mbs` through megatron's forward-backward schedule (1F1B under pipeline parallelism);
-    the loss functions' metric dicts, one per micro-batch, on the last pipeline stage (none on
-    the others).
+def run_schedule(chunks, forward_step: Callable, mbs: list[MicroBatch], forward_only: bool) -> list[dict]:
+    """Run `mbs` through megatron's forward-backward schedule (1F1B under pipeline parallelism,
+    interleaved over several model `chunks`); the loss functions' metric dicts, one per
+    micro-batch, on the last pipeline stage (none on the others).
 
     `forward_step(num_microbatches, data_iterator, model)` is megatron's forward step with the
     number of micro-batches bound first (losses undo megatron's division by it). Micro-batches
@@ -225,8 +258,8 @@ def run_schedule(model, forward_step: Callable, mbs: list[MicroBatch], forward_o
 
     return get_forward_backward_func()(
         forward_step_func=partial(forward_step, len(mbs)),
-        data_iterator=iter(mbs),
-        model=[model],
+        data_iterator=[iter(mbs) for _ in chunks] if len(chunks) > 1 else iter(mbs),
+        model=chunks,
         num_microbatches=len(mbs),
         seq_length=max(mb.tokens_BL.shape[1] for mb in mbs),
         micro_batch_size=max(mb.tokens_BL.shape[0] for mb in mbs),
@@ -235,14 +268,15 @@ def run_schedule(model, forward_step: Callable, mbs: list[MicroBatch], forward_o
 
 
 def optimizer_step(
-    model, optimizer, forward_step: Callable, mbs: list[MicroBatch], sums: dict[str, float]
+    chunks, optimizer, forward_step: Callable, mbs: list[MicroBatch], sums: dict[str, float]
 ) -> float:
     """One optimizer step over `mbs` (this rank's share of a global batch); adds the loss
     metrics into `sums` (last pipeline stage) and returns the gradient norm, reduced over the
     model-parallel ranks by megatron (NaN when the optimizer gives none)."""
-    model.zero_grad_buffer()
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    for result in run_schedule(model, forward_step, mbs, forward_only=False):
+    for result in run_schedule(chunks, forward_step, mbs, forward_only=False):
         for k, v in result.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     _, grad_norm, _ = optimizer.step()
@@ -257,15 +291,22 @@ def _has_stepped(optimizer) -> bool:
     return any(sub.optimizer.state for sub in getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def _sharded_state(model, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any]) -> dict:
-    model_state = model.module.sharded_state_dict()
-    state = {"model": model_state, **common}
+def _model_keys(chunks) -> list[str]:
+    # Megatron-LM's names; the tensors inside carry global keys, so any PP/VP layout loads them
+    return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+
+
+def _sharded_state(chunks, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any]) -> dict:
+    model_state = {
+        key: chunk.module.sharded_state_dict() for key, chunk in zip(_model_keys(chunks), chunks, strict=True)
+    }
+    state = {**model_state, **common}
     if with_optimizer:
         state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading)
     return state
 
 
-def save_checkpoint(model, optimizer, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
+def save_checkpoint(chunks, optimizer, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
     """Megatron distributed checkpoint of model and optimizer (a collective over all ranks);
     `common` holds small picklable values stored once (global rank 0 writes them).
 
@@ -278,11 +319,11 @@ def save_checkpoint(model, optimizer, ckpt_dir: str | Path, common: dict[str, An
     stepped = _has_stepped(optimizer)
     common = (common or {}) | ({} if stepped else {_OPTIMIZER_STEPPED: False})
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(_sharded_state(model, optimizer, False, stepped, common), str(ckpt_dir))
+    dist_checkpointing.save(_sharded_state(chunks, optimizer, False, stepped, common), str(ckpt_dir))
 
 
-def load_checkpoint(model, optimizer, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict:
-    """Restore model and optimizer from `save_checkpoint`'s directory, whatever TP/DP wrote it,
+def load_checkpoint(chunks, optimizer, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict:
+    """Restore model and optimizer from `save_checkpoint`'s directory, whatever TP/PP/DP wrote it,
     into a freshly built model and optimizer; returns the saved `common` values named by
     `common_keys`."""
     from megatron.core import dist_checkpointing
@@ -290,9 +331,10 @@ def load_checkpoint(model, optimizer, ckpt_dir: str | Path, common_keys: tuple[s
     stepped = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_OPTIMIZER_STEPPED, True)
     placeholders = dict.fromkeys(common_keys)
     state = dist_checkpointing.load(
-        _sharded_state(model, optimizer, True, stepped, placeholders), str(ckpt_dir)
+        _sharded_state(chunks, optimizer, True, stepped, placeholders), str(ckpt_dir)
     )
-    model.module.load_state_dict(state["model"])
+    for key, chunk in zip(_model_keys(chunks), chunks, strict=True):
+        chunk.module.load_state_dict(state[key])
     if stepped:
         optimizer.load_state_dict(state["optimizer"])
     return {key: state[key] for key in common_keys}

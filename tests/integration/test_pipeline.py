@@ -9,6 +9,8 @@ adam_eps=1, as in test_trainer.py, a weight moves by about lr * gradient).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import ray
 import torch
@@ -142,3 +144,46 @@ def test_ppo_critic_under_pp2_matches_one_rank(ray_session, tmp_path):
     base = train(tmp_path, "ppo_one_rank", *ppo)
     assert base[0][0]["train/value_loss"] > 0 and base[0][0]["train/critic_grad_norm"] > 0
     assert_same_run("ppo pp2", train(tmp_path, "ppo_pp2", *ppo, *PP2), base, keys)
+
+
+def test_interleaved_virtual_stages_match_one_rank(ray_session, tmp_path):
+    """4 layers over PP=2 x 2 virtual stages (megatron's interleaved schedule): rank 0 holds
+    layers 0 and 2, rank 1 layers 1 and 3 (and the tied output layer); the export comes back in
+    the one-rank order."""
+    four_layers = "model.num_layers=4"
+    base = train(tmp_path, "four_layers_one_rank", four_layers)
+    vp = "+model.megatron_overrides.virtual_pipeline_model_parallel_size=2"
+    assert_same_run("pp2 vp2", train(tmp_path, "pp2_vp2", four_layers, *PP2, vp), base)
+
+
+VP = "+model.megatron_overrides.virtual_pipeline_model_parallel_size"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([f"{VP}=2"], f"{VP[1:]}=2 interleaves pipeline stages, but cluster.pipeline_parallel_size=1"),
+        ([*PP2, f"{VP}=1"], f"{VP[1:]}=1 must be an integer >= 2"),
+        (
+            [*PP2, f"{VP}=2"],  # the tiny model's 2 layers over 2 stages x 2 chunks
+            f"model.num_layers=2 is not divisible by cluster.pipeline_parallel_size=2 × {VP[1:]}=2 = 4",
+        ),
+        (
+            [*PP2, f"{VP}=2", "model.num_layers=4", "train.max_tokens_per_micro_batch=63"],
+            f"train.max_tokens_per_micro_batch=63 (packing) with {VP[1:]}=2",
+        ),
+        (
+            [*PP2, f"{VP}=2", "model.num_layers=4", "train.micro_batch_size=8", "rollout.batch_size=3"],
+            "train.global_batch_size=24 / (train.micro_batch_size=8 × data-parallel size 1) = 3 micro-batches",
+        ),
+        (
+            [*PP2, "model=tiny_qwen3_moe", "model.moe_token_dispatcher_type=allgather"],
+            "model.moe_token_dispatcher_type=allgather cannot run with cluster.pipeline_parallel_size=2",
+        ),
+    ],
+)
+def test_pipeline_layouts_megatron_cannot_run_are_refused_at_compose(overrides, message):
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose(overrides)
