@@ -149,11 +149,14 @@ def test_ppo_critic_under_pp2_matches_one_rank(ray_session, tmp_path):
 def test_interleaved_virtual_stages_match_one_rank(ray_session, tmp_path):
     """4 layers over PP=2 x 2 virtual stages (megatron's interleaved schedule): rank 0 holds
     layers 0 and 2, rank 1 layers 1 and 3 (and the tied output layer); the export comes back in
-    the one-rank order."""
+    the one-rank order, and the checkpoint (keys model0, model1) loads on one rank."""
     four_layers = "model.num_layers=4"
-    base = train(tmp_path, "four_layers_one_rank", four_layers)
+    base = train(tmp_path, "four_layers_one_rank", four_layers, rollouts=3)
     vp = "+model.megatron_overrides.virtual_pipeline_model_parallel_size=2"
-    assert_same_run("pp2 vp2", train(tmp_path, "pp2_vp2", four_layers, *PP2, vp), base)
+    interleaved = train(tmp_path, "pp2_vp2", four_layers, *PP2, vp, rollouts=3, save_after=1)
+    assert_same_run("pp2 vp2", interleaved, base)
+    resumed = train(tmp_path, "vp_resumed", four_layers, load=str(tmp_path / "pp2_vp2_ckpt"), rollouts=1)
+    assert_same_run("pp2 vp2 -> one rank", resumed, ([interleaved[0][2]], [interleaved[1][2]]))
 
 
 VP = "+model.megatron_overrides.virtual_pipeline_model_parallel_size"
