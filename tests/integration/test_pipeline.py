@@ -190,3 +190,19 @@ def test_pipeline_layouts_megatron_cannot_run_are_refused_at_compose(overrides, 
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         compose(overrides)
+
+
+def test_the_loop_trains_under_pp2_and_its_engines_serve_the_gathered_weights(tmp_path):
+    """The whole loop with PP=2 (rlx.runtime.run): after each step the engine gets the weights
+    both stages export, so at the next step the trainer's log-probs of the sampled tokens are
+    the engine's; the HF export at the end loads in transformers."""
+    from rlx.runtime import run
+
+    history = run(compose([f"run.output_dir={tmp_path}", "run.num_rollout=3", "run.save_hf=true", *PP2,
+                           "rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=8",
+                           "run.progress=false"]))  # fmt: skip
+    assert len(history) == 3
+    assert all(h["train/logprob_abs_diff"] <= 1e-5 for h in history), [
+        h["train/logprob_abs_diff"] for h in history
+    ]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32) is not None
