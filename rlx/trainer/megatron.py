@@ -219,12 +219,14 @@ class MegatronTrainer:
 
     @staticmethod
     def _logprob_gap(samples: list[Sample], old_logp: list[torch.Tensor]) -> dict[str, float]:
-        """Mean |trainer logprob - rollout logprob| over response tokens, before the update."""
+        """Mean |trainer logprob - rollout logprob| over loss tokens (the model's own: tool output
+        carries no rollout logprob), before the update."""
         gap_sum = count = 0.0
         for s, logp in zip(samples, old_logp, strict=True):
             if len(s.rollout_logprobs) == s.response_len:
-                gap_sum += float((logp - torch.tensor(s.rollout_logprobs)).abs().sum())
-                count += s.response_len
+                mask = torch.tensor(s.loss_mask or [1] * s.response_len, dtype=torch.bool)
+                gap_sum += float((logp - torch.tensor(s.rollout_logprobs)).abs()[mask].sum())
+                count += int(mask.sum())
         return {"train/logprob_abs_diff": gap_sum / max(count, 1.0)}
 
     # ---- weights ----------------------------------------------------------------------------
