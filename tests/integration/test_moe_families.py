@@ -38,9 +38,14 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "deepseek_v3": ("tiny_deepseek_v3", []),
     "deepseek_v3_plain": (
         "tiny_deepseek_v3",
-        ["model.q_lora_rank=null", "model.yarn_rotary_scaling_factor=null", "model.tie_word_embeddings=true",
-         # without YaRN its other keys go back to their defaults (set alone they are refused)
-         "model.yarn_original_max_position_embeddings=null", "model.yarn_mscale_all_dim=0.0"],  # fmt: skip
+        [
+            "model.q_lora_rank=null",
+            "model.yarn_rotary_scaling_factor=null",
+            "model.tie_word_embeddings=true",
+            # without YaRN its other keys go back to their defaults (set alone they are refused)
+            "model.yarn_original_max_position_embeddings=null",
+            "model.yarn_mscale_all_dim=0.0",
+        ],  # fmt: skip
     ),
 }
 PARALLEL_VARIANTS = ("qwen3_moe", "deepseek_v3")
