@@ -10,4 +10,6 @@ export RLX_CACHE="${RLX_CACHE:-$(mktemp -d)}"  # tiny checkpoints written fresh,
 if [[ $(id -u) -eq 0 ]]; then
   bash scripts/slurm-local.sh || echo "warning: scripts/slurm-local.sh failed; the SLURM tests will say why" >&2
 fi
-python -m pytest -q "$@"
+# two test files at a time (most of a test's time is processes starting and waiting on each other);
+# tests of one file stay together, so a module's fixtures are built once
+python -m pytest -q -n 2 --dist loadfile "$@"

@@ -57,16 +57,21 @@ def test_bad_input_fails_fast_with_a_clean_message(tmp_path):
         assert key in equation.stderr
 
 
-def _stray_processes(since: float) -> list[str]:
+def _stray_processes(since: float, session: int, pids: set[int]) -> list[str]:
+    """The run's processes still alive: those it had (`pids`, the router included, which leaves the
+    session), and any started after `since` in the job's session (the launcher runs in a session of
+    its own), so work running beside this test on the machine does not count."""
     found = []
     for p in psutil.process_iter(["cmdline", "create_time", "status"]):
         try:
             if p.info["create_time"] < since or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
+            if p.pid not in pids and os.getsid(p.pid) != session:
+                continue
             cmdline = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
+        except (psutil.Error, ProcessLookupError):
             continue
-        if any(marker in cmdline for marker in STRAY):
+        if p.pid in pids or any(marker in cmdline for marker in STRAY):
             found.append(f"{p.pid}: {cmdline[:120]}")
     return found
 
@@ -83,12 +88,14 @@ def test_ctrl_c_stops_everything(tmp_path):
         if "step    1 |" in line:
             break
     assert proc.poll() is None, "".join(output)[-3000:]
+    pids = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert len(pids) >= 5  # Ray's daemons, the trainer, two engines, the router
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     deadline = time.time() + 30
-    while _stray_processes(started) and time.time() < deadline:
+    while _stray_processes(started, proc.pid, pids) and time.time() < deadline:
         time.sleep(0.5)
-    assert _stray_processes(started) == []
+    assert _stray_processes(started, proc.pid, pids) == []
     # nothing already produced is lost
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 2

@@ -19,7 +19,7 @@ class Probe:
 
 @pytest.fixture(scope="module")
 def four_gpus():
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 

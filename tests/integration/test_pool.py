@@ -18,7 +18,7 @@ from rlx.trainer.weights import write_weight_shards
 
 @pytest.fixture
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 
