@@ -38,7 +38,9 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
         raise ConfigError(
             f"no checkpoint at {ckpt}; the run's checkpoints are under {run_dir / 'checkpoints'}"
         )
-    rc = to_object(OmegaConf.merge(OmegaConf.structured(RlxConfig), OmegaConf.load(run_dir / "config.yaml")))
+    recorded = OmegaConf.load(run_dir / "config.yaml")
+    recorded.pop("defaults", None)  # the Hydra defaults list that makes config.yaml rerunnable
+    rc = to_object(OmegaConf.merge(OmegaConf.structured(RlxConfig), recorded))
     out = Path(out) if out else run_dir / "hf_export"
 
     family = build(rc.model)
