@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rlx.config.build import load_function
@@ -62,17 +63,12 @@ class GenerateContext:
         """Append the model's tokens of one /generate answer to the response (trained, with their
         logprobs and the version that generated them); set the status from its finish reason.
         Returns the number of tokens appended."""
-        meta = out.get("meta_info", {})
-        pairs = meta.get("output_token_logprobs") or []
-        ids = [int(t) for _, t, *_ in pairs]
-        weight_version = meta.get("weight_version")
-        version = int(weight_version) if weight_version not in (None, "", "default") else self.version
-        _extend(sample, ids, [float(lp) for lp, *_ in pairs], 1, version)
-        finish = meta.get("finish_reason") or {}
-        sample.status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+        answer = read_output(out, self.version)
+        _extend(sample, answer.ids, answer.logprobs, 1, answer.version)
+        sample.status = answer.status
         if sample.status is Status.ABORTED:
-            sample.status_reason = str(finish.get("message", "aborted"))
-        return len(ids)
+            sample.status_reason = answer.message or "aborted"
+        return len(answer.ids)
 
     def append_tokens(self, sample: Sample, token_ids: list[int]) -> None:
         """Append tokens the model did not generate (tool output, environment feedback): part of
@@ -85,6 +81,31 @@ class GenerateContext:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         self.append_tokens(sample, ids)
         return ids
+
+
+@dataclass
+class Output:
+    """One SGLang /generate answer for one prompt, as a sample needs it."""
+
+    ids: list[int]  # the new tokens
+    logprobs: list[float]  # theirs (empty when the engine sent none, e.g. aborted before it started)
+    version: int  # the weight version that generated them
+    status: Status  # from the finish reason
+    message: str  # the finish reason's message ("" when none)
+
+
+def read_output(out: dict, version: int) -> Output:
+    """The tokens, logprobs, weight version (`version` when the engine reports none) and finish
+    status of a /generate answer."""
+    meta = out.get("meta_info", {})
+    pairs = meta.get("output_token_logprobs") or []
+    # SGLang omits output_ids (and logprobs) for a request aborted before it started
+    ids = [int(t) for _, t, *_ in pairs] or [int(t) for t in out.get("output_ids") or []]
+    weight_version = meta.get("weight_version")
+    served = int(weight_version) if weight_version not in (None, "", "default") else version
+    finish = meta.get("finish_reason") or {}
+    status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+    return Output(ids, [float(lp) for lp, *_ in pairs], served, status, str(finish.get("message") or ""))
 
 
 def _extend(sample: Sample, ids: list[int], logprobs: list[float], mask: int, version: int) -> None:

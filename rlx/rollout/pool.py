@@ -25,14 +25,12 @@ from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
-from rlx.rollout.generate import GenerateContext, load_generate_fn
+from rlx.rollout.generate import GenerateContext, load_generate_fn, read_output
 from rlx.rollout.health import HealthMonitor, is_engine_failure
 from rlx.rollout.router import Router
 from rlx.sample import Sample, Status
 
 log = logging.getLogger(__name__)
-
-_FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
 class RolloutPool:
@@ -58,9 +56,9 @@ class RolloutPool:
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
+        self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         # before any engine starts: a reward function that does not import, or a reward server that
         # does not answer, fails here
-        self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         self.scorer = load_scorer(cfg.reward_fn, reward or RewardConfig(), rollout=cfg, tokenizer=tokenizer)
         self.model_path = model_path
         self.actor_options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
@@ -315,26 +313,20 @@ class RolloutPool:
 
     def _fill(self, s: Sample, out: dict, version: int) -> None:
         """Append one SGLang /generate response to the sample (a continuation extends what it has)."""
-        meta = out.get("meta_info", {})
-        token_logprobs = meta.get("output_token_logprobs") or []
-        # SGLang omits output_ids (and logprobs) for a request aborted before it started
-        new_ids = [int(t) for _, t, *_ in token_logprobs] or list(out.get("output_ids") or [])
-        weight_version = meta.get("weight_version")
-        served = int(weight_version) if weight_version not in (None, "", "default") else version
-        s.response_ids = s.response_ids + new_ids
-        s.rollout_logprobs = s.rollout_logprobs + [float(lp) for lp, *_ in token_logprobs]
-        s.loss_mask = (s.loss_mask or [1] * (s.response_len - len(new_ids))) + [1] * len(new_ids)
-        s.token_versions = (s.token_versions or [served] * (s.response_len - len(new_ids))) + [served] * len(
-            new_ids
-        )
-        s.version = min(s.token_versions, default=served)
+        answer = read_output(out, version)
+        new = len(answer.ids)
+        s.response_ids = s.response_ids + answer.ids
+        s.rollout_logprobs = s.rollout_logprobs + answer.logprobs
+        s.loss_mask = (s.loss_mask or [1] * (s.response_len - new)) + [1] * new
+        s.token_versions = (s.token_versions or [answer.version] * (s.response_len - new)) + [
+            answer.version
+        ] * new
+        s.version = min(s.token_versions, default=answer.version)
         s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        finish = meta.get("finish_reason") or {}
-        s.status = _FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
-        s.status_reason = ""
+        s.status, s.status_reason = answer.status, ""
         if s.status is Status.ABORTED or not s.response_ids:
             s.status = Status.ABORTED if s.status is Status.ABORTED else Status.FAILED
-            s.status_reason = str(finish.get("message", "empty response"))
+            s.status_reason = answer.message or "empty response"
 
     async def abort(self, samples: list[Sample]) -> None:
         """Abort the requests of `samples` on every engine (they come back ABORTED with what they
