@@ -68,8 +68,6 @@ class Producer:
         self._interrupt: asyncio.Event | None = None  # set: the running batch aborts what is left
         self._version_event: asyncio.Event | None = None
         self._ahead = None  # async: the future of the run-ahead loop
-        self._idle = threading.Event()  # async: no batch being made
-        self._idle.set()
 
     # ---- the loop's side -------------------------------------------------------------------
 
