@@ -116,7 +116,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
 
 def _rollout_mode(cfg: RlxConfig, classes: Classes) -> list[str]:
     """rollout.mode, staleness and over-sampling against each other, the placement and the algorithm."""
-    errors = mode_errors(cfg.rollout, cfg.cluster.colocate, cfg.algo.use_tis, cfg.cluster.gpus_per_node)
+    errors = mode_errors(cfg.rollout, cfg.cluster.colocate, cfg.algo.use_tis)
     for path, load in ((cfg.rollout.filter_fn, load_filter), (cfg.rollout.generate_fn, load_generate_fn)):
         try:
             if path:
