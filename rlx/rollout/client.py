@@ -238,6 +238,18 @@ class EngineClient:
                 f"{self.base_url} could not join the weight update group: {result.get('message')}"
             )
 
+    async def destroy_weights_update_group(self) -> None:
+        """POST /destroy_weights_update_group: leave the trainer's broadcast group (before it is
+        formed again with other members); RuntimeError with SGLang's message otherwise."""
+        body = {"group_name": "weight_update_group"}
+        result = (
+            await self._request("POST", "/destroy_weights_update_group", json=body, ok_statuses=(400,))
+        ).body
+        if not result.get("success", False):
+            raise RuntimeError(
+                f"{self.base_url} could not leave the weight update group: {result.get('message')}"
+            )
+
     async def flush_cache(self) -> bool:
         """POST /flush_cache; False when SGLang refuses (requests still running)."""
         return (await self._request("POST", "/flush_cache", ok_statuses=(400,))).is_success

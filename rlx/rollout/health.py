@@ -13,7 +13,8 @@ died, or after `rollout.health_check_failures` pings in a row failed (no answer 
      weight directory the pool was given (the publisher deletes a directory only once the next one
      is loaded). The tensor and distributed paths push from the trainer, whose weights may already
      be ahead of the published version, so the engine stays out of rotation until the next
-     publish reaches it (`check_version` then puts it back);
+     publish reaches it (`check_version` then puts it back). For the distributed path the
+     publisher (`rlx.sync`) forms the broadcast group again with the engines it now reaches;
   4. puts it back into the router (`POST /workers`) and into rotation.
 
 Weight updates and restarts take turns on one lock, so a restarted engine never rejoins with an
@@ -199,6 +200,12 @@ class HealthMonitor:
             if verdict is Verdict.DEAD or self.failures[i] >= self.cfg.health_check_failures:
                 why = "refuses connections" if verdict is Verdict.DEAD else f"failed {self.failures[i]} pings"
                 await self._take_out(i, why)
+
+    async def probe_now(self) -> None:
+        """One probe round now (after a weight push failed): a dead engine is taken out at once,
+        a hung one counts one more failed ping."""
+        async with self._probe_lock:
+            await self._probe_round()
 
     async def recover(self) -> None:
         """After a request failed: ping the engines now (unless a round began since), then wait

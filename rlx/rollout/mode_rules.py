@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlx.rollout.config import RolloutConfig
 
 
-def mode_errors(rollout: RolloutConfig, colocate: bool, use_tis: bool, gpus_per_node: int = 0) -> list[str]:
+def mode_errors(rollout: RolloutConfig, colocate: bool, use_tis: bool) -> list[str]:
     """Rules tying rollout.mode, staleness, over-sampling to each other and to the placement and the
     algorithm (called by rlx.config.validate), each naming its keys and the fix."""
     errors = []
@@ -41,16 +41,6 @@ def mode_errors(rollout: RolloutConfig, colocate: bool, use_tis: bool, gpus_per_
             f"rollout.partial_rollout=true with rollout.generate_fn={rollout.generate_fn!r}: a custom "
             "generation cannot be continued where an abort stopped it (it is restarted); set "
             "rollout.partial_rollout=false"
-        )
-    split_gpus = gpus_per_node > 0 and not colocate  # where weight_sync=auto means distributed
-    if rollout.fault_tolerance and (
-        rollout.weight_sync == "distributed" or (rollout.weight_sync == "auto" and split_gpus)
-    ):
-        errors.append(
-            f"rollout.fault_tolerance=true with rollout.weight_sync={rollout.weight_sync} (a NCCL broadcast on split "
-            "GPUs): a restarted engine is not in "
-            "the trainer's broadcast group, so the next weight update would fail; set rollout.weight_sync=disk "
-            "(a restarted engine reloads the last published weights)"
         )
     if rollout.mask_old_policy_tokens and not rollout.partial_rollout:
         errors.append(

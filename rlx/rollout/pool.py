@@ -379,19 +379,46 @@ class RolloutPool:
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
 
-    def join_weight_group(self, master_address: str, master_port: int, backend: str) -> None:
-        """Every engine joins the trainer's broadcast group (ranks 1..N; the trainer is rank 0);
-        returns once the group has formed, so the trainer must be joining at the same time."""
-        world_size = 1 + len(self.engine_clients)
+    def weight_targets(self) -> list[int]:
+        """The engines a pushed weight update must reach: all of them, or with fault tolerance those
+        in rotation and those restarted and waiting for it (one still restarting is left out)."""
+        if self.health is None:
+            return list(range(len(self.engine_clients)))
+
+        async def targets() -> list[int]:  # read on the loop, where the monitor changes them
+            return sorted(self.health.serving | self.health.behind)
+
+        return self.run(targets())
+
+    def probe_engines(self) -> None:
+        """Fault tolerance: ping every engine now (after a weight push failed), so that a dead one
+        is out of `weight_targets()` when the push is tried again."""
+        self.run(self.health.probe_now())
+
+    def join_weight_group(
+        self, master_address: str, master_port: int, backend: str, engines: list[int] | None = None
+    ) -> None:
+        """`engines` (default all) join the trainer's broadcast group as ranks 1..N in that order
+        (the trainer is rank 0); returns once the group has formed, so the trainer must be joining
+        at the same time."""
+        engines = list(range(len(self.engine_clients))) if engines is None else engines
+        world_size = 1 + len(engines)
         joins = [
-            c.init_weights_update_group(master_address, master_port, 1 + i, world_size, backend)
-            for i, c in enumerate(self.engine_clients)
+            self.engine_clients[i].init_weights_update_group(
+                master_address, master_port, 1 + k, world_size, backend
+            )
+            for k, i in enumerate(engines)
         ]
 
         async def all_join():
             await asyncio.gather(*joins)
 
         self.run(all_join())
+
+    def leave_weight_group(self, engines: list[int]) -> None:
+        """`engines` leave the broadcast group they joined (before it is formed again without the
+        ones that failed); with fault tolerance one that fails to answer is left to the monitor."""
+        self.run(self._on_engines("destroy_weights_update_group", engines=engines))
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""
@@ -405,10 +432,11 @@ class RolloutPool:
         if self.health is not None:
             self.health.paused = False
 
-    async def _on_engines(self, method: str, *args, **kwargs) -> list:
-        """Call one client method on every engine at once (with fault tolerance: every engine in
-        rotation; one that fails to answer is left to the health monitor)."""
-        calls = (getattr(c, method)(*args, **kwargs) for c in self._live_clients())
+    async def _on_engines(self, method: str, *args, engines: list[int] | None = None, **kwargs) -> list:
+        """Call one client method on every engine at once, or on `engines` (with fault tolerance:
+        every engine in rotation; one that fails to answer is left to the health monitor)."""
+        clients = self._live_clients() if engines is None else [self.engine_clients[i] for i in engines]
+        calls = (getattr(c, method)(*args, **kwargs) for c in clients)
         results = await asyncio.gather(*calls, return_exceptions=self.health is not None)
         for r in results:
             if isinstance(r, BaseException) and not is_engine_failure(r):

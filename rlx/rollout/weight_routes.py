@@ -97,5 +97,6 @@ async def update_weights_from_distributed(request: Request):
 
 @weight_routes.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request):
-    _receiver(request).close()
+    # off the event loop: a receive still blocked on a failed broadcast holds the group until its timeout
+    await asyncio.to_thread(_receiver(request).close)
     return _reply(True, "left the weight update group")

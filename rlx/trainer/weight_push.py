@@ -6,12 +6,15 @@ engines, over SGLang's HTTP endpoints (`rlx.rollout.weight_routes` serves them i
     distributed  rank 0 broadcasts each bucket to every engine over a NCCL (gloo on CPU) group
                  of its own, announced by one POST per engine and bucket
 
-Every rank iterates the export (a collective over the model-parallel group) whether it sends or not.
+Every rank iterates the export (a collective over the model-parallel group) whether it sends or not,
+and to its end also when a send failed (an engine died: the driver retries without it), so that
+no other rank is left waiting in a gather.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,31 +47,40 @@ class WeightPusher:
     def tensor(
         self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
     ) -> int:
-        """Hand every bucket to each engine in `urls` (none: just take part in the export)."""
+        """Hand every bucket to each engine in `urls` ("" for one left out; none: just take part
+        in the export)."""
+        urls = [url for url in urls if url]
+        named = iter(named)
         num = 0
-        for bucket in iter_buckets(named, bucket_bytes):
-            num += len(bucket)
-            if not urls:
-                continue
-            with TensorHandoff(bucket) as payload:  # held until every engine has copied it
-                body = {
-                    "serialized_named_tensors": [payload],
-                    "load_format": None,
-                    "weight_version": str(version),
-                }
-                for url in urls:
-                    self.post(url, "/update_weights_from_tensor", body)
+        with _drained_on_error(named):
+            for bucket in iter_buckets(named, bucket_bytes):
+                num += len(bucket)
+                if not urls:
+                    continue
+                with TensorHandoff(bucket) as payload:  # held until every engine has copied it
+                    body = {
+                        "serialized_named_tensors": [payload],
+                        "load_format": None,
+                        "weight_version": str(version),
+                    }
+                    for url in urls:
+                        self.post(url, "/update_weights_from_tensor", body)
         return num
 
     def init_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
-        """Rank 0 hosts the broadcast group (blocks until every engine has joined)."""
+        """Rank 0 hosts the broadcast group (blocks until every engine has joined), in place of
+        the one it hosted before, if any (formed again after an engine was restarted)."""
+        self.sender.close()
         self.sender.init(master_address, master_port, world_size, backend)
 
     def distributed(
         self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
     ) -> int:
-        """Rank 0: broadcast every bucket to the engines at `urls`, announcing each first."""
-        metas = self.sender.send(named, bucket_bytes, announce=self._announcer(urls, version))
+        """Rank 0: broadcast every bucket to the engines at `urls` (ranks 1..N of the group, in
+        that order), announcing each first."""
+        named = iter(named)
+        with _drained_on_error(named):
+            metas = self.sender.send(named, bucket_bytes, announce=self._announcer(urls, version))
         return sum(len(meta.specs) for meta in metas)
 
     def _announcer(self, urls: list[str], version: int) -> Callable[[BucketMeta], Callable[[], None]]:
@@ -85,3 +97,14 @@ class WeightPusher:
         self.sender.close()
         self.http.close()
         self._posts.shutdown(wait=False)
+
+
+@contextlib.contextmanager
+def _drained_on_error(named: Iterator):
+    """On an error, iterate what is left of the export (the other ranks' gathers) before raising."""
+    try:
+        yield
+    except BaseException:
+        for _ in named:
+            pass
+        raise

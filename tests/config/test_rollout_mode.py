@@ -61,10 +61,6 @@ CASES = {
         ["data=jsonl", "data.prompt_path=/etc/hostname", "+data.eval={test: {path: /etc/hostname}}"],
         ["data.eval names sets (test)", "run.eval_interval=N"],
     ),
-    "fault tolerance with broadcast weights": (
-        ["rollout.fault_tolerance=true", "rollout.weight_sync=distributed"],
-        ["rollout.fault_tolerance=true with rollout.weight_sync=distributed", "rollout.weight_sync=disk"],
-    ),
     "failed fraction out of range": (["run.max_failed_frac=0"], ["run.max_failed_frac=0", "(0, 1]"]),
 }
 

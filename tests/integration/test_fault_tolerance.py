@@ -5,6 +5,7 @@ sent again, so the batch comes back whole. CPU, tiny Qwen3, real sglang-router o
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -16,14 +17,18 @@ import psutil
 import pytest
 import ray
 from conftest import write_tiny_qwen3
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
+from rlx.config.compose import compose
 from rlx.rollout.client import EngineError, EngineTimeout
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.health import is_engine_failure
 from rlx.rollout.pool import RolloutPool
+from rlx.runtime import _prepare
 from rlx.sample import Sample, Status
+from rlx.sync import WeightPublisher
+from rlx.trainer.group import TrainerGroup
 from rlx.trainer.weights import write_weight_shards
 
 NUM_GROUPS, GROUP_SIZE, MAX_LEN = 16, 4, 40
@@ -217,3 +222,88 @@ def test_which_errors_are_engine_failures(error, failed):
     wrapped = RuntimeError("tool turn failed")
     wrapped.__cause__ = error
     assert is_engine_failure(wrapped) is failed  # as a generate_fn may raise it
+
+
+# ---- pushed weights: the trainer's broadcast group formed again around a restarted engine ------
+
+
+@pytest.fixture
+def split_run(ray_session, tmp_path, monkeypatch):
+    """A CPU trainer rank and two engines behind the router publishing by `distributed` (gloo),
+    with fault tolerance. The engines start from other weights than the trainer's, so a pushed
+    update shows in what they generate."""
+    monkeypatch.setenv("RLX_CACHE", os.environ.get("RLX_CACHE", str(tmp_path / "cache")))
+    job = _prepare(compose(["model=tiny_qwen3", f"run.output_dir={tmp_path / 'run'}"]))
+    engines_dir = tmp_path / "engines"
+    shutil.copytree(job.hf_dir, engines_dir)
+    weights = load_file(engines_dir / "model.safetensors")
+    save_file({k: v * 0.5 for k, v in weights.items()}, engines_dir / "model.safetensors")
+    cfg = _cfg(2)
+    cfg.weight_sync = "distributed"
+    cfg.health_check_interval_s = 30.0  # the push, not the monitor, finds the second engine dead
+    trainer = TrainerGroup(job.cfg)
+    pool = RolloutPool(cfg, str(engines_dir), job.tokenizer, seed=0)
+    publish = WeightPublisher(
+        trainer,
+        pool,
+        method="distributed",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+        disk_root=tmp_path / "disk",
+    )
+    try:
+        yield trainer, pool, publish, job.tokenizer
+    finally:
+        pool.shutdown()
+        trainer.shutdown()
+
+
+def _greedy_logprobs(url: str, ids: list[int]) -> list[float]:
+    body = {"input_ids": ids, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+    meta = httpx.post(url + "/generate", json=body, timeout=60).json()["meta_info"]
+    return [lp for lp, *_ in meta["output_token_logprobs"]]
+
+
+def test_restarted_engine_rejoins_the_broadcast_group(split_run):
+    trainer, pool, publish, tokenizer = split_run
+    ids = tokenizer("3 4 =")["input_ids"]
+    before = _greedy_logprobs(pool.engine_urls[0], ids)
+    publish(1)  # the group forms with both engines; they now serve the trainer's weights
+    trained = _greedy_logprobs(pool.engine_urls[0], ids)
+    assert trained != pytest.approx(before)
+    assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(trained)
+
+    # killed mid-rollout: restarted at the checkpoint's weights, out of rotation until the next push
+    pid = _server_pid(pool.engine_urls[0])
+    watcher = _when_busy(pool.engine_urls[0], lambda: os.kill(pid, signal.SIGKILL))
+    samples, _ = pool.generate(_prompts(tokenizer), version=1)
+    watcher.join()
+    _check_batch(samples)
+    deadline = time.monotonic() + 60
+    while 0 not in pool.health.behind:
+        assert time.monotonic() < deadline, pool.health.describe()
+        time.sleep(0.1)
+    assert _greedy_logprobs(pool.engine_urls[0], ids) == pytest.approx(before)
+
+    publish(2)  # the group is formed again with the new engine, which gets the weights and rejoins
+    assert pool.health.serving == {0, 1} and not pool.health.behind
+    assert [_version(u) for u in pool.engine_urls] == ["2", "2"]
+    assert _greedy_logprobs(pool.engine_urls[0], ids) == pytest.approx(trained)
+    assert publish._members == dict(enumerate(pool.engine_urls))
+
+    # dead when the push begins, before the monitor noticed: the push fails, is tried again
+    # without it, and the engine rejoins at the publish after its restart
+    victim = pool.engine_urls[1]
+    os.kill(_server_pid(victim), signal.SIGKILL)
+    publish(3)
+    assert list(publish._members) == [0] and _version(pool.engine_urls[0]) == "3"
+    deadline = time.monotonic() + 60
+    while 1 not in pool.health.behind:
+        assert time.monotonic() < deadline, pool.health.describe()
+        time.sleep(0.1)
+    assert pool.engine_urls[1] != victim
+    publish(4)
+    assert [_version(u) for u in pool.engine_urls] == ["4", "4"] and pool.health.serving == {0, 1}
+    assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(trained)
+    assert pool.metrics()["rollout/engine_restarts"] == 2.0
