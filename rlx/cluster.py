@@ -14,7 +14,7 @@ class ClusterConfig:
 
     num_nodes: int = 1
     gpus_per_node: int = 0  # 0: CPU (gloo); trainer processes = num_trainer_procs
-    # trainer ranks: on GPU clusters the trainer's GPUs, one per rank; DP = procs / (TP * PP)
+    # trainer ranks: on GPU clusters the trainer's GPUs, one per rank; DP = procs / (TP * PP * CP)
     num_trainer_procs: int = 1
     # GPUs for rollout engines (rollout.num_engines x rollout.gpus_per_engine); 0 on CPU. Split
     # placement: GPUs of their own, beside the trainer's; colocated: the trainer's GPUs, shared.
@@ -22,6 +22,9 @@ class ClusterConfig:
     colocate: bool = False  # engines and trainer share GPUs, alternating (not wired yet: true is rejected)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced
+    # chunks, keys and values all-gathered in attention), for sequences too long for one rank
+    context_parallel_size: int = 1
     ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join one
     ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
     torch_threads: int = 1  # intra-op threads per trainer process on CPU
@@ -39,6 +42,7 @@ class ClusterConfig:
         "num_rollout_gpus": NON_NEGATIVE,
         "tensor_parallel_size": AT_LEAST_1,
         "pipeline_parallel_size": AT_LEAST_1,
+        "context_parallel_size": AT_LEAST_1,
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
         "ray_join_timeout_s": POSITIVE,

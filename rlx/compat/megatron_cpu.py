@@ -16,7 +16,7 @@ grad clipping, `get_forward_backward_func`) run on CPU over gloo:
   backward of every Python autograd Function (megatron's TP/SP/EP communication ops allocate
   on "cuda" there) re-enters the device mode below;
 - a `TorchFunctionMode` rewrites `device="cuda"` / an index / `.cuda()` / `.to("cuda")` /
-  `torch.device(<index>)` to the CPU, makes `pin_memory` a no-op, and answers `Tensor.type()` with the CUDA
+  `torch.device(<index>)` to the CPU, makes `pin_memory` (the method and the argument) a no-op, and answers `Tensor.type()` with the CUDA
   type name when megatron itself asks (its optimizer and grad clipping insist on
   `torch.cuda.FloatTensor`).
 
@@ -116,6 +116,8 @@ class _CpuDeviceMode(TorchFunctionMode):
             return torch.device("cpu")
         if _is_cuda_device(kwargs.get("device")):
             kwargs = {**kwargs, "device": "cpu"}
+        if kwargs.get("pin_memory"):  # torch.tensor(..., pin_memory=True): CP's RoPE rows, for one
+            kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.to and any(_is_cuda_device(a) for a in args[1:]):
             args = (args[0], *("cpu" if _is_cuda_device(a) else a for a in args[1:]))
         return func(*args, **kwargs)

@@ -28,21 +28,29 @@ def positive(cfg: RlxConfig, *keys: str) -> bool:
     return all(get(cfg, key) >= 1 for key in keys)
 
 
+def model_parallel_sizes(c: ClusterConfig) -> tuple[int, str]:
+    """The ranks one data-parallel replica spans (TP × PP × CP), and those keys with their values
+    (CP named only when it is set), for messages."""
+    keys = f"cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size={c.pipeline_parallel_size}"
+    if c.context_parallel_size != 1:
+        keys += f" × cluster.context_parallel_size={c.context_parallel_size}"
+    return c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size, keys
+
+
 def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
     c, t = cfg.cluster, cfg.train
-    keys = ("cluster.num_trainer_procs", "cluster.tensor_parallel_size", "cluster.pipeline_parallel_size")
+    keys = ("cluster.num_trainer_procs", "cluster.tensor_parallel_size", "cluster.pipeline_parallel_size",
+            "cluster.context_parallel_size")  # fmt: skip
     if not positive(cfg, *keys, "cluster.num_nodes", "train.global_batch_size", "train.micro_batch_size"):
         return []
     errors = []
-    model_parallel = c.tensor_parallel_size * c.pipeline_parallel_size
+    model_parallel, sizes = model_parallel_sizes(c)
     if c.num_trainer_procs % model_parallel:
         return errors + [
-            f"cluster.num_trainer_procs={c.num_trainer_procs} is not divisible by "
-            f"cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
-            f"{c.pipeline_parallel_size} = {model_parallel} (the data-parallel size is their quotient); "
-            f"set cluster.num_trainer_procs to a multiple of {model_parallel}"
+            f"cluster.num_trainer_procs={c.num_trainer_procs} is not divisible by {sizes} = {model_parallel} "
+            f"(the data-parallel size is their quotient); set cluster.num_trainer_procs to a multiple of {model_parallel}"
         ]
-    expert_parallel = model_parallel * c.expert_parallel_size
+    expert_parallel = c.tensor_parallel_size * c.pipeline_parallel_size * c.expert_parallel_size
     if c.num_trainer_procs % expert_parallel:
         errors.append(
             f"cluster.num_trainer_procs={c.num_trainer_procs} is not divisible by "
@@ -71,8 +79,7 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
         errors.append(
             f"train.global_batch_size={t.global_batch_size} is not divisible by train.micro_batch_size="
             f"{t.micro_batch_size} × data-parallel size {dp} (cluster.num_trainer_procs={c.num_trainer_procs} / "
-            f"(cluster.tensor_parallel_size={c.tensor_parallel_size} × cluster.pipeline_parallel_size="
-            f"{c.pipeline_parallel_size})) = {t.micro_batch_size * dp}; {fix}"
+            f"({sizes})) = {t.micro_batch_size * dp}; {fix}"
         )
     return errors
 
@@ -131,8 +138,8 @@ def packing(cfg: RlxConfig, dp: int) -> list[str]:
     if t.global_batch_size % dp:
         errors.append(
             f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size {dp} "
-            f"(cluster.num_trainer_procs={cfg.cluster.num_trainer_procs} / (cluster.tensor_parallel_size × "
-            f"cluster.pipeline_parallel_size)); make train.global_batch_size a multiple of {dp}"
+            f"(cluster.num_trainer_procs={cfg.cluster.num_trainer_procs} / ({model_parallel_sizes(cfg.cluster)[1]})); "
+            f"make train.global_batch_size a multiple of {dp}"
         )
     budget, response = t.max_tokens_per_micro_batch, r.max_response_len
     if cfg.data.max_prompt_len is not None:

@@ -75,6 +75,15 @@ SWITCHED_KEYS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# TransformerConfig's parallel sizes come from megatron's parallel state, which the cluster keys
+# set up; one given in model.megatron_overrides would disagree with it
+PARALLEL_OVERRIDES = {
+    "tensor_model_parallel_size": "cluster.tensor_parallel_size",
+    "pipeline_model_parallel_size": "cluster.pipeline_parallel_size",
+    "context_parallel_size": "cluster.context_parallel_size",
+    "expert_model_parallel_size": "cluster.expert_parallel_size",
+}
+
 
 def validate(cfg: DictConfig | RlxConfig) -> None:
     """Raise one ConfigError listing every rule `cfg` breaks; return None if it breaks none."""
@@ -100,6 +109,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
     rules = (
         _field_rules,
         _switched,
+        _parallel_overrides,
         _batch_sizes,
         parallel_sizes,
         model_split,
@@ -225,6 +235,17 @@ def _switched(cfg: RlxConfig, classes: Classes) -> list[str]:
                     f"{key} at its default ({yaml_value(default)})"
                 )
     return errors
+
+
+def _parallel_overrides(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """A parallel size in model.megatron_overrides instead of its cluster key."""
+    return [
+        f"model.megatron_overrides.{key}={yaml_value(cfg.model.megatron_overrides[key])}: the trainer's parallel "
+        f"sizes are set by the cluster keys (megatron's parallel state is built from them); remove it and set "
+        f"{cluster_key}={yaml_value(cfg.model.megatron_overrides[key])}"
+        for key, cluster_key in PARALLEL_OVERRIDES.items()
+        if key in cfg.model.megatron_overrides
+    ]
 
 
 def _batch_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:

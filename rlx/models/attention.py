@@ -5,7 +5,16 @@ The local spec's `DotProductAttention` materialises the full score matrix in Pyt
 (flash / memory-efficient / math on CPU) and gives the same losses at about 3x the speed.
 Packed sequences (`rlx.trainer.batch.make_packed_micro_batch`) arrive as a block-diagonal causal
 `attention_mask`, which SDPA takes as is (its memory-efficient kernel on CUDA, not flash);
-megatron's THD `packed_seq_params` and context parallelism are not supported.
+megatron's THD `packed_seq_params` are not supported.
+
+Context parallelism (CP > 1) without Transformer Engine: each CP rank holds two chunks of the
+sequence in Megatron's load-balanced layout (`load_balanced_positions`), all-gathers keys and
+values over the CP group (backward: a reduce-scatter of their gradients, so each key's
+gradient from every rank's queries lands on its owner), puts them in sequence order and
+attends its own queries to them: each query chunk to the keys up to its end, causal aligned at
+the bottom right (flash-eligible on CUDA); with a packed `attention_mask` (this rank's query
+rows, every key column) in one call under that mask. Memory per rank is the full sequence's
+keys and values, the local queries' scores; Transformer Engine's ring attention is not needed.
 """
 
 from __future__ import annotations
@@ -22,6 +31,31 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+from torch.nn.attention.bias import causal_lower_right
+
+
+def load_balanced_positions(seq_len: int, cp_size: int, cp_rank: int, device=None) -> torch.Tensor:
+    """The sequence positions CP rank `cp_rank` holds, in its order: the sequence cut into
+    2 * `cp_size` equal chunks, rank r holding chunks r and 2 * cp_size - 1 - r (Megatron-LM's
+    `get_batch_on_this_cp_rank`, and the rows megatron's RoPE takes on that rank).
+    `seq_len` must be a multiple of 2 * cp_size."""
+    chunk = divide(seq_len, 2 * cp_size)
+    first, second = cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk
+    return torch.cat(
+        [
+            torch.arange(first, first + chunk, device=device),
+            torch.arange(second, second + chunk, device=device),
+        ]
+    )
+
+
+def to_sequence_order(gathered: torch.Tensor, cp_size: int, dim: int = 0) -> torch.Tensor:
+    """Every CP rank's positions concatenated in rank order along `dim` (an all-gather of
+    `load_balanced_positions` shards) -> the same values in sequence order."""
+    chunks = gathered.unflatten(dim, (cp_size, 2, -1))  # rank, which of its two chunks, token
+    first = chunks.select(dim + 1, 0)  # chunk r of rank r
+    second = chunks.select(dim + 1, 1).flip(dim)  # chunk 2 * cp_size - 1 - r of rank r
+    return torch.cat([first, second], dim).flatten(dim, dim + 1)
 
 
 class SDPAttention(MegatronModule):
@@ -47,13 +81,13 @@ class SDPAttention(MegatronModule):
         v_channels: int | None = None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise NotImplementedError("SDPAttention does not support context parallelism")
         if config.softmax_type != "vanilla" or config.window_size is not None:
             raise NotImplementedError("SDPAttention supports vanilla full softmax attention only")
         if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         tp_size = pg_collection.tp.size()
+        # None without context parallelism: the plain path, no collective
+        self.cp_group = pg_collection.cp if config.context_parallel_size > 1 else None
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
@@ -77,9 +111,16 @@ class SDPAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise NotImplementedError("SDPAttention: packed sequences and attention bias unsupported")
         mask_type = attn_mask_type or self.attn_mask_type
+        if self.cp_group is not None:
+            # [s_local, b, ...] -> [s, b, ...] in sequence order, gradients reduce-scattered back
+            key, value = (self._gather_over_cp(x) for x in (key, value))
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         sq, sk = q.shape[2], k.shape[2]
+        if self.cp_group is not None and attention_mask is None:
+            if mask_type != AttnMaskType.causal:
+                raise NotImplementedError("SDPAttention under context parallelism: causal attention only")
+            return self._causal_cp(q, k, v)
         attn_mask, is_causal = None, False
         if attention_mask is not None:
             # Megatron's masks are True where attention is forbidden; SDPA's are True where allowed.
@@ -89,6 +130,9 @@ class SDPAttention(MegatronModule):
                 is_causal = True
             else:  # queries are the last sq positions (decoding with a cache): bottom-right causal
                 attn_mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        return self._output(self._sdpa(q, k, v, attn_mask, is_causal))
+
+    def _sdpa(self, q, k, v, attn_mask, is_causal: bool) -> torch.Tensor:
         dropout_p = self.dropout_p if self.training else 0.0
         # Heads are split across TP ranks, so dropout draws from the tensor-parallel RNG stream.
         rng = (
@@ -97,7 +141,7 @@ class SDPAttention(MegatronModule):
             else contextlib.nullcontext()
         )
         with rng:
-            out = F.scaled_dot_product_attention(
+            return F.scaled_dot_product_attention(
                 q,
                 k,
                 v,
@@ -107,5 +151,28 @@ class SDPAttention(MegatronModule):
                 scale=self.softmax_scale,
                 enable_gqa=k.shape[1] != q.shape[1],
             )
+
+    @staticmethod
+    def _output(out: torch.Tensor) -> torch.Tensor:
         # [b, np, sq, hv] -> [sq, b, np * hv]
-        return out.permute(2, 0, 1, 3).reshape(sq, out.shape[0], -1)
+        return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)
+
+    def _gather_over_cp(self, x: torch.Tensor) -> torch.Tensor:
+        """This CP rank's [s_local, ...] keys or values -> every rank's, [s, ...] in sequence order."""
+        gathered = tensor_parallel.gather_from_sequence_parallel_region(
+            x, tensor_parallel_output_grad=True, group=self.cp_group
+        )
+        return to_sequence_order(gathered, self.cp_group.size())
+
+    def _causal_cp(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of this CP rank's two query chunks ([b, h, s_local, d]) to the whole
+        sequence's keys and values ([b, g, s, d]): each chunk sees the keys up to its own end."""
+        cp_size, cp_rank = self.cp_group.size(), self.cp_group.rank()
+        chunk = q.shape[2] // 2
+        outs = []
+        # the chunks' indices in the sequence (`load_balanced_positions`)
+        for index, q_chunk in zip((cp_rank, 2 * cp_size - 1 - cp_rank), q.split(chunk, dim=2), strict=True):
+            end = (index + 1) * chunk  # keys 0 .. end - 1; the chunk's queries are the last of them
+            mask = causal_lower_right(chunk, end) if index > 0 else None
+            outs.append(self._sdpa(q_chunk, k[:, :, :end], v[:, :, :end], mask, is_causal=mask is None))
+        return self._output(torch.cat(outs, dim=2))

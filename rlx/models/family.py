@@ -151,6 +151,7 @@ class ModelFamily:
             pipeline_model_parallel_size=(
                 parallel_state.get_pipeline_model_parallel_world_size() if initialised else 1
             ),
+            context_parallel_size=parallel_state.get_context_parallel_world_size() if initialised else 1,
             params_dtype=params_dtype,
             pipeline_dtype=params_dtype,
             bf16=params_dtype == torch.bfloat16,

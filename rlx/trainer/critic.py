@@ -3,7 +3,7 @@ vocabulary output layer replaced by a freshly initialised scalar head, trained o
 optimizer with the clipped value loss. One instance per trainer rank, beside the policy.
 
 Shapes: B samples, L prompt+response tokens (right-padded), T response tokens (right-padded),
-S sequence positions and H hidden size in megatron's [S, B, H] layout.
+S sequence positions (this context-parallel rank's) and H hidden size in megatron's [S, B, H] layout.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import aggregate, clipped_value_loss
 from rlx.sample import Sample
+from rlx.trainer import context
 from rlx.trainer.batch import MicroBatch, response_slice
 from rlx.trainer.config import TrainConfig
 from rlx.trainer.pipeline import build_chunks
@@ -122,15 +123,13 @@ class Critic:
 
     def _forward_step(self, mode: str, num_microbatches: int, data_iterator, model):
         mb: MicroBatch = next(data_iterator)
-        values_BL1 = model(
-            input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=mb.attention_mask_B1LL
-        )
-        return values_BL1, partial(self._loss, mode, num_microbatches, mb)
+        values_BS1 = model(**context.model_inputs(mb))  # this CP rank's positions (all without CP)
+        return values_BS1, partial(self._loss, mode, num_microbatches, mb)
 
-    def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, values_BL1: torch.Tensor):
+    def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, values_BS1: torch.Tensor):
         # Position p has seen tokens <= p: its value is that of the state before token p + 1,
         # the position whose logits predict that token, so log-probs' alignment applies.
-        values_BT = response_slice(values_BL1[:, :-1, 0].float(), mb)
+        values_BT = response_slice(context.position_values(values_BS1[:, :, 0].float()), mb)
         if mode == "values":
             return values_BT.sum() * 0.0, {"values": values_BT.detach()}
         loss_BT, clipfrac_BT = clipped_value_loss(

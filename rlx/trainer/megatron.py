@@ -28,10 +28,10 @@ from rlx.config import build
 from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.sample import Sample
+from rlx.trainer import context
 from rlx.trainer.batch import MicroBatch, response_slice
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
 from rlx.trainer.critic import Critic
-from rlx.trainer.logprobs import logprobs_and_entropy
 from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 from rlx.trainer.pipeline import build_chunks, virtual_stages
@@ -69,10 +69,13 @@ class MegatronTrainer:
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,
             tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size,
-            ep=cluster_cfg.expert_parallel_size, vp=virtual_stages(model_cfg.megatron_overrides), seed=seed,
+            ep=cluster_cfg.expert_parallel_size, vp=virtual_stages(model_cfg.megatron_overrides),
+            cp=cluster_cfg.context_parallel_size, seed=seed,
         )  # fmt: skip
-        # Sequence parallelism (MoE under TP) splits the sequence over TP ranks.
-        pad_multiple = cluster_cfg.tensor_parallel_size
+        # Sequence parallelism (MoE under TP) splits the sequence over TP ranks, CP over CP ranks.
+        pad_multiple = context.pad_multiple(
+            cluster_cfg.tensor_parallel_size, cluster_cfg.context_parallel_size
+        )
         self.algo = build(algo_cfg)
         # activation recompute is a TransformerConfig setting; the model config's own overrides win.
         # Under PP, micro-batches differ in shape (padded to their own longest sample, or packed),
@@ -136,17 +139,12 @@ class MegatronTrainer:
 
     def _forward_step(self, mode: str, num_microbatches: int, data_iterator: Iterator, model):
         mb: MicroBatch = next(data_iterator)
-        logits_BLV = model(
-            input_ids=mb.tokens_BL, position_ids=mb.position_ids_BL, attention_mask=mb.attention_mask_B1LL
-        )
-        return logits_BLV, partial(self._loss, mode, num_microbatches, mb)
+        logits_BSV = model(**context.model_inputs(mb))  # this CP rank's positions (all of them without CP)
+        return logits_BSV, partial(self._loss, mode, num_microbatches, mb)
 
-    def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BLV: torch.Tensor):
-        logp_BL, entropy_BL = logprobs_and_entropy(
-            logits_BLV[:, :-1],
-            mb.tokens_BL[:, 1:],
-            temperature=self.temperature,
-            with_entropy=mode == "train",
+    def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BSV: torch.Tensor):
+        logp_BL, entropy_BL = context.next_token_logprobs(
+            logits_BSV, mb.tokens_BL, temperature=self.temperature, with_entropy=mode == "train"
         )
         logp_BT = response_slice(logp_BL, mb)
         if mode == "logprob":
@@ -155,7 +153,8 @@ class MegatronTrainer:
         loss, metrics = self.algo.loss(batch, mb.num_global_tokens, mb.num_global_samples)
         metrics = {k: v.detach().float() for k, v in metrics.items()}
         # Megatron divides each micro-batch loss by num_microbatches and DDP averages over DP
-        # ranks; the loss is already normalised over the global batch, so undo both.
+        # ranks; the loss is already normalised over the global batch, so undo both. (DDP's
+        # average over CP ranks megatron's schedule undoes itself: `rlx.trainer.context`.)
         return loss * (num_microbatches * self.policy.dp_size), metrics
 
     def _logprobs(self, chunks: list, samples: list[Sample]) -> list[torch.Tensor]:

@@ -19,13 +19,15 @@ def init_distributed(
     seed: int = 0,
     ep: int = 1,
     vp: int | None = None,
+    cp: int = 1,
 ) -> torch.device:
     """Join the default process group and initialise megatron's parallel state and RNG.
 
     The boundary module (`rlx.compat.megatron_cpu`) is applied first: in full without a GPU (the
     group then uses gloo); with one, only its fixes for megatron without Transformer Engine, and
     the rank takes GPU `LOCAL_RANK` (else `rank % device_count`) and NCCL.
-    Data parallelism is what is left of `world_size` after `tp * pp`. Expert parallelism (`ep`)
+    Data parallelism is what is left of `world_size` after `tp * pp * cp`; context parallelism
+    (`cp`) splits each sequence over ranks (`rlx.trainer.context`). Expert parallelism (`ep`)
     splits MoE experts over ranks; experts keep the dense TP size, so `tp * ep * pp` must divide
     `world_size` (megatron's rule). `vp`: virtual pipeline stages per rank (megatron's interleaved
     schedule), None for none. Returns the device that this rank's tensors live on.
@@ -35,8 +37,8 @@ def init_distributed(
 
     from rlx.compat import megatron_cpu
 
-    if world_size % (tp * pp) != 0:
-        raise ValueError(f"world_size={world_size} is not divisible by tp*pp={tp}*{pp}")
+    if world_size % (tp * pp * cp) != 0:
+        raise ValueError(f"world_size={world_size} is not divisible by tp*pp*cp={tp}*{pp}*{cp}")
     if world_size % (tp * ep * pp) != 0:
         raise ValueError(f"world_size={world_size} is not divisible by tp*ep*pp={tp}*{ep}*{pp}")
     # On a GPU this applies only the fixes for megatron without Transformer Engine (MoE, MLA).
@@ -58,6 +60,7 @@ def init_distributed(
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
         expert_model_parallel_size=ep,
         virtual_pipeline_model_parallel_size=vp,
     )
