@@ -119,11 +119,30 @@ def test_cp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(ray_session, 
     assert_same_run("cp2 -> one rank", resumed, ([cp2[0][2]], [cp2[1][2]]))
 
 
-def test_cp2_packed_matches_one_rank_packed(ray_session, tmp_path):
+@pytest.fixture(scope="module")
+def packed_one_rank(ray_session, tmp_path_factory):
+    """GRPO on one rank with packed micro-batches: the reference of the packed layouts."""
+    return train(tmp_path_factory.mktemp("packed_one_rank"), "packed_one_rank", PACKED)
+
+
+def test_cp2_packed_matches_one_rank_packed(packed_one_rank, tmp_path):
     """Packed rows (block-diagonal masks: each CP rank's query rows against every key) of
     different widths, each padded to a multiple of 4."""
-    base = train(tmp_path, "packed_one_rank", PACKED)
-    assert_same_run("cp2 packed", train(tmp_path, "cp2_packed", *CP2, PACKED), base)
+    assert_same_run("cp2 packed", train(tmp_path, "cp2_packed", *CP2, PACKED), packed_one_rank)
+
+
+@pytest.mark.parametrize(
+    "name, layout",
+    [
+        ("dp2_cp2", []),  # gradients reduced over DP x CP, samples sharded over DP only
+        ("tp2_cp2", ["cluster.tensor_parallel_size=2"]),  # each CP rank's heads and vocabulary split over TP
+        ("pp2_cp2", ["cluster.pipeline_parallel_size=2"]),  # stages exchange each CP rank's activations
+    ],
+)
+def test_cp2_with_dp_tp_or_pp_matches_one_rank(packed_one_rank, tmp_path, name, layout):
+    """4 gloo ranks: CP=2 beside DP=2, TP=2 or PP=2, with packed micro-batches."""
+    four_ranks = ["cluster.num_trainer_procs=4", "cluster.context_parallel_size=2", *layout]
+    assert_same_run(name, train(tmp_path, name, *four_ranks, PACKED), packed_one_rank)
 
 
 def test_ppo_critic_under_cp2_matches_one_rank(ray_session, tmp_path):
@@ -194,3 +213,13 @@ def test_context_parallel_layouts_compose():
         [*CP2, "model=tiny_deepseek_v3"],
     ):  # fmt: skip
         assert to_object(compose(overrides)).cluster.context_parallel_size == 2
+
+
+def test_cp2_with_interleaved_virtual_stages_matches_one_rank(ray_session, tmp_path):
+    """4 layers over PP=2 x 2 virtual stages (micro-batches widened to one shape, a multiple of
+    4) and CP=2: 4 gloo ranks take the one-rank steps."""
+    four_layers = "model.num_layers=4"
+    base = train(tmp_path, "four_layers_one_rank", four_layers)
+    layout = ["cluster.num_trainer_procs=4", "cluster.context_parallel_size=2", "cluster.pipeline_parallel_size=2",
+              "+model.megatron_overrides.virtual_pipeline_model_parallel_size=2"]  # fmt: skip
+    assert_same_run("pp2 vp2 cp2", train(tmp_path, "pp2_vp2_cp2", four_layers, *layout), base)
