@@ -155,6 +155,21 @@ def test_ppo_critic_under_cp2_matches_one_rank(ray_session, tmp_path):
     assert_same_run("ppo cp2", train(tmp_path, "ppo_cp2", "algo=ppo", *CP2), base, keys)
 
 
+def test_moe_under_cp2_with_ep2_or_sequence_parallel_tp2_matches_one_rank(ray_session, tmp_path):
+    """Qwen3-MoE: CP=2 alone, beside EP=2 (experts' all-to-all over each CP rank's tokens) and
+    beside TP=2 (sequence parallelism splits each CP rank's tokens again: rows padded to a
+    multiple of 8). No load-balancing loss: it counts padding tokens, of which CP adds some."""
+    moe = "model=tiny_qwen3_moe"
+    base = train(tmp_path, "moe_one_rank", moe)
+    assert_same_run("moe cp2", train(tmp_path, "moe_cp2", moe, *CP2), base)
+    for name, layout in {
+        "moe_ep2_cp2": "cluster.expert_parallel_size=2",
+        "moe_tp2_cp2": "cluster.tensor_parallel_size=2",
+    }.items():
+        four_ranks = ["cluster.num_trainer_procs=4", "cluster.context_parallel_size=2", layout]
+        assert_same_run(name, train(tmp_path, name, moe, *four_ranks), base)
+
+
 def test_the_loop_trains_under_cp2_and_its_engines_serve_its_weights(tmp_path):
     """The whole loop with CP=2 (rlx.runtime.run): after each step the engine gets the trainer's
     weights, so at the next step the trainer's log-probs of the sampled tokens are the engine's."""
