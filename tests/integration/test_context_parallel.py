@@ -203,9 +203,12 @@ def test_the_loop_trains_under_cp2_and_its_engines_serve_its_weights(tmp_path):
             ],  # fmt: skip
             "train.global_batch_size=12 is not divisible by train.micro_batch_size=4 × data-parallel size 2 "
             "(cluster.num_trainer_procs=4 / (cluster.tensor_parallel_size=1 × cluster.pipeline_parallel_size=1 × "
-            "cluster.context_parallel_size=2)) = 8",
+            "cluster.context_parallel_size=2)) = 8; set train.micro_batch_size=3",
         ),
-        (["cluster.context_parallel_size=0"], "cluster.context_parallel_size=0"),
+        (
+            ["cluster.context_parallel_size=0"],
+            "cluster.context_parallel_size=0 must be >= 1; set cluster.context_parallel_size to a value >= 1",
+        ),
         (
             ["+model.megatron_overrides.context_parallel_size=2"],
             "model.megatron_overrides.context_parallel_size=2: the trainer's parallel sizes are set by the "
