@@ -14,7 +14,9 @@ gradient from every rank's queries lands on its owner), puts them in sequence or
 attends its own queries to them: each query chunk to the keys up to its end, causal aligned at
 the bottom right (flash-eligible on CUDA); with a packed `attention_mask` (this rank's query
 rows, every key column) in one call under that mask. Memory per rank is the full sequence's
-keys and values, the local queries' scores; Transformer Engine's ring attention is not needed.
+keys and values, the local queries' scores (a packed mask still has a row of the whole
+sequence per local query: varlen attention would drop it); Transformer Engine's ring attention
+is not needed.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class SDPAttention(MegatronModule):
 
     Same constructor and forward signature: query is [sq, b, np, hn], key and value are
     [sk, b, ng, hn] (ng query groups for GQA, ng divides np); returns [sq, b, np * hn_v].
-    Heads are this tensor-parallel rank's share. `k_channels` / `v_channels` are accepted for
+    Heads are this tensor-parallel rank's share; under context parallelism the three hold this
+    CP rank's positions (`load_balanced_positions`) and sq = sk. `k_channels` / `v_channels` are accepted for
     attention types whose key and value head sizes differ (MLA passes them).
     """
 

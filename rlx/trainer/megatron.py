@@ -6,7 +6,9 @@ over micro-batches and averaged by DDP over data-parallel ranks equal the full-b
 An algorithm with `needs_critic` (PPO) gets a value model beside the policy (`rlx.trainer.critic`).
 Under pipeline parallelism every rank still gets the whole batch and returns the same metrics:
 log-probs, values and loss metrics come from the last stage (`rlx.trainer.pipeline`), and weight
-exports gather every stage (`rlx.models.stages`).
+exports gather every stage (`rlx.models.stages`). Under context parallelism the CP ranks of a DP
+rank build the same micro-batches, the model sees each rank's share of every sequence, and
+per-token outputs are gathered back whole before the loss (`rlx.trainer.context`).
 """
 
 from __future__ import annotations
