@@ -39,7 +39,9 @@ def _one(mode: str, steps: int, overrides: list[str]) -> dict:
         "reward_last5": statistics.mean(h["rollout/reward_mean"] for h in history[-5:]),
     }
     if mode == "async":
-        for key in ("async/trainer_idle_frac", "async/rollout_idle_frac", "async/overlap_frac", "time/rollout_s"):
+        keys = ("async/trainer_idle_frac", "async/rollout_idle_frac", "async/overlap_frac", "time/rollout_s",
+                "time/weight_load_overlapped_s")  # fmt: skip
+        for key in keys:
             result["median_" + key.replace("/", "_")] = median(key)
     else:
         result["median_rollout_s"] = median("time/rollout_s")

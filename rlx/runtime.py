@@ -104,9 +104,9 @@ class _Parts:
     def publish(self, version: int) -> dict[str, float]:
         if self.trainer is None or self.pool is None:
             return {}
-        metrics = self.turns.publish(self.sync, version)
-        self.producer.published(version)
-        return metrics
+        return (
+            self.turns.publish(self.sync, version) | self.sync.metrics()
+        )  # the producer learns by on_served
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -139,19 +139,24 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     parts.sync = WeightPublisher(
         parts.trainer, parts.pool, method=choose_method(rc.rollout, rc.cluster), disk_root=job.out / "weight_sync",
         backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
+        overlap=rc.rollout.mode == "async",  # disk: engines load while the trainer trains on
     )  # fmt: skip
     parts.closers.append(parts.sync.close)
     if job.resume and parts.trainer is not None:  # engines start from the restored policy
         parts.turns.to_trainer()
         parts.turns.publish(parts.sync, state["version"])
+        parts.sync.wait()
     parts.producer = Producer(
         rc.rollout, parts.pool, job.data, RolloutBuffer(), version=state["version"], last_step=rc.run.num_rollout - 1,
         max_failed_frac=rc.run.max_failed_frac,
     )  # fmt: skip
     parts.closers.append(parts.producer.close)
+    parts.sync.on_served = parts.producer.published
     if "rollout" in state:
         parts.producer.load_state_dict(state["rollout"])
-    parts.evaluator = Evaluator(parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval)
+    parts.evaluator = Evaluator(
+        parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval, before=parts.sync.wait
+    )
     return state["step"] + 1, state["version"]
 
 
@@ -167,6 +172,8 @@ def _log(parts: _Parts, bar, step: int, step_start: float, samples, metrics: dic
 def _finish(job: _Job, parts: _Parts, version: int, history: list) -> None:
     """After the last step: evaluate the trained policy, export it."""
     rc = job.cfg
+    if parts.sync is not None:
+        parts.sync.wait()  # the last version's load, if it went on in the background
     if final := parts.evaluator.due(rc.run.num_rollout, version):
         history.append({"step": rc.run.num_rollout, **final})
         log.info(parts.tracker.log(rc.run.num_rollout, final))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from rlx.eval.metrics import summarise
 from rlx.rollout.config import RolloutConfig
@@ -62,11 +63,19 @@ class Evaluator:
     """`due(step, version)` -> the eval metrics when step is a multiple of `run.eval_interval`, else {}."""
 
     def __init__(
-        self, pool: RolloutPool, sets: dict[str, list[Sample]], rollout: RolloutConfig, interval: int
+        self,
+        pool: RolloutPool,
+        sets: dict[str, list[Sample]],
+        rollout: RolloutConfig,
+        interval: int,
+        before: Callable[[], None] | None = None,
     ):
-        self.pool, self.sets, self.rollout, self.interval = pool, sets, rollout, interval
+        """`before`: called before each evaluation (until the engines serve the current version)."""
+        self.pool, self.sets, self.rollout, self.interval, self.before = pool, sets, rollout, interval, before
 
     def due(self, step: int, version: int) -> dict:
         if not self.sets or not self.interval or step % self.interval:
             return {}
+        if self.before is not None:
+            self.before()
         return evaluate(self.pool, self.sets, self.rollout, version)

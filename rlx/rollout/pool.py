@@ -354,28 +354,34 @@ class RolloutPool:
     def update_weights(self, path: str, version: int) -> None:
         """Every engine loads the HF weight shards at `path` and then serves `version` (with fault
         tolerance: every engine in rotation; one being restarted loads `path` when it is back)."""
+        self.run(self._update_weights(path, version))
+
+    def update_weights_in_background(self, path: str, version: int) -> concurrent.futures.Future:
+        """`update_weights` started on the pool's loop; its future (the caller goes on meanwhile)."""
+        return self.submit(self._update_weights(path, version))
+
+    async def _update_weights(self, path: str, version: int) -> None:
         if self.health is not None:
-            self.run(self.health.update_from_disk(path, version))
-            self.check_version(version)
-            return
-        for url, result in zip(
-            self.engine_urls,
-            self.run(self._on_engines("update_weights_from_disk", path, weight_version=str(version))),
-            strict=True,
-        ):
-            if not result.get("success", False):
-                raise RuntimeError(
-                    f"engine {url} failed to load weights from {path}: {result.get('message')}"
-                )
-        self.check_version(version)
+            await self.health.update_from_disk(path, version)
+        else:
+            results = await self._on_engines("update_weights_from_disk", path, weight_version=str(version))
+            for url, result in zip(self.engine_urls, results, strict=True):
+                if not result.get("success", False):
+                    raise RuntimeError(
+                        f"engine {url} failed to load weights from {path}: {result.get('message')}"
+                    )
+        await self._check_version(version)
 
     def check_version(self, version: int) -> None:
         """RuntimeError unless every engine now serves `version` (with fault tolerance: every
         engine in rotation; restarted engines waiting for this version rejoin)."""
+        self.run(self._check_version(version))
+
+    async def _check_version(self, version: int) -> None:
         if self.health is not None:
-            self.run(self.health.confirm_version(version))
+            await self.health.confirm_version(version)
             return
-        served = self.run(self._on_engines("get_weight_version"))
+        served = await self._on_engines("get_weight_version")
         if any(v != str(version) for v in served):
             raise RuntimeError(f"engines serve versions {served} after updating to {version}")
 
