@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +117,17 @@ class _Parts:
 def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     """Start the trainer, engines and producer (restored from `job.resume`); (first step, version)."""
     rc, debug = job.cfg, job.cfg.debug
-    parts.placement = plan(rc.cluster, rc.rollout)  # GPUs reserved for the trainer ranks and engines
+    engines = replace(rc.rollout, num_engines=0) if debug.train_only else rc.rollout
+    parts.placement = plan(rc.cluster, engines)  # GPUs reserved for the trainer ranks and engines
     parts.closers.append(parts.placement.remove)
     state = {"step": -1, "version": 0}
     if not debug.rollout_only:
         parts.trainer = TrainerGroup(rc, parts.placement.trainer)
         parts.closers.append(parts.trainer.shutdown)
         state = _load(job, parts.trainer) if job.resume else state
-    parts.turns = GpuTurns(rc.cluster.colocate and parts.trainer is not None, parts.trainer)
+    parts.turns = GpuTurns(
+        rc.cluster.colocate and parts.trainer is not None and not debug.train_only, parts.trainer
+    )
     parts.tracker = Tracker(job.out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
     parts.closers.append(parts.tracker.close)
     if debug.train_only:

@@ -219,7 +219,9 @@ def gpus(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"cluster.num_trainer_procs={trainer} is more than the cluster's GPUs ({nodes}); "
             f"set cluster.num_trainer_procs <= {total}"
         )
-    if rollout == 0:
+    if rollout == 0 and cfg.debug.train_only:  # no engines: a trainer alone, from dumped batches
+        pass
+    elif rollout == 0:
         shared = f"cluster.num_rollout_gpus={trainer} (the trainer's GPUs, shared)"
         own = f"cluster.num_rollout_gpus={r.num_engines * r.gpus_per_engine} (GPUs of their own) or "
         errors.append(

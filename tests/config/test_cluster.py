@@ -95,6 +95,18 @@ def test_1gpu_shares_its_gpu():
     assert (c.num_nodes, c.gpus_per_node, c.num_trainer_procs, c.num_rollout_gpus, c.colocate) == (1, 1, 1, 1, True)
 
 
+def test_train_only_needs_no_gpus_for_engines(tmp_path):
+    """`debug.train_only` starts no engines, so every GPU may be the trainer's (tests/gpu's parallel
+    parity replays dumps so); the same GPUs with engines are refused, naming the key."""
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_000000.jsonl").write_text("")
+    gpus = ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=2", "cluster.num_rollout_gpus=0"]
+    c = to_object(compose([*gpus, "debug.train_only=true", f"debug.load_rollouts={tmp_path}"])).cluster
+    assert (c.gpus_per_node, c.num_trainer_procs, c.num_rollout_gpus) == (2, 2, 0)
+    with pytest.raises(ConfigError, match="cluster.num_rollout_gpus=0 on a GPU cluster"):
+        compose(gpus)
+
+
 @pytest.mark.parametrize("path", sorted(CLUSTER_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_cluster_options_override_only_what_differs_from_the_schema(path):
     text = path.read_text()
