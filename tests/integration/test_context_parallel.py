@@ -3,38 +3,28 @@ for GRPO (padded and packed micro-batches) and for PPO's critic, exports the one
 directory, writes a checkpoint one rank loads, and runs the whole loop.
 
 Samples are 10 to 52 tokens (responses up to 40), so every micro-batch's sequence spans all four
-of CP=2's chunks. Tolerances as in test_pipeline.py: the ranks compute the same fp32 arithmetic
-in another order (attention over gathered keys, gradients summed over CP ranks), so metrics
-agree to rel 1e-4 and weights after two Adam steps to 1e-6 (adam_eps=1: a weight moves by about
-lr * gradient, so comparing weights compares gradients).
+of CP=2's chunks. Tolerances: tests/trainer_runs.py (attention over gathered keys and gradients
+summed over CP ranks are the same fp32 arithmetic in another order).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 import ray
-import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+import trainer_runs  # tests/ is on sys.path (conftest)
+from trainer_runs import assert_same_run
 
 from rlx.config.compose import compose, to_object
 from rlx.errors import ConfigError
-from rlx.models.qwen3 import Qwen3
-from rlx.sample import Sample
-from rlx.trainer.group import TrainerGroup
 
 CP2 = ["cluster.num_trainer_procs=2", "cluster.context_parallel_size=2"]
 PACKED = "train.max_tokens_per_micro_batch=63"
-COMPARED = (
-    "train/loss",
-    "train/pg_loss",
-    "train/entropy",
-    "train/grad_norm",
-    "train/logprob_abs_diff",
-    "train/ppo_kl",
-)
+# 16 samples of 10 to 52 tokens: every micro-batch's sequence spans all four of CP=2's chunks; one
+# rollout (two optimizer steps, the second on moved weights) unless a test asks for more
+train = functools.partial(trainer_runs.train, shape=(16, (3, 13), (7, 41)), rollouts=1)
 
 
 @pytest.fixture(scope="module")
@@ -44,72 +34,11 @@ def ray_session():
     ray.shutdown()
 
 
-def batch(hf_dir, num_samples: int = 16, seed: int = 0) -> list[Sample]:
-    """Groups of 8 samples of 10 to 52 tokens, transformers' log-probs as rollout log-probs."""
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for i in range(num_samples):
-        prompt = torch.randint(2, 12, (int(torch.randint(3, 13, (1,), generator=g)),), generator=g).tolist()
-        response = torch.randint(2, 16, (int(torch.randint(7, 41, (1,), generator=g)),), generator=g).tolist()
-        with torch.no_grad():
-            logp_V = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0].float(), -1)
-        rollout_logp = [logp_V[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(response)]
-        samples.append(Sample(prompt="", prompt_ids=prompt, response_ids=response, rollout_logprobs=rollout_logp,
-                              loss_mask=[1] * len(response), reward=float(torch.rand(1, generator=g) > 0.5),
-                              group=i // 8, index=i % 8))  # fmt: skip
-    return samples
-
-
-def config(tmp_path, *overrides):
-    # 16 samples: two optimizer steps of 8 per rollout, micro-batches of 4; adam_eps=1 makes the
-    # update ~lr * gradient
-    return to_object(compose([f"run.output_dir={tmp_path}", "rollout.batch_size=2", "rollout.n_samples_per_prompt=8",
-                              "train.global_batch_size=8", "train.num_steps_per_rollout=2", "train.micro_batch_size=4",
-                              "train.adam_eps=1.0", "train.lr=0.1", "algo.critic_lr=0.1", *overrides]))  # fmt: skip
-
-
-def train(
-    tmp_path, name, *overrides, load: str | None = None, rollouts: int = 2, save_after: int | None = None
-):
-    """`rollouts` rollouts of training (two optimizer steps each), after loading the checkpoint
-    `load`; each rollout's metrics and the exported weights after each. With `save_after`=k a
-    checkpoint `<name>_ckpt` is written after rollout k."""
-    cfg = config(tmp_path, *overrides)
-    samples = batch(Qwen3(cfg.model).checkpoint_dir())
-    group = TrainerGroup(cfg)
-    history, exports = [], []
-    try:
-        if load:
-            group.load(load)
-        for k in range(rollouts):
-            # the same samples each rollout, in another order (other micro-batches and steps)
-            history.append(group.train(samples if k % 2 == 0 else list(reversed(samples))))
-            group.export_weights(str(tmp_path / f"{name}_{k}"))
-            exports.append(load_file(tmp_path / f"{name}_{k}" / "model-00001.safetensors"))
-            if save_after == k:
-                group.save(str(tmp_path / f"{name}_ckpt"))
-    finally:
-        group.shutdown()
-    return history, exports
-
-
-def assert_same_run(name, got, expected, keys=COMPARED):
-    """Every rollout's metrics and exported weights as in `expected`."""
-    for k, (metrics, base) in enumerate(zip(got[0], expected[0], strict=True)):
-        for key in keys:
-            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, k, key)
-    for k, (weights, base) in enumerate(zip(got[1], expected[1], strict=True)):
-        assert list(weights) == list(base)
-        for key, tensor in base.items():
-            torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name} {k}: {key}")
-
-
 def test_cp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(ray_session, tmp_path):
     base = train(tmp_path, "one_rank", rollouts=3)
     assert base[0][0]["train/logprob_abs_diff"] <= 1e-5  # the trainer reproduces transformers
     assert base[0][1]["train/ppo_kl"] != 0.0  # the second step of a rollout moved the policy
-    initial = load_file(Qwen3(config(tmp_path).model).checkpoint_dir() / "model.safetensors")
+    initial = trainer_runs.initial_weights(tmp_path)
     assert max((base[1][0][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
 
     cp2 = train(tmp_path, "cp2", *CP2, rollouts=3, save_after=1)

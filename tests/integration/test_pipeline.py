@@ -2,25 +2,23 @@
 the one-rank steps, for GRPO and for PPO's critic, export the one-rank HF directory, and their
 checkpoints load under another pipeline size.
 
-Tolerances: the ranks compute the same fp32 arithmetic in a different order (the TP all-reduces,
-stage boundaries), so metrics agree to rel 1e-4 and weights after two Adam steps to 1e-6 (with
-adam_eps=1, as in test_trainer.py, a weight moves by about lr * gradient).
+Tolerances: tests/trainer_runs.py (the TP all-reduces and stage boundaries are the same fp32
+arithmetic in another order).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 import ray
 import torch
-from safetensors.torch import load_file
+import trainer_runs  # tests/ is on sys.path (conftest)
+from trainer_runs import assert_same_run
 from transformers import AutoModelForCausalLM
 
-from rlx.config.compose import compose, to_object
-from rlx.models.qwen3 import Qwen3
-from rlx.sample import Sample
-from rlx.trainer.group import TrainerGroup
+from rlx.config.compose import compose
 
 PP2 = ["cluster.num_trainer_procs=2", "cluster.pipeline_parallel_size=2"]
 TP2_PP2 = [
@@ -28,14 +26,8 @@ TP2_PP2 = [
     "cluster.tensor_parallel_size=2",
     "cluster.pipeline_parallel_size=2",
 ]
-COMPARED = (
-    "train/loss",
-    "train/pg_loss",
-    "train/entropy",
-    "train/grad_norm",
-    "train/logprob_abs_diff",
-    "train/ppo_kl",
-)
+# 32 samples of 4 to 11 tokens: four micro-batches of 4 per optimizer step through the pipeline
+train = functools.partial(trainer_runs.train, shape=(32, (3, 6), (1, 7)))
 
 
 @pytest.fixture(scope="module")
@@ -43,67 +35,6 @@ def ray_session():
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
-
-
-def batch(hf_dir, num_samples: int = 32, seed: int = 0) -> list[Sample]:
-    """Groups of 8 samples of varied lengths, transformers' log-probs as rollout log-probs."""
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for i in range(num_samples):
-        prompt = torch.randint(2, 12, (int(torch.randint(3, 6, (1,), generator=g)),), generator=g).tolist()
-        response = torch.randint(2, 16, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
-        with torch.no_grad():
-            logp_V = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0].float(), -1)
-        rollout_logp = [logp_V[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(response)]
-        samples.append(Sample(prompt="", prompt_ids=prompt, response_ids=response, rollout_logprobs=rollout_logp,
-                              loss_mask=[1] * len(response), reward=float(torch.rand(1, generator=g) > 0.5),
-                              group=i // 8, index=i % 8))  # fmt: skip
-    return samples
-
-
-def config(tmp_path, *overrides):
-    # 32 samples: two optimizer steps of 16 per rollout, micro-batches of 4 (so 4 micro-batches
-    # per step go through the pipeline); adam_eps=1 makes the update ~lr * gradient
-    return to_object(compose([f"run.output_dir={tmp_path}", "rollout.batch_size=4", "rollout.n_samples_per_prompt=8",
-                              "train.global_batch_size=16", "train.num_steps_per_rollout=2", "train.micro_batch_size=4",
-                              "train.adam_eps=1.0", "train.lr=0.1", "algo.critic_lr=0.1", *overrides]))  # fmt: skip
-
-
-def train(
-    tmp_path, name, *overrides, load: str | None = None, rollouts: int = 2, save_after: int | None = None
-):
-    """`rollouts` rollouts of training (two optimizer steps each), after loading the checkpoint
-    `load`; each rollout's metrics and the exported weights after each. With `save_after`=k a
-    checkpoint `<name>_ckpt` is written after rollout k."""
-    cfg = config(tmp_path, *overrides)
-    samples = batch(Qwen3(cfg.model).checkpoint_dir())
-    group = TrainerGroup(cfg)
-    history, exports = [], []
-    try:
-        if load:
-            group.load(load)
-        for k in range(rollouts):
-            # the same samples each rollout, in another order (other micro-batches and steps)
-            history.append(group.train(samples if k % 2 == 0 else list(reversed(samples))))
-            group.export_weights(str(tmp_path / f"{name}_{k}"))
-            exports.append(load_file(tmp_path / f"{name}_{k}" / "model-00001.safetensors"))
-            if save_after == k:
-                group.save(str(tmp_path / f"{name}_ckpt"))
-    finally:
-        group.shutdown()
-    return history, exports
-
-
-def assert_same_run(name, got, expected, keys=COMPARED):
-    """Every rollout's metrics and exported weights as in `expected`, names in its order."""
-    for k, (metrics, base) in enumerate(zip(got[0], expected[0], strict=True)):
-        for key in keys:
-            assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, k, key)
-    for k, (weights, base) in enumerate(zip(got[1], expected[1], strict=True)):
-        assert list(weights) == list(base)  # the one-rank names, in the one-rank order
-        for key, tensor in base.items():
-            torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name} {k}: {key}")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +48,7 @@ def test_pp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(one_rank, tmp
     assert base_history[0]["train/logprob_abs_diff"] <= 1e-5  # the trainer reproduces transformers
     assert base_history[1]["train/ppo_kl"] != 0.0  # the second step of a rollout moved the policy
     # the steps moved the weights (the comparison is not between untouched copies)
-    initial = load_file(Qwen3(config(tmp_path).model).checkpoint_dir() / "model.safetensors")
+    initial = trainer_runs.initial_weights(tmp_path)
     assert max((base_exports[0][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
 
     pp2 = train(tmp_path, "pp2", *PP2, rollouts=3, save_after=1)
