@@ -197,16 +197,22 @@ class EngineClient:
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str | None = None, **extra: Any
     ) -> dict[str, Any]:
-        """POST /update_weights_from_disk; SGLang's {"success", "message", ...}, failures included.
+        """POST /update_weights_from_disk; SGLang's {"success", "message", ...}, or RuntimeError
+        naming the engine, the directory and SGLang's message when the load failed.
 
         `extra` carries SGLang's other fields (`abort_all_requests`, `load_format`, ...).
         """
         payload = {"model_path": str(model_path), **extra}
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
-        return (
+        result = (
             await self._request("POST", "/update_weights_from_disk", json=payload, ok_statuses=(400,))
         ).body
+        if not result.get("success", False):
+            raise RuntimeError(
+                f"engine {self.base_url} failed to load weights from {model_path}: {result.get('message')}"
+            )
+        return result
 
     async def get_weight_version(self) -> str:
         """GET /get_weight_version, or `weight_version` of the model info where that is gone."""

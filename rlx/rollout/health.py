@@ -311,11 +311,7 @@ class HealthMonitor:
         return actor, ray.get(actor.url.remote(), timeout=self.cfg.engine_restart_timeout_s)
 
     async def _load(self, client: EngineClient, path: str, version: int) -> None:
-        result = await client.update_weights_from_disk(path, weight_version=str(version))
-        if not result.get("success", False):
-            raise RuntimeError(
-                f"{client.base_url} failed to load weights from {path}: {result.get('message')}"
-            )
+        await client.update_weights_from_disk(path, weight_version=str(version))
         served = await client.get_weight_version()
         if served != str(version):
             raise RuntimeError(f"{client.base_url} serves version {served} after loading {version}")
@@ -346,15 +342,11 @@ class HealthMonitor:
                 return_exceptions=True,
             )
             lost = []
-            for i, c, result in zip(todo, clients, results, strict=True):
+            for i, result in zip(todo, results, strict=True):
                 if isinstance(result, BaseException):
                     if not is_engine_failure(result):
-                        raise result
+                        raise result  # the engine answered that it could not load `path`
                     lost.append(i)
-                elif not result.get("success", False):
-                    raise RuntimeError(
-                        f"engine {c.base_url} failed to load weights from {path}: {result.get('message')}"
-                    )
             self.weights_path, self.version = path, version
         for i in lost:  # it restarts with `path`, after the lock is released
             await self._take_out(i, f"did not answer the weight update to version {version}")

@@ -152,6 +152,13 @@ def test_update_weights_from_disk_changes_logprobs_and_version(fresh_server, tin
         fresh_server, "/update_weights_from_disk", {"model_path": "/nonexistent", "weight_version": "8"}
     )
     assert bad.status_code == 400 and bad.json()["success"] is False
+    # the client turns that answer into an error naming the engine and the directory
+    async def load():
+        async with EngineClient(fresh_server.url) as client:
+            await client.update_weights_from_disk("/nonexistent", weight_version="8")
+
+    with pytest.raises(RuntimeError, match=f"engine {fresh_server.url} failed to load weights from /nonexistent"):
+        asyncio.run(load())
     assert httpx.get(fresh_server.url + "/get_weight_version").json() == {"weight_version": "7"}
 
 
