@@ -104,9 +104,7 @@ class _Parts:
     def publish(self, version: int) -> dict[str, float]:
         if self.trainer is None or self.pool is None:
             return {}
-        return (
-            self.turns.publish(self.sync, version) | self.sync.metrics()
-        )  # the producer learns by on_served
+        return self.turns.publish(self.sync, version) | self.sync.metrics()  # producer: sync.on_served
 
     def close(self) -> None:
         for close in reversed(self.closers):

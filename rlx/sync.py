@@ -63,7 +63,7 @@ class WeightPublisher:
         self.on_served: Callable[[int], None] = lambda version: None
         self._previous: Path | None = None  # the last disk version, deleted once the next is loaded
         self._members: dict[int, str] = {}  # the broadcast group's engines (index -> URL), in rank order
-        self._loading: tuple[int, Path, Future] | None = None  # overlap: the version loading, where, its load
+        self._loading: tuple[Path, Future] | None = None  # overlap: the directory loading, its load
         self._load_s: float | None = None  # overlap: how long the last finished load took
 
     def __call__(self, version: int) -> float:
@@ -85,19 +85,20 @@ class WeightPublisher:
         """Until the engines serve the last published version (overlap); its error, if it failed."""
         if self._loading is None:
             return
-        version, path, load = self._loading
+        path, load = self._loading
         self._loading = None
         load.result()
-        self._loaded(version, path)
+        self._replace_previous(path)
 
     def _by_disk(self, version: int) -> None:
         self.wait()  # versions load in order
         path = Path(self.trainer.export_weights(str(self.disk_root / f"v{version:06d}")))
-        if self.overlap:
-            self._loading = (version, path, self._load_in_background(path, version))
+        if self.overlap:  # the producer is told by the load's callback
+            self._loading = (path, self._load_in_background(path, version))
             return
         self.pool.update_weights(str(path), version)
-        self._loaded(version, path)
+        self._replace_previous(path)
+        self.on_served(version)
 
     def _load_in_background(self, path: Path, version: int) -> Future:
         start = time.perf_counter()
@@ -111,12 +112,11 @@ class WeightPublisher:
         load.add_done_callback(done)
         return load
 
-    def _loaded(self, version: int, path: Path) -> None:
+    def _replace_previous(self, path: Path) -> None:
+        """`path` is served now: the directory before it goes."""
         if self._previous is not None:
             shutil.rmtree(self._previous, ignore_errors=True)
         self._previous = path
-        if not self.overlap:  # overlap: told by the load's callback
-            self.on_served(version)
 
     def _push(self, version: int) -> None:
         tolerant = self.pool.health is not None
@@ -166,5 +166,5 @@ class WeightPublisher:
         directory goes (transient: only engines read it)."""
         if self._loading is not None:
             with contextlib.suppress(Exception):  # the run ends anyway; an error was raised already
-                self._loading[2].result(timeout=CLOSE_TIMEOUT_S)
+                self._loading[1].result(timeout=CLOSE_TIMEOUT_S)
         shutil.rmtree(self.disk_root, ignore_errors=True)
