@@ -37,6 +37,7 @@ from rlx.trainer.critic import Critic
 from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 from rlx.trainer.pipeline import build_chunks, virtual_stages
+from rlx.trainer.profiling import profiled
 from rlx.trainer.trainable import Trainable
 from rlx.trainer.weight_push import WeightPusher
 from rlx.trainer.weights import write_weight_shards
@@ -95,6 +96,8 @@ class MegatronTrainer:
         self.family = build(replace(model_cfg, megatron_overrides=overrides))
         hf_dir = self.family.checkpoint_dir()
         params_dtype = getattr(torch, PRECISION_DTYPES[train_cfg.precision])
+        # half-precision logits reach the loss as they are (Float16Module would copy them to fp32)
+        self._logits_kwargs = {} if params_dtype == torch.float32 else {"fp32_output": False}
 
         self.policy = Trainable(
             build_chunks(self.family, hf_dir, params_dtype, self.device), train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
@@ -141,7 +144,7 @@ class MegatronTrainer:
 
     def _forward_step(self, mode: str, num_microbatches: int, data_iterator: Iterator, model):
         mb: MicroBatch = next(data_iterator)
-        logits_BSV = model(**context.model_inputs(mb))  # this CP rank's positions (all of them without CP)
+        logits_BSV = model(**context.model_inputs(mb), **self._logits_kwargs)  # this CP rank's positions
         return logits_BSV, partial(self._loss, mode, num_microbatches, mb)
 
     def _loss(self, mode: str, num_microbatches: int, mb: MicroBatch, logits_BSV: torch.Tensor):
@@ -168,9 +171,17 @@ class MegatronTrainer:
 
     # ---- training ---------------------------------------------------------------------------
 
-    def train(self, samples: list[Sample]) -> dict[str, float]:
+    def train(self, samples: list[Sample], profile: tuple[str, int] | None = None) -> dict[str, float]:
         """Log-probs (and values), advantages, then `num_steps_per_rollout` optimizer steps of
-        the critic (when there is one) and of the policy (unless the critic is warming up)."""
+        the critic (when there is one) and of the policy (unless the critic is warming up).
+        `profile`: (directory, step) to run it under torch.profiler (rlx.trainer.profiling)."""
+        if profile is None:
+            return self._train(samples)
+        directory, step = profile
+        with profiled(Path(directory), f"step_{step:06d}_rank_{self.rank}"):
+            return self._train(samples)
+
+    def _train(self, samples: list[Sample]) -> dict[str, float]:
         start = time.perf_counter()
         logprobs = {"old_logp": self._logprobs(self.policy.chunks, samples)}
         if self.ref_chunks is not None:
