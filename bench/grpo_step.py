@@ -4,6 +4,7 @@
     python bench/grpo_step.py --shape 1.7b
     python bench/grpo_step.py --shape 1.7b --split              # 2 GPUs: 1 trainer + 1 engine, NCCL sync
     python bench/grpo_step.py --shape 0.6b -- rollout.weight_sync=disk   # any config override after --
+    python bench/grpo_step.py --shape 1.7b --output-dir prof -- debug.profile_train_steps=[2]
 
 A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE),
 bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
@@ -60,6 +61,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--response-len", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--output-dir", help="keep the run directory here (default: a temporary one)")
     args = parser.parse_args(own)
 
     import torch
@@ -67,7 +69,8 @@ def main(argv: list[str]) -> None:
     from rlx.config.compose import compose
     from rlx.runtime import run
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.output_dir or tmp
         start = time.perf_counter()
         history = run(compose([f"run.output_dir={out}", *overrides_for(args), *extra]))
         wall = time.perf_counter() - start

@@ -4,6 +4,7 @@
     python bench/train_mfu.py --seq-len 8192 --micro-batch 2 --accum 8 --profile 20
     python bench/train_mfu.py kernels=torch                        # megatron's unfused layers (no fusions)
     python bench/train_mfu.py kernels=compile                      # torch.compile'd norms/RoPE, no liger
+    python bench/train_mfu.py --compile-layers                     # and torch.compile of each whole layer
     python bench/train_mfu.py num_layers=36 hidden_size=2560 ffn_hidden_size=9728 \\
         num_attention_heads=32                                    # Qwen3-4B shape
     # on the GPU machine:
@@ -158,6 +159,17 @@ def train_step(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> 
     return torch.stack([m["loss"] for m in losses]).mean().item()
 
 
+def compile_layers(gpt: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place. Megatron's RowParallelLinear warns (rank 0)
+    that its tp_group is None on every call, and a warning is a graph break: dynamo is told to
+    drop `warnings.warn` calls, which leaves one graph, shared by all layers, with none."""
+    import warnings
+
+    torch._dynamo.config.ignore_logging_functions.add(warnings.warn)
+    for layer in gpt.decoder.layers:
+        layer.compile()
+
+
 def with_sdpa_backend(backend: str, step):
     """`step()` with torch SDPA restricted to one backend (fails if it cannot run the shapes)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -171,15 +183,12 @@ def print_kernel_profile(step, num_rows: int) -> None:
     """Run one step under torch.profiler and print the kernels with the most GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
+    from rlx.trainer.profiling import op_table
+
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-    total_us = sum(e.self_device_time_total for e in kernels)
-    print(f"GPU time in one profiled step: {total_us / 1e6:.3f} s; top kernels:")
-    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:num_rows]:
-        share = e.self_device_time_total / total_us
-        print(f"  {share:6.1%} {e.self_device_time_total / 1e3:9.1f} ms {e.count:6d}x  {e.key[:110]}")
+    print(op_table(prof, num_rows))
 
 
 def main(argv: list[str]) -> dict:
@@ -199,6 +208,11 @@ def main(argv: list[str]) -> dict:
         choices=["default", "flash", "cudnn", "efficient"],
         default="default",
         help="restrict torch SDPA to one kernel family (default: torch's own choice)",
+    )
+    parser.add_argument(
+        "--compile-layers",
+        action="store_true",
+        help="torch.compile each whole decoder layer (over the kernels `model.kernels` put in it)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
@@ -220,6 +234,8 @@ def main(argv: list[str]) -> dict:
     device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
     try:
         model, optimizer, gpt = build_training(cfg, device, args.lr)
+        if args.compile_layers:
+            compile_layers(gpt)
         n_matmul, flops_causal, flops_palm = flops_per_token(gpt, cfg, args.seq_len)
         n_params = sum(p.numel() for p in gpt.parameters())
         generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -246,6 +262,13 @@ def main(argv: list[str]) -> dict:
             print(f"step {i}{' (warm-up)' if i < args.warmup else ''}: loss {loss:.4f}", flush=True)
         if args.profile:
             print_kernel_profile(step, args.profile)
+        if args.compile_layers:
+            from torch._dynamo.utils import counters
+
+            graph_breaks = sum(counters["graph_break"].values())
+            print(
+                f"compiled layers: {graph_breaks} graph breaks, {counters['stats']['unique_graphs']} graph(s)"
+            )
     finally:
         destroy_distributed()
 
@@ -276,6 +299,7 @@ def main(argv: list[str]) -> dict:
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,
         "kernels": build(cfg).kernels().name,
+        "compile_layers": args.compile_layers,
         "gpu": torch.cuda.get_device_name(),
     }
     print(

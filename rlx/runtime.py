@@ -63,7 +63,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
             step_start = time.perf_counter()
             metrics = parts.evaluator.due(step, version)  # data.eval sets every run.eval_interval steps
             samples, rollout = parts.producer.batch(step, version)  # async: made while earlier steps trained
-            metrics |= rollout | parts.train(samples)  # old/ref log-probs, advantages, optimizer steps
+            metrics |= rollout | parts.train(samples, step)  # old/ref log-probs, advantages, optimizer steps
             version += parts.trainer is not None
             if saved := _should_save(rc.run, step):
                 _save(job, parts, step, version)
@@ -96,10 +96,10 @@ class _Parts:
     tracker: Tracker | None = None
     closers: list = field(default_factory=list)
 
-    def train(self, samples) -> dict[str, float]:
+    def train(self, samples, step: int) -> dict[str, float]:
         if self.trainer is None:
             return {}
-        return self.turns.to_trainer() | self.trainer.train(samples)
+        return self.turns.to_trainer() | self.trainer.train(samples, step)
 
     def publish(self, version: int) -> dict[str, float]:
         if self.trainer is None or self.pool is None:
@@ -120,7 +120,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     parts.closers.append(parts.placement.remove)
     state = {"step": -1, "version": 0}
     if not debug.rollout_only:
-        parts.trainer = TrainerGroup(rc, parts.placement.trainer)
+        parts.trainer = TrainerGroup(rc, parts.placement.trainer, profile_dir=job.out / "profile")
         parts.closers.append(parts.trainer.shutdown)
         state = _load(job, parts.trainer) if job.resume else state
     parts.turns = GpuTurns(

@@ -56,6 +56,9 @@ class DebugConfig:
     rollout_only: bool = False  # generate, score and dump rollouts; no trainer, no weight updates
     train_only: bool = False  # no engines: train on the batches dumped by a run (debug.load_rollouts)
     load_rollouts: str | None = None  # train_only: a run directory (or its rollouts/) to read batches from
+    # steps whose trainer call (log-probs and optimizer steps) runs under torch.profiler: a trace
+    # per rank and a table of the ops taking most time, in <run dir>/profile/
+    profile_train_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

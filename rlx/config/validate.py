@@ -156,6 +156,16 @@ def _debug(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"debug.load_rollouts={d.load_rollouts!r}: no rollouts/step_NNNNNN.jsonl there; give the directory of a "
             "run that had run.dump_rollouts=true"
         )
+    if d.profile_train_steps and d.rollout_only:
+        errors.append(
+            f"debug.profile_train_steps={list(d.profile_train_steps)} profiles the trainer, which "
+            "debug.rollout_only=true leaves out; drop one of them"
+        )
+    if outside := [s for s in d.profile_train_steps if not 0 <= s < cfg.run.num_rollout]:
+        errors.append(
+            f"debug.profile_train_steps: step{'s' * (len(outside) > 1)} {', '.join(map(str, outside))} "
+            f"never run{'s' * (len(outside) == 1)} (steps are 0 to run.num_rollout - 1 = {cfg.run.num_rollout - 1})"
+        )
     if d.rollout_only and cfg.rollout.mode == "async":
         errors.append(
             "debug.rollout_only=true with rollout.mode=async: no trainer makes new versions to pace on; set rollout.mode=sync"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -44,11 +45,14 @@ class TrainerGroup:
     """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world,
     rendezvousing on trainer rank 0's node (`master_addr`)."""
 
-    def __init__(self, cfg, actor_options: list[dict] | None = None):
-        """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU."""
+    def __init__(self, cfg, actor_options: list[dict] | None = None, profile_dir: Path | None = None):
+        """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
+        `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         num_procs = len(options)
         self.call_timeout_s = cfg.cluster.trainer_call_timeout_s
+        self.profile_steps = set(cfg.debug.profile_train_steps) if profile_dir is not None else set()
+        self.profile_dir = profile_dir
         self._broken = False
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**options[rank]).remote() for rank in range(num_procs)]
@@ -126,9 +130,12 @@ class TrainerGroup:
         """`method(*args)` on every rank at once; their results in rank order."""
         return self.wait([getattr(a, method).remote(*args) for a in self.actors], f"{method}()")
 
-    def train(self, samples) -> dict[str, float]:
+    def train(self, samples, step: int | None = None) -> dict[str, float]:
+        """Every rank trains on `samples` (rollout step `step`: profiled when it is one of
+        `debug.profile_train_steps`); rank 0's metrics."""
         samples_ref = ray.put(samples)  # one copy in the object store, shared by every rank
-        return self._call("train", samples_ref)[0]
+        profile = (str(self.profile_dir), step) if step in self.profile_steps else None
+        return self._call("train", samples_ref, profile)[0]
 
     def offload(self) -> dict[str, float]:
         """Colocated GPUs: every rank's models and optimizer state to CPU; rank 0's memory figures."""

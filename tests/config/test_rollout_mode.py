@@ -53,6 +53,14 @@ CASES = {
         ["debug.rollout_only=true", "rollout.mode=async", "algo.use_tis=true"],
         ["debug.rollout_only=true with rollout.mode=async", "rollout.mode=sync"],
     ),
+    "profiling a step that never runs": (
+        ["run.num_rollout=3", "debug.profile_train_steps=[1,3,7]"],
+        ["debug.profile_train_steps: steps 3, 7 never run", "run.num_rollout - 1 = 2"],
+    ),
+    "profiling without a trainer": (
+        ["debug.rollout_only=true", "debug.profile_train_steps=[0]"],
+        ["debug.profile_train_steps=[0]", "debug.rollout_only=true"],
+    ),
     "eval interval without sets": (
         ["run.eval_interval=5"],
         ["run.eval_interval=5", "data.eval", "run.eval_interval=0"],

@@ -73,6 +73,20 @@ def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(t
     assert [len(_rows(rollouts / "rollouts" / f"step_{k:06d}.jsonl")) for k in (0, 1)] == [16, 16]
 
 
+def test_profiled_train_step_leaves_a_trace_and_op_table_per_rank(tmp_path):
+    out = tmp_path / "run"
+    run(compose([f"run.output_dir={out}", "run.num_rollout=2", "debug.profile_train_steps=[1]",
+                 "cluster.num_trainer_procs=2", *SMALL, "train.micro_batch_size=8"]))  # fmt: skip
+    profile = out / "profile"
+    for rank in (0, 1):
+        (trace,) = profile.glob(f"step_000001_rank_{rank}.*.pt.trace.json")
+        names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+        assert {"aten::mm", "aten::addmm"} & names  # the model's matmuls are in the timeline
+        table = (profile / f"step_000001_rank_{rank}_ops.txt").read_text().splitlines()
+        assert table[0].startswith("CPU self time:") and len(table) == 41  # no GPU here
+    assert not list(profile.glob("step_000000_*"))  # step 0 ran unprofiled
+
+
 def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=50", "run.save=true",
