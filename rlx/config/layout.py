@@ -66,6 +66,12 @@ def parallel_sizes(cfg: RlxConfig, classes: Classes) -> list[str]:
         )
     dp = c.num_trainer_procs // model_parallel
     errors += virtual_stages(cfg, dp)
+    if t.logprob_max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch is None:
+        errors.append(
+            f"train.logprob_max_tokens_per_micro_batch={t.logprob_max_tokens_per_micro_batch} is the token budget of "
+            "packed forward-only micro-batches, but packing is off (train.max_tokens_per_micro_batch=null); "
+            "set train.logprob_micro_batch_size=N instead, or turn packing on"
+        )
     if t.max_tokens_per_micro_batch is not None:  # packing: micro-batches by tokens, not samples
         return errors + packing(cfg, dp)
     if t.global_batch_size % (t.micro_batch_size * dp):
@@ -141,7 +147,7 @@ def packing(cfg: RlxConfig, dp: int) -> list[str]:
             f"(cluster.num_trainer_procs={cfg.cluster.num_trainer_procs} / ({model_parallel_sizes(cfg.cluster)[1]})); "
             f"make train.global_batch_size a multiple of {dp}"
         )
-    budget, response = t.max_tokens_per_micro_batch, r.max_response_len
+    response = r.max_response_len
     if cfg.data.max_prompt_len is not None:
         longest = cfg.data.max_prompt_len + response
         why = f"data.max_prompt_len={cfg.data.max_prompt_len} + rollout.max_response_len={response}"
@@ -151,12 +157,14 @@ def packing(cfg: RlxConfig, dp: int) -> list[str]:
             f"model.max_position_embeddings={m.max_position_embeddings} - 1 (data.max_prompt_len=null "
             "allows prompts up to the context less rollout.max_response_len)"
         )
-    if budget >= 1 and budget < longest:
-        errors.append(
-            f"train.max_tokens_per_micro_batch={budget} is less than the longest sample, {why} = {longest} "
-            f"tokens (packing never splits a sample); set train.max_tokens_per_micro_batch={longest} or more, "
-            "or lower data.max_prompt_len"
-        )
+    for key in ("max_tokens_per_micro_batch", "logprob_max_tokens_per_micro_batch"):
+        budget = getattr(t, key)
+        if budget is not None and 1 <= budget < longest:
+            errors.append(
+                f"train.{key}={budget} is less than the longest sample, {why} = {longest} "
+                f"tokens (packing never splits a sample); set train.{key}={longest} or more, "
+                "or lower data.max_prompt_len"
+            )
     return errors
 
 

@@ -29,6 +29,11 @@ class TrainConfig:
     # prompt + response tokens (first-fit decreasing), so short samples do not pay for padding
     # to the longest one; null: micro_batch_size samples per micro-batch, right-padded
     max_tokens_per_micro_batch: int | None = None
+    # the forward-only passes (old and reference log-probs, the critic's values) keep no
+    # activations for a backward, so they can take larger micro-batches (fewer kernel launches,
+    # larger matmuls); null: the training micro-batch (samples, or with packing, tokens)
+    logprob_micro_batch_size: int | None = None
+    logprob_max_tokens_per_micro_batch: int | None = None  # packing only
     num_steps_per_rollout: int = 1  # optimizer steps per rollout batch
     lr: float = 2e-3  # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule)
     # learning-rate schedule over the run's optimizer steps (run.num_rollout x num_steps_per_rollout):
@@ -51,6 +56,8 @@ class TrainConfig:
         "global_batch_size": AT_LEAST_1,
         "micro_batch_size": AT_LEAST_1,
         "max_tokens_per_micro_batch": AT_LEAST_1,
+        "logprob_micro_batch_size": AT_LEAST_1,
+        "logprob_max_tokens_per_micro_batch": AT_LEAST_1,
         "num_steps_per_rollout": AT_LEAST_1,
         "lr": POSITIVE,
         "lr_warmup_steps": NON_NEGATIVE,

@@ -98,7 +98,8 @@ class Trainable:
         chunks = chunks if chunks is not None else self.chunks
         for chunk in chunks:
             chunk.eval()
-        members = self.micro_batches(samples, range(len(samples)))  # sample indices per micro-batch
+        # sample indices per micro-batch
+        members = self.micro_batches(samples, range(len(samples)), forward_only=True)
         mbs = self.same_shape(
             [self.make_micro_batch([samples[i] for i in indices], {}) for indices in members]
         )
@@ -111,22 +112,28 @@ class Trainable:
                 out[i] = row[: samples[i].response_len].cpu()
         return out
 
-    def micro_batches(self, samples: list[Sample], indices) -> list[list[int]]:
+    def micro_batches(self, samples: list[Sample], indices, forward_only: bool = False) -> list[list[int]]:
         """`indices` (into `samples`) in micro-batches: packed by the token budget
-        `train.max_tokens_per_micro_batch`, else consecutive runs of `train.micro_batch_size`."""
-        indices = list(indices)
-        budget = self.cfg.max_tokens_per_micro_batch
+        `train.max_tokens_per_micro_batch`, else consecutive runs of `train.micro_batch_size`
+        (`forward_only`: `train.logprob_*` where set)."""
+        indices, cfg = list(indices), self.cfg
+        size, budget_key = cfg.micro_batch_size, "max_tokens_per_micro_batch"
+        if forward_only:
+            size = cfg.logprob_micro_batch_size or size
+            if cfg.logprob_max_tokens_per_micro_batch is not None:
+                budget_key = "logprob_max_tokens_per_micro_batch"
+        budget = getattr(cfg, budget_key)
         if budget is None:
-            return split(indices, self.cfg.micro_batch_size)
+            return split(indices, size)
         try:
             bins = pack([num_tokens(samples[i]) for i in indices], budget)
         except ValueError:
             longest = max(indices, key=lambda i: num_tokens(samples[i]))
             s = samples[longest]
             raise ConfigError(
-                f"train.max_tokens_per_micro_batch={budget}: sample {longest} of the batch (group {s.group}, "
+                f"train.{budget_key}={budget}: sample {longest} of the batch (group {s.group}, "
                 f"index {s.index}) has {num_tokens(s)} tokens ({len(s.prompt_ids)} prompt + {s.response_len} "
-                f"response) and fits in no micro-batch; set train.max_tokens_per_micro_batch >= {num_tokens(s)}"
+                f"response) and fits in no micro-batch; set train.{budget_key} >= {num_tokens(s)}"
             ) from None
         return [[indices[j] for j in bin_] for bin_ in bins]
 

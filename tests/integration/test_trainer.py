@@ -65,7 +65,8 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
 
     for name, overrides in {
         "tp2": ["cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"],
-        "dp2": ["cluster.num_trainer_procs=2"],
+        # and each DP rank's 32 samples in one forward-only micro-batch (training's: two of 16)
+        "dp2": ["cluster.num_trainer_procs=2", "train.logprob_micro_batch_size=32"],
         # Adam's state sharded over the two DP ranks: the same step
         "dp2_distributed_optimizer": ["cluster.num_trainer_procs=2", "train.distributed_optimizer=true"],
         # activations recomputed in the backward pass: the same gradients

@@ -41,3 +41,26 @@ def test_sequence_width_rounds_up_to_the_tensor_parallel_size():
     mb = make_micro_batch(_samples(), {}, pad_multiple=4)
     assert mb.tokens_BL.tolist() == [[5, 6, 7, 8, 1, 0, 0, 0], [9, 10, 11, 3, 0, 0, 0, 0]]
     assert response_slice(torch.arange(8.0).expand(2, 8), mb).tolist() == [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]
+
+
+def test_forward_only_passes_take_their_own_micro_batches():
+    """train.logprob_micro_batch_size / logprob_max_tokens_per_micro_batch size the forward-only
+    passes; training keeps train.micro_batch_size / max_tokens_per_micro_batch; unset, both alike."""
+    from types import SimpleNamespace
+
+    from rlx.trainer.config import TrainConfig
+    from rlx.trainer.trainable import Trainable
+
+    samples = [Sample(prompt="", prompt_ids=[5] * (1 + i % 3), response_ids=[7, 8]) for i in range(8)]  # 3-5 tokens
+    group = lambda cfg, forward_only: Trainable.micro_batches(  # noqa: E731
+        SimpleNamespace(cfg=cfg), samples, range(8), forward_only=forward_only
+    )
+    padded = TrainConfig(micro_batch_size=2, logprob_micro_batch_size=5)
+    assert group(padded, False) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert group(padded, True) == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert group(TrainConfig(micro_batch_size=2), True) == group(padded, False)
+
+    packed = TrainConfig(max_tokens_per_micro_batch=8, logprob_max_tokens_per_micro_batch=40)
+    assert all(sum(len(samples[i].prompt_ids) + 2 for i in mb) <= 8 for mb in group(packed, False))
+    assert len(group(packed, False)) > 1 and group(packed, True) == [list(range(8))]
+    assert group(TrainConfig(max_tokens_per_micro_batch=8), True) == group(packed, False)
