@@ -51,7 +51,8 @@ def test_forward_only_passes_take_their_own_micro_batches():
     from rlx.trainer.config import TrainConfig
     from rlx.trainer.trainable import Trainable
 
-    samples = [Sample(prompt="", prompt_ids=[5] * (1 + i % 3), response_ids=[7, 8]) for i in range(8)]  # 3-5 tokens
+    # 3, 4 or 5 tokens each
+    samples = [Sample(prompt="", prompt_ids=[5] * (1 + i % 3), response_ids=[7, 8]) for i in range(8)]
     group = lambda cfg, forward_only: Trainable.micro_batches(  # noqa: E731
         SimpleNamespace(cfg=cfg), samples, range(8), forward_only=forward_only
     )
