@@ -16,6 +16,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from rlx import ports
 from rlx.trainer.megatron import MegatronTrainer
+from rlx.trainer.parallel import rendezvous_store
 
 SHUTDOWN_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its peers' collectives fail
@@ -33,7 +34,12 @@ class TrainerRank(MegatronTrainer):
         pass
 
     def setup(self, *args, **kwargs) -> None:
-        MegatronTrainer.__init__(self, *args, **kwargs)
+        MegatronTrainer.__init__(self, *args, store=getattr(self, "_store", None), **kwargs)
+
+    def host_rendezvous(self) -> int:
+        """Rank 0: start hosting the group's rendezvous on this node; its port."""
+        self._store = rendezvous_store(ports.node_address())
+        return self._store.port
 
     def endpoint(self) -> tuple[str, int, int]:
         """(this node's address, a port free on it, this process's id)."""
@@ -61,7 +67,8 @@ class TrainerGroup:
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
             self.where = [f"pid {pid} on {node}" for node, _, pid in endpoints]
             self.pids = [pid for _, _, pid in endpoints]
-            self.master_addr, master_port, _ = endpoints[0]
+            self.master_addr = endpoints[0][0]
+            master_port = self.wait([self.actors[0].host_rendezvous.remote()], "host_rendezvous()")[0]
             kwargs = dict(
                 world_size=num_procs, master_addr=self.master_addr, master_port=master_port,
                 seed=cfg.run.seed, total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,

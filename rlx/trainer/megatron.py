@@ -62,9 +62,11 @@ class MegatronTrainer:
         seed: int,
         total_steps: int,
         temperature: float = 1.0,
+        store=None,
     ):
         """`total_steps`: the run's optimizer steps (run.num_rollout x train.num_steps_per_rollout),
-        over which the learning-rate schedule runs."""
+        over which the learning-rate schedule runs. `store`: the rendezvous store rank 0 already
+        hosts (`rlx.trainer.parallel.rendezvous_store`), else the rank joins `master_addr:master_port`."""
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
         self.rank, self._world_size = rank, world_size
         self._pusher = WeightPusher()  # the fast weight paths (no connection until first used)
@@ -73,7 +75,7 @@ class MegatronTrainer:
             rank, world_size, master_addr, master_port,
             tp=cluster_cfg.tensor_parallel_size, pp=cluster_cfg.pipeline_parallel_size,
             ep=cluster_cfg.expert_parallel_size, vp=virtual_stages(model_cfg.megatron_overrides),
-            cp=cluster_cfg.context_parallel_size, seed=seed,
+            cp=cluster_cfg.context_parallel_size, seed=seed, store=store,
         )  # fmt: skip
         # Sequence parallelism (MoE under TP) splits the sequence over TP ranks, CP over CP ranks.
         pad_multiple = context.pad_multiple(

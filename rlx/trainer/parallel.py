@@ -8,6 +8,15 @@ import os
 import torch
 import torch.distributed as dist
 
+TIMEOUT = datetime.timedelta(minutes=10)  # the rendezvous and every collective of the default group
+
+
+def rendezvous_store(host: str) -> dist.TCPStore:
+    """The rendezvous store rank 0 hosts, listening from now on on a port the OS picks
+    (`.port`): no other process can take the port between its choice and the bind, as one
+    could with a port found free first and bound later."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
 
 def init_distributed(
     rank: int,
@@ -20,6 +29,7 @@ def init_distributed(
     ep: int = 1,
     vp: int | None = None,
     cp: int = 1,
+    store: dist.Store | None = None,
 ) -> torch.device:
     """Join the default process group and initialise megatron's parallel state and RNG.
 
@@ -30,7 +40,10 @@ def init_distributed(
     (`cp`) splits each sequence over ranks (`rlx.trainer.context`). Expert parallelism (`ep`)
     splits MoE experts over ranks; experts keep the dense TP size, so `tp * ep * pp` must divide
     `world_size` (megatron's rule). `vp`: virtual pipeline stages per rank (megatron's interleaved
-    schedule), None for none. Returns the device that this rank's tensors live on.
+    schedule), None for none. `store`: the rendezvous store this rank already hosts
+    (`rendezvous_store`); without one, rank 0 hosts it at `master_addr:master_port` and the
+    others join it there. Returns the device
+    that this rank's tensors live on.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -50,12 +63,10 @@ def init_distributed(
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        if store is None:  # rank 0 hosts at master_port (the old way), the others join it
+            store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=TIMEOUT)
         dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(minutes=10),
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=TIMEOUT
         )
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp,
