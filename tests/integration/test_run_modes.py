@@ -58,12 +58,25 @@ def test_eval_sets_are_scored_before_during_and_after_training(tmp_path):
 
 
 def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(tmp_path):
+    """The run that makes the dumps has its step 1 profiled: the profile is left in its
+    directory, and profiling changes no number (the unprofiled replay gives the same losses)."""
     first = tmp_path / "first"
-    made = run(compose([f"run.output_dir={first}", "run.num_rollout=2", *SMALL]))
+    made = run(
+        compose([f"run.output_dir={first}", "run.num_rollout=2", "debug.profile_train_steps=[1]", *SMALL])
+    )
     replayed = run(compose([f"run.output_dir={tmp_path / 'replay'}", "run.num_rollout=2", "debug.train_only=true",
                             f"debug.load_rollouts={first}", *SMALL]))  # fmt: skip
     for a, b in zip(made, replayed, strict=True):
         assert (a["train/loss"], a["train/grad_norm"]) == (b["train/loss"], b["train/grad_norm"])
+
+    profile = first / "profile"
+    (trace,) = profile.glob("step_000001_rank_0.*.pt.trace.json")
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"aten::mm", "aten::addmm"} & names  # the model's matmuls are in the timeline
+    table = (profile / "step_000001_rank_0_ops.txt").read_text().splitlines()
+    assert table[0].startswith("CPU self time:") and len(table) == 41  # no GPU here: CPU ops
+    assert not list(profile.glob("step_000000_*"))  # step 0 ran unprofiled
+    assert not (tmp_path / "replay" / "profile").exists()
 
     rollouts = tmp_path / "rollouts_only"
     history = run(
@@ -71,20 +84,6 @@ def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(t
     )
     assert all("train/loss" not in h and h["version"] == 0 for h in history)
     assert [len(_rows(rollouts / "rollouts" / f"step_{k:06d}.jsonl")) for k in (0, 1)] == [16, 16]
-
-
-def test_profiled_train_step_leaves_a_trace_and_op_table_per_rank(tmp_path):
-    out = tmp_path / "run"
-    run(compose([f"run.output_dir={out}", "run.num_rollout=2", "debug.profile_train_steps=[1]",
-                 "cluster.num_trainer_procs=2", *SMALL, "train.micro_batch_size=8"]))  # fmt: skip
-    profile = out / "profile"
-    for rank in (0, 1):
-        (trace,) = profile.glob(f"step_000001_rank_{rank}.*.pt.trace.json")
-        names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
-        assert {"aten::mm", "aten::addmm"} & names  # the model's matmuls are in the timeline
-        table = (profile / f"step_000001_rank_{rank}_ops.txt").read_text().splitlines()
-        assert table[0].startswith("CPU self time:") and len(table) == 41  # no GPU here
-    assert not list(profile.glob("step_000000_*"))  # step 0 ran unprofiled
 
 
 def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
