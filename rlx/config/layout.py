@@ -227,15 +227,14 @@ def gpus(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"cluster.num_trainer_procs={trainer} is more than the cluster's GPUs ({nodes}); "
             f"set cluster.num_trainer_procs <= {total}"
         )
-    if rollout == 0 and cfg.debug.train_only:  # no engines: a trainer alone, from dumped batches
-        pass
-    elif rollout == 0:
-        shared = f"cluster.num_rollout_gpus={trainer} (the trainer's GPUs, shared)"
-        own = f"cluster.num_rollout_gpus={r.num_engines * r.gpus_per_engine} (GPUs of their own) or "
-        errors.append(
-            f"cluster.num_rollout_gpus=0 on a GPU cluster (cluster.gpus_per_node={c.gpus_per_node}): the engines "
-            f"need GPUs; set {shared if c.colocate else own + 'cluster.colocate=true ' + shared}"
-        )
+    if rollout == 0:
+        if not cfg.debug.train_only:  # train_only: no engines, a trainer alone from dumped batches
+            shared = f"cluster.num_rollout_gpus={trainer} (the trainer's GPUs, shared)"
+            own = f"cluster.num_rollout_gpus={r.num_engines * r.gpus_per_engine} (GPUs of their own) or "
+            errors.append(
+                f"cluster.num_rollout_gpus=0 on a GPU cluster (cluster.gpus_per_node={c.gpus_per_node}): the engines "
+                f"need GPUs; set {shared if c.colocate else own + 'cluster.colocate=true ' + shared}"
+            )
     elif c.colocate and rollout != trainer:
         errors.append(
             f"cluster.colocate=true puts the engines on the trainer's GPUs, so cluster.num_rollout_gpus={rollout} "

@@ -205,14 +205,11 @@ class EngineClient:
         payload = {"model_path": str(model_path), **extra}
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
-        result = (
-            await self._request("POST", "/update_weights_from_disk", json=payload, ok_statuses=(400,))
-        ).body
-        if not result.get("success", False):
-            raise RuntimeError(
-                f"engine {self.base_url} failed to load weights from {model_path}: {result.get('message')}"
-            )
-        return result
+        return await self._post_checked(
+            "/update_weights_from_disk",
+            payload,
+            f"engine {self.base_url} failed to load weights from {model_path}",
+        )
 
     async def get_weight_version(self) -> str:
         """GET /get_weight_version, or `weight_version` of the model info where that is gone."""
@@ -236,25 +233,26 @@ class EngineClient:
         (returns once the whole group has formed); RuntimeError with SGLang's message otherwise."""
         body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
                 "world_size": world_size, "backend": backend, "group_name": "weight_update_group"}  # fmt: skip
-        result = (
-            await self._request("POST", "/init_weights_update_group", json=body, ok_statuses=(400,))
-        ).body
-        if not result.get("success", False):
-            raise RuntimeError(
-                f"{self.base_url} could not join the weight update group: {result.get('message')}"
-            )
+        await self._post_checked(
+            "/init_weights_update_group", body, f"{self.base_url} could not join the weight update group"
+        )
 
     async def destroy_weights_update_group(self) -> None:
         """POST /destroy_weights_update_group: leave the trainer's broadcast group (before it is
         formed again with other members); RuntimeError with SGLang's message otherwise."""
-        body = {"group_name": "weight_update_group"}
-        result = (
-            await self._request("POST", "/destroy_weights_update_group", json=body, ok_statuses=(400,))
-        ).body
+        await self._post_checked(
+            "/destroy_weights_update_group",
+            {"group_name": "weight_update_group"},
+            f"{self.base_url} could not leave the weight update group",
+        )
+
+    async def _post_checked(self, path: str, body: dict[str, Any], failure: str) -> dict[str, Any]:
+        """POST one of SGLang's weight requests; its reply ({"success", "message", ...}), or
+        RuntimeError("`failure`: SGLang's message") unless it succeeded (SGLang answers 400 then)."""
+        result = (await self._request("POST", path, json=body, ok_statuses=(400,))).body
         if not result.get("success", False):
-            raise RuntimeError(
-                f"{self.base_url} could not leave the weight update group: {result.get('message')}"
-            )
+            raise RuntimeError(f"{failure}: {result.get('message')}")
+        return result
 
     async def flush_cache(self) -> bool:
         """POST /flush_cache; False when SGLang refuses (requests still running)."""

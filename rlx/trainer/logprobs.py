@@ -34,27 +34,36 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature if temperature != 1.0 else logits
 
 
+def _shifted(logits: torch.Tensor, max_: torch.Tensor, temperature: float) -> torch.Tensor:
+    """a = logits / T - max, in fp32."""
+    return _scaled(logits, temperature) - max_.unsqueeze(-1)
+
+
 def _row_max(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return _scaled(logits, temperature).amax(dim=-1)
 
 
 def _log_z_and_picked(logits, max_, target, owned, temperature):
-    shifted = _scaled(logits, temperature) - max_.unsqueeze(-1)
+    shifted = _shifted(logits, max_, temperature)
     sum_exp = shifted.exp().sum(dim=-1)
     picked = shifted.gather(-1, target.unsqueeze(-1)).squeeze(-1) * owned
     return sum_exp, picked
 
 
+def _shifted_and_probs(logits, max_, log_z, temperature):
+    """(a, p) over this shard."""
+    shifted = _shifted(logits, max_, temperature)
+    return shifted, (shifted - log_z.unsqueeze(-1)).exp()
+
+
 def _expected_shifted(logits, max_, log_z, temperature):
     """sum over this shard of p * a (the entropy's second term)."""
-    shifted = _scaled(logits, temperature) - max_.unsqueeze(-1)
-    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    shifted, probs = _shifted_and_probs(logits, max_, log_z, temperature)
     return (probs * shifted).sum(dim=-1)
 
 
 def _grad_logits(logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, temperature):
-    shifted = _scaled(logits, temperature) - max_.unsqueeze(-1)
-    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    shifted, probs = _shifted_and_probs(logits, max_, log_z, temperature)
     vocab = torch.arange(logits.shape[-1], device=logits.device)
     onehot = (vocab == target.unsqueeze(-1)) & owned.unsqueeze(-1)
     grad = grad_logp.unsqueeze(-1) * (onehot.float() - probs)

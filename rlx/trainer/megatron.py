@@ -66,7 +66,8 @@ class MegatronTrainer:
     ):
         """`total_steps`: the run's optimizer steps (run.num_rollout x train.num_steps_per_rollout),
         over which the learning-rate schedule runs. `store`: the rendezvous store rank 0 already
-        hosts (`rlx.trainer.parallel.rendezvous_store`), else the rank joins `master_addr:master_port`."""
+        hosts (`rlx.trainer.parallel.rendezvous_store`); without one, rank 0 hosts it at
+        `master_addr:master_port` and the others join it there."""
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
         self.rank, self._world_size = rank, world_size
         self._pusher = WeightPusher()  # the fast weight paths (no connection until first used)

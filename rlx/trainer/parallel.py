@@ -42,8 +42,7 @@ def init_distributed(
     `world_size` (megatron's rule). `vp`: virtual pipeline stages per rank (megatron's interleaved
     schedule), None for none. `store`: the rendezvous store this rank already hosts
     (`rendezvous_store`); without one, rank 0 hosts it at `master_addr:master_port` and the
-    others join it there. Returns the device
-    that this rank's tensors live on.
+    others join it there. Returns the device that this rank's tensors live on.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
