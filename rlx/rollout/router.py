@@ -15,13 +15,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import httpx
+
 from rlx import ports
 from rlx.ports import LOOPBACK, free_port
 from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
 
 
 class Router(ChildService):
-    """sglang-router over `worker_urls`; `start()` returns once the router's /health answers 200.
+    """sglang-router over `worker_urls`; `start()` returns once every worker is registered healthy.
+
+    The router answers /health before it has registered its workers (it asks each for its
+    /server_info first): requests sent then all go to the workers registered so far, and round
+    robin starts unevenly. So start() waits for its `GET /workers` to list every URL healthy.
 
     `policy` is one of the router's: random, round_robin, cache_aware, power_of_two, manual (also
     from `rollout.router_args.policy`). Round robin suits single-turn rollouts (every engine gets an
@@ -71,7 +77,35 @@ class Router(ChildService):
             policy,
             *cli_flags(args),
         ]
-        self._child = ChildProcess(cmd, self.url, name="sglang-router", startup_timeout_s=startup_timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._child = ChildProcess(
+            cmd,
+            self.url,
+            name="sglang-router",
+            startup_timeout_s=startup_timeout_s,
+            ready=lambda http: self._all_registered(http, headers),
+        )
+        self._missing = list(self.worker_urls)
+
+    def _all_registered(self, http: httpx.Client, headers: dict[str, str]) -> bool:
+        """Whether the router answers and lists every worker URL as healthy (else `_missing` says which not)."""
+        if http.get(f"{self.url}/health").status_code != 200:
+            return False
+        answer = http.get(f"{self.url}/workers", headers=headers)
+        if answer.status_code != 200:
+            return False
+        healthy = {w["url"].rstrip("/") for w in answer.json()["workers"] if w.get("is_healthy")}
+        self._missing = [url for url in self.worker_urls if url.rstrip("/") not in healthy]
+        return not self._missing
+
+    def start(self):
+        try:
+            return super().start()
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"sglang-router did not list {self._missing} as healthy workers in time: check that "
+                f"each answers GET /health and /server_info (or /get_server_info).\n{e}"
+            ) from None
 
     @property
     def cmd(self) -> list[str]:

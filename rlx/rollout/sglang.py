@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,9 @@ def launch_server_cmd(
 class ChildProcess:
     """A command run in its own process group with output to a log file, plus an HTTP readiness probe.
 
-    `start()` returns once `GET url + health_path` answers 200; if the child exits or the
-    timeout passes first, it is killed and the error shows the tail of its output.
+    `start()` returns once `GET url + health_path` answers 200 (or once `ready(http)` holds, when
+    given); if the child exits or the timeout passes first, it is killed and the error shows the
+    tail of its output.
     `stop()` sends SIGTERM to the group, then SIGKILL after `grace_s`; nothing is left behind.
     """
 
@@ -86,11 +88,13 @@ class ChildProcess:
         startup_timeout_s: float = 600.0,
         grace_s: float = 10.0,
         env: dict[str, str] | None = None,
+        ready: Callable[[httpx.Client], bool] | None = None,
     ):
         self.cmd = cmd
         self.url = url
         self.name = name
         self.health_path = health_path
+        self.ready = ready or (lambda http: http.get(url + health_path).status_code == 200)
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.env = env
@@ -126,7 +130,7 @@ class ChildProcess:
                         f"{self.url}{self.health_path} answered; output tail:\n{self.output_tail()}"
                     )
                 try:
-                    if http.get(self.url + self.health_path).status_code == 200:
+                    if self.ready(http):
                         return
                 except httpx.HTTPError:
                     pass

@@ -22,13 +22,19 @@ from rlx.rollout.router import Router
 class Worker:
     """Answers the router's start-up probes and /generate (naming itself), in a thread."""
 
-    def __init__(self, name: str):
-        self.name, self.keys = name, Counter()
+    def __init__(self, name: str, info_delay_s: float = 0.0):
+        self.name, self.keys, self.info_delay_s = name, Counter(), info_delay_s
         self.loop = asyncio.new_event_loop()
         app = web.Application()
         info = {"model_path": "scripted", "tokenizer_path": None, "is_generation": True}
-        for path in ("/health", "/model_info", "/get_model_info", "/server_info", "/get_server_info"):
-            app.router.add_get(path, lambda _, body=info: web.json_response(body))
+
+        async def answer(_request, body=info):
+            await asyncio.sleep(self.info_delay_s)  # a slow engine: the router registers it late
+            return web.json_response(body)
+
+        app.router.add_get("/health", lambda _, body=info: web.json_response(body))
+        for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+            app.router.add_get(path, answer)
         app.router.add_post("/generate", self.generate)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
@@ -95,10 +101,25 @@ def test_manual_policy_keeps_each_conversation_on_one_worker(workers):
     assert set(Counter(turns[0] for turns in served.values())) == {"a", "b"}, served
 
 
-def test_round_robin_ignores_the_key(workers):
-    router = Router(
-        [w.url for w in workers], policy="round_robin", extra_args={"prometheus_port": free_port()}
-    )
-    with router:
-        served = conversations(router.url, num_sessions=1, num_turns=4)
+def test_round_robin_ignores_the_key_and_starts_even_when_a_worker_registers_late():
+    # "a" answers /server_info a second late: the router answers /health before it has registered
+    # "a", and a request sent then went to "b" only (CI saw b, b, a, b). start() waits for both.
+    pair = [Worker("a", info_delay_s=1.0), Worker("b")]
+    try:
+        router = Router(
+            [w.url for w in pair], policy="round_robin", extra_args={"prometheus_port": free_port()}
+        )
+        with router:
+            served = conversations(router.url, num_sessions=1, num_turns=4)
+    finally:
+        for w in pair:
+            w.stop()
     assert served["s0"] in (["a", "b", "a", "b"], ["b", "a", "b", "a"])  # the one session alternates
+
+
+def test_a_worker_that_never_registers_is_named_when_the_router_gives_up(workers):
+    dead = f"http://127.0.0.1:{free_port()}"
+    router = Router([workers[0].url, dead], startup_timeout_s=3, extra_args={"prometheus_port": free_port()})
+    with pytest.raises(TimeoutError, match=f"did not list \\['{dead}'\\] as healthy workers"):
+        router.start()
+    assert not router.running()  # the router child is stopped, not left behind
