@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from rlx.rollout.pool import RolloutPool
-from rlx.trainer.group import TrainerGroup
+if TYPE_CHECKING:  # the driver imports Megatron (seconds) only once a trainer starts
+    from rlx.rollout.pool import RolloutPool
+    from rlx.trainer.group import TrainerGroup
 
 
 class GpuTurns:

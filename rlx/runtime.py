@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from omegaconf import DictConfig
@@ -34,7 +34,9 @@ from rlx.rollout.producer import Producer
 from rlx.rollout.replay import DumpReplay
 from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
-from rlx.trainer.group import TrainerGroup
+
+if TYPE_CHECKING:  # imported by _start: a config error is reported before Megatron loads (seconds)
+    from rlx.trainer.group import TrainerGroup
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +54,9 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     raising `Stopped`; a second signal stops at once."""
     job = _prepare(cfg)
     rc = job.cfg
-    _start_ray(rc.cluster)
-    check_gpus(rc.cluster)
-    parts, history, stop = _Parts(), [], None
+    parts, history, stop = _Parts(own_ray=_start_ray(rc.cluster)), [], None
     try:
+        check_gpus(rc.cluster)
         step, version = _start(job, parts)
         stop = _StopOnSignal()  # from here on a signal lets the step in progress finish
         bar = tqdm(range(step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress)
@@ -86,6 +87,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
 class _Parts:
     """The processes and sinks of a run; a debug mode leaves one side out."""
 
+    own_ray: bool = True  # False: Ray was up before the run (the caller's): close() leaves it up
     placement: Any = None
     trainer: TrainerGroup | None = None  # None: debug.rollout_only
     turns: GpuTurns | None = None
@@ -109,25 +111,31 @@ class _Parts:
     def close(self) -> None:
         for close in reversed(self.closers):
             _quietly(close)
-        ray.shutdown()
+        if self.own_ray:
+            ray.shutdown()
 
 
 def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     """Start the trainer, engines and producer (restored from `job.resume`); (first step, version)."""
+    from rlx.trainer.group import TrainerGroup
+
     rc, debug = job.cfg, job.cfg.debug
     engines = replace(rc.rollout, num_engines=0) if debug.train_only else rc.rollout
     parts.placement = plan(rc.cluster, engines)  # GPUs reserved for the trainer ranks and engines
     parts.closers.append(parts.placement.remove)
     state = {"step": -1, "version": 0}
-    if not debug.rollout_only:
-        parts.trainer = TrainerGroup(rc, parts.placement.trainer, profile_dir=job.out / "profile")
+    if not debug.rollout_only:  # its ranks' processes start now, the engines' alongside (unless colocated)
+        parts.trainer = TrainerGroup(
+            rc, parts.placement.trainer, profile_dir=job.out / "profile", start=False
+        )
         parts.closers.append(parts.trainer.shutdown)
-        state = _load(job, parts.trainer) if job.resume else state
     parts.turns = GpuTurns(
         rc.cluster.colocate and parts.trainer is not None and not debug.train_only, parts.trainer
     )
     parts.tracker = Tracker(job.out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
     parts.closers.append(parts.tracker.close)
+    if debug.train_only or parts.turns.colocated:  # colocated: the trainer sets up before it leaves the GPU
+        state = _ready_trainer(job, parts.trainer)
     if debug.train_only:
         parts.producer, parts.evaluator = DumpReplay(debug.load_rollouts), Evaluator(None, {}, rc.rollout, 0)
         return state["step"] + 1, state["version"]
@@ -137,6 +145,8 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         reward=rc.reward,
     )  # fmt: skip
     parts.closers.append(parts.pool.shutdown)
+    if parts.trainer is not None and not parts.turns.colocated:
+        state = _ready_trainer(job, parts.trainer)
     parts.sync = WeightPublisher(
         parts.trainer, parts.pool, method=choose_method(rc.rollout, rc.cluster), disk_root=job.out / "weight_sync",
         backend="nccl" if rc.cluster.gpus_per_node else "gloo", bucket_bytes=rc.rollout.weight_bucket_mb << 20,
@@ -241,6 +251,13 @@ def _check_resumable(rc: RlxConfig, state: dict, path: Path) -> None:
         )
 
 
+def _ready_trainer(job: _Job, trainer: TrainerGroup) -> dict:
+    """Set the trainer ranks up (launched earlier) and restore `job.resume` into them; the loop
+    state (step, version, and the checkpoint's rollout state)."""
+    trainer.start()
+    return _load(job, trainer) if job.resume else {"step": -1, "version": 0}
+
+
 def _load(job: _Job, trainer: TrainerGroup) -> dict:
     """Restore trainer and data position from a checkpoint; its loop state (step, version, rollout)."""
     state = checkpoint.load_state(job.resume)
@@ -304,11 +321,13 @@ def _load_tokenizer(hf_dir):
     return AutoTokenizer.from_pretrained(str(hf_dir))
 
 
-def _start_ray(cluster) -> None:
+def _start_ray(cluster) -> bool:
+    """Connect this process to Ray (`cluster.ray_address`, or a local Ray of its own); whether it
+    did: a Ray the caller already initialised is used as it is, and left up after the run."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
-        return
+        return False
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, logging_level=logging.WARNING)
     else:
@@ -319,6 +338,7 @@ def _start_ray(cluster) -> None:
             include_dashboard=False,
             logging_level=logging.WARNING,
         )
+    return True
 
 
 def _quietly(fn) -> None:

@@ -53,6 +53,26 @@ def tiny_qwen3_factory(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ray_session():
+    """This test process's Ray, shared by its tests: started by the first module that needs it and
+    left up for the next (a run that finds Ray up uses it and leaves it up), so Ray's start-up and
+    shut-down (about 5 s of CPU) are paid once per pytest worker, not once per run. A test that
+    needs a Ray of another shape takes one with `helpers.own_ray`."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _integration_tests_share_ray(request):
+    """Every integration test finds this process's Ray up (`ray_session`): its runs use it."""
+    if "integration" in request.node.path.parts:
+        request.getfixturevalue("ray_session")
+
+
+@pytest.fixture(scope="module")
 def world():
     """One gloo rank with megatron's parallel state (TP=1, EP=1) for the test module."""
     from helpers import megatron_world  # tests/ is on sys.path

@@ -38,6 +38,20 @@ def megatron_world(rank: int = 0, world_size: int = 1, port: int | None = None, 
         destroy_distributed()
 
 
+@contextlib.contextmanager
+def own_ray(**init_kwargs) -> Iterator[None]:
+    """A local Ray of this shape (`num_gpus=4`, say) for the block. The process's shared Ray
+    (conftest's `ray_session`), if up, is shut down first; the next module starts it again."""
+    import ray
+
+    ray.shutdown()
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", **init_kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 # ---- parity set-up shared by the model-family tests ------------------------------------------
 
 

@@ -51,18 +51,36 @@ class TrainerGroup:
     """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world,
     rendezvousing on trainer rank 0's node (`master_addr`)."""
 
-    def __init__(self, cfg, actor_options: list[dict] | None = None, profile_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg,
+        actor_options: list[dict] | None = None,
+        profile_dir: Path | None = None,
+        *,
+        start: bool = True,
+    ):
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
-        `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles."""
+        `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
+        `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
+        caller starts the engines, say); `start()` then sets them up."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
-        num_procs = len(options)
+        self.cfg = cfg
         self.call_timeout_s = cfg.cluster.trainer_call_timeout_s
         self.profile_steps = set(cfg.debug.profile_train_steps) if profile_dir is not None else set()
         self.profile_dir = profile_dir
-        self._broken = False
+        self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        self.actors = [actor_cls.options(**options[rank]).remote() for rank in range(num_procs)]
-        self.where = ["not started yet"] * num_procs  # then "pid P on NODE", for messages
+        self.actors = [actor_cls.options(**o).remote() for o in options]
+        self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
+        if start:
+            self.start()
+
+    def start(self) -> TrainerGroup:
+        """Wait for the ranks' processes, rendezvous them on rank 0's node and build each rank's
+        MegatronTrainer; once (later calls return at once). A failure kills the ranks."""
+        if self._started:
+            return self
+        cfg, num_procs = self.cfg, len(self.actors)
         try:
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
             self.where = [f"pid {pid} on {node}" for node, _, pid in endpoints]
@@ -80,6 +98,8 @@ class TrainerGroup:
         except BaseException:
             self._kill()
             raise
+        self._started = True
+        return self
 
     def wait(self, refs: list, call: str, timeout_s: float | None = None) -> list:
         """The results of `refs` (one per rank, in rank order), within `timeout_s` (default
@@ -179,7 +199,7 @@ class TrainerGroup:
     def shutdown(self) -> None:
         """Leave the process groups cleanly (a broken group is only killed), then end the actors."""
         try:
-            if not self._broken:
+            if self._started and not self._broken:  # ranks never set up have no groups to leave
                 self.wait(
                     [a.shutdown.remote() for a in self.actors],
                     "shutdown()",

@@ -122,12 +122,9 @@ def test_ray_cluster_with_too_few_gpus():
 def test_ray_cluster_with_too_few_gpus_read_from_ray():
     """check_gpus with cluster.ray_address reads the connected Ray cluster (here a local one with
     2 logical GPUs; seconds)."""
-    import ray
+    from helpers import own_ray  # tests/ is on sys.path
 
-    if ray.is_initialized():
-        pytest.skip("Ray is already up in this process")
-    ray.init(address="local", num_cpus=1, num_gpus=2, include_dashboard=False, logging_level="ERROR")
-    try:
+    with own_ray(num_cpus=1, num_gpus=2):
         cluster = to_object(
             compose(["cluster=1x8", "rollout.num_engines=4", "cluster.ray_address=auto"])
         ).cluster
@@ -137,8 +134,6 @@ def test_ray_cluster_with_too_few_gpus_read_from_ray():
             check_gpus(cluster)
         cluster.num_trainer_procs = cluster.num_rollout_gpus = 1
         check_gpus(cluster)  # 2 GPUs needed, 2 there
-    finally:
-        ray.shutdown()
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------

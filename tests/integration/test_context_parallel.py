@@ -13,7 +13,6 @@ import functools
 import re
 
 import pytest
-import ray
 import trainer_runs  # tests/ is on sys.path (conftest)
 from trainer_runs import assert_same_run
 
@@ -25,13 +24,6 @@ PACKED = "train.max_tokens_per_micro_batch=63"
 # 16 samples of 10 to 52 tokens: every micro-batch's sequence spans all four of CP=2's chunks; one
 # rollout (two optimizer steps, the second on moved weights) unless a test asks for more
 train = functools.partial(trainer_runs.train, shape=(16, (3, 13), (7, 41)), rollouts=1)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def test_cp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(ray_session, tmp_path):

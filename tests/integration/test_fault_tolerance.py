@@ -15,7 +15,6 @@ import aiohttp
 import httpx
 import psutil
 import pytest
-import ray
 from conftest import write_tiny_qwen3
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
@@ -32,13 +31,6 @@ from rlx.trainer.group import TrainerGroup
 from rlx.trainer.weights import write_weight_shards
 
 NUM_GROUPS, GROUP_SIZE, MAX_LEN = 16, 4, 40
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

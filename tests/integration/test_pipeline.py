@@ -12,7 +12,6 @@ import functools
 import re
 
 import pytest
-import ray
 import torch
 import trainer_runs  # tests/ is on sys.path (conftest)
 from trainer_runs import assert_same_run
@@ -28,13 +27,6 @@ TP2_PP2 = [
 ]
 # 32 samples of 4 to 11 tokens: four micro-batches of 4 per optimizer step through the pipeline
 train = functools.partial(trainer_runs.train, shape=(32, (3, 6), (1, 7)))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

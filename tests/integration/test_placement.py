@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import ray
+from helpers import own_ray  # tests/ is on sys.path
 
 from rlx.cluster import ClusterConfig
 from rlx.placement import plan
@@ -19,9 +20,8 @@ class Probe:
 
 @pytest.fixture(scope="module")
 def four_gpus():
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    with own_ray(num_cpus=2, num_gpus=4):
+        yield
 
 
 def _assigned(options: list[dict]) -> list[list[int]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import ray
 from conftest import write_tiny_qwen3
 from transformers import AutoTokenizer
 
@@ -14,13 +13,6 @@ from rlx.rollout.config import RolloutConfig
 from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample, Status
 from rlx.trainer.weights import write_weight_shards
-
-
-@pytest.fixture
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def _requests_served(url: str) -> int:

@@ -4,7 +4,6 @@ stopped, over-sampled groups are aborted and carried over, the dynamic filter ke
 from __future__ import annotations
 
 import pytest
-import ray
 from transformers import AutoTokenizer
 
 from rlx.rollout.buffer import RolloutBuffer
@@ -39,13 +38,6 @@ class _Prompts:
 @pytest.fixture(scope="module")
 def tokenizer(tiny_qwen3_dir):
     return AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def _pool(tiny_qwen3_dir, tokenizer, **overrides) -> RolloutPool:

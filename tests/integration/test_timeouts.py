@@ -21,13 +21,6 @@ from rlx.trainer.group import TrainerGroup, TrainerRankError
 CALL_TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
 def group(ray_session, tmp_path, monkeypatch):
     """Two CPU trainer ranks (DP=2) of the tiny default model."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -12,13 +11,6 @@ from rlx.config.compose import compose, to_object
 from rlx.models.qwen3 import Qwen3
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def _batch(hf_dir) -> list[Sample]:

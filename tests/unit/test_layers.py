@@ -39,3 +39,21 @@ def test_a_trainer_rank_imports_no_composition_validation_data_or_reward_code():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_a_config_error_is_reported_before_the_driver_loads_megatron():
+    # the driver reaches validation through launch.py -> rlx.launcher.job -> rlx.runtime; Megatron
+    # (seconds to import) loads only once a trainer starts, so a typo fails in about 2 s, not 6
+    probe = (
+        "import sys, rlx.launcher.job, rlx.runtime\n"
+        "from rlx.config.compose import compose\n"
+        "from rlx.errors import ConfigError\n"
+        "try:\n"
+        "    rlx.runtime.run(compose(['train.global_batch_size=100']))\n"
+        "except ConfigError:\n"
+        "    print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(('megatron', 'transformer_engine'))}))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
