@@ -12,6 +12,7 @@ even across nodes (its Prometheus metrics too): only the driver, beside it, talk
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -20,6 +21,9 @@ import httpx
 from rlx import ports
 from rlx.ports import LOOPBACK, free_port
 from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
+
+log = logging.getLogger(__name__)
+PORT_ATTEMPTS = 3
 
 
 class Router(ChildService):
@@ -51,44 +55,42 @@ class Router(ChildService):
             raise ValueError("Router needs at least one worker URL")
         self.worker_urls = list(worker_urls)
         self.host = host
+        self._own_port = port is None  # picked here: picked again if taken before the router binds it
         self.port = port or free_port(host)
         api_key = api_key or ports.api_key()
+        extra = dict(extra_args or {})
+        self._policy = extra.pop("policy", policy)  # rollout.router_args.policy=manual: session affinity
         # its metrics stay beside it, on a port of their own: the default, 0.0.0.0:29000, is open to
         # the network and taken by the first router on the machine
-        metrics = {"prometheus_host": host, "prometheus_port": free_port(host)}
-        key = {"api_key": api_key} if api_key else {}
-        extra = dict(extra_args or {})
-        policy = extra.pop("policy", policy)  # rollout.router_args.policy=manual: session affinity
-        args = {"log_level": "warn", **metrics, **extra, **key}
+        self._own_metrics_port = "prometheus_port" not in extra
+        self._args = {
+            "log_level": "warn",
+            "prometheus_host": host,
+            **extra,
+            **({"api_key": api_key} if api_key else {}),
+        }
+        self._args.setdefault("prometheus_port", free_port(host))
         for key in ("host", "port", "worker_urls"):  # owned by this class
-            if key in args:
+            if key in self._args:
                 raise ValueError(f"router arg {key!r} is set by Router's own parameters")
-        cmd = [
-            sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--host",
-            host,
-            "--port",
-            str(self.port),
-            "--worker-urls",
-            *self.worker_urls,
-            "--policy",
-            policy,
-            *cli_flags(args),
-        ]
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._child = ChildProcess(
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._startup_timeout_s = startup_timeout_s
+        self._child = self._new_child()
+        self._missing: list[str] | None = None  # None: /workers has not answered yet
+
+    def _new_child(self) -> ChildProcess:
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
+               "--worker-urls", *self.worker_urls, "--policy", self._policy, *cli_flags(self._args)]  # fmt: skip
+        return ChildProcess(
             cmd,
             self.url,
             name="sglang-router",
-            startup_timeout_s=startup_timeout_s,
-            ready=lambda http: self._all_registered(http, headers),
+            startup_timeout_s=self._startup_timeout_s,
+            ready=lambda http: self._all_registered(http, self._headers),
         )
-        self._missing = list(self.worker_urls)
 
     def _all_registered(self, http: httpx.Client, headers: dict[str, str]) -> bool:
-        """Whether the router answers and lists every worker URL as healthy (else `_missing` says which not)."""
+        """Whether the router lists every worker URL as healthy (else `_missing` says which not)."""
         if http.get(f"{self.url}/health").status_code != 200:
             return False
         answer = http.get(f"{self.url}/workers", headers=headers)
@@ -99,13 +101,27 @@ class Router(ChildService):
         return not self._missing
 
     def start(self):
-        try:
-            return super().start()
-        except TimeoutError as e:
-            raise TimeoutError(
-                f"sglang-router did not list {self._missing} as healthy workers in time: check that "
-                f"each answers GET /health and /server_info (or /get_server_info).\n{e}"
-            ) from None
+        """Start the router; a port of its own that another process took between being picked and
+        being bound (the router exits: "Address already in use") is picked again, up to 3 times."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return super().start()
+            except TimeoutError as e:
+                if self._missing is None:
+                    raise
+                raise TimeoutError(
+                    f"sglang-router did not list {self._missing} as healthy workers in time: check that "
+                    f"each answers GET /health and /server_info (or /get_server_info).\n{e}"
+                ) from None
+            except RuntimeError as e:
+                own = self._own_port or self._own_metrics_port
+                if "Address already in use" not in str(e) or not own or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                log.warning("sglang-router: a port was taken before it bound it; picking new ones")
+                self.port = free_port(self.host) if self._own_port else self.port
+                if self._own_metrics_port:
+                    self._args["prometheus_port"] = free_port(self.host)
+                self._child = self._new_child()
 
     @property
     def cmd(self) -> list[str]:

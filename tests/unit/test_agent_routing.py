@@ -119,7 +119,30 @@ def test_round_robin_ignores_the_key_and_starts_even_when_a_worker_registers_lat
 
 def test_a_worker_that_never_registers_is_named_when_the_router_gives_up(workers):
     dead = f"http://127.0.0.1:{free_port()}"
-    router = Router([workers[0].url, dead], startup_timeout_s=3, extra_args={"prometheus_port": free_port()})
+    router = Router([workers[0].url, dead], startup_timeout_s=10, extra_args={"prometheus_port": free_port()})
     with pytest.raises(TimeoutError, match=f"did not list \\['{dead}'\\] as healthy workers"):
         router.start()
     assert not router.running()  # the router child is stopped, not left behind
+
+
+def test_a_port_taken_before_the_router_binds_it_is_picked_again(workers, monkeypatch):
+    import socket
+
+    import rlx.rollout.router as router_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    picks = iter([taken_port])  # the first pick is taken by the time the router binds it
+    real = router_module.free_port
+    monkeypatch.setattr(router_module, "free_port", lambda host: next(picks, None) or real(host))
+    router = Router([workers[0].url])
+    assert router.port == taken_port
+    try:
+        with router:
+            served = conversations(router.url, num_sessions=1, num_turns=1)
+    finally:
+        taken.close()
+    assert router.port != taken_port  # it serves on a port picked again
+    assert served["s0"] == ["a"]
