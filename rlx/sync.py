@@ -154,7 +154,7 @@ class WeightPublisher:
         self._members = {}
         if staying:
             self.pool.leave_weight_group(staying)
-        address, port = self.trainer.master_addr, self.trainer.free_port()
+        address, port = self.trainer.master_addr, self.trainer.host_weight_group()
         world_size = 1 + len(engines)
         trainer_joins = self.trainer.async_init_weight_group(address, port, world_size, self.backend)
         self.pool.join_weight_group(address, port, self.backend, list(engines))

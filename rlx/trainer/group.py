@@ -176,9 +176,12 @@ class TrainerGroup:
         """The policy's weights straight to the engines (`tensor` or `distributed`); tensors sent."""
         return self._call("push_weights", method, engine_urls, version, bucket_bytes)[0]
 
-    def free_port(self) -> int:
-        """A port free on rank 0's node (`master_addr`), for a group rank 0 hosts."""
-        return self.wait([self.actors[0].endpoint.remote()], "endpoint()")[0][1]
+    def host_weight_group(self) -> int:
+        """Rank 0 starts hosting the engines' broadcast group on its node (`master_addr`), on a
+        port the OS picks and rank 0 holds; that port (then `async_init_weight_group`)."""
+        return self.wait([self.actors[0].host_weight_group.remote(self.master_addr)], "host_weight_group()")[
+            0
+        ]
 
     def async_init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str):
         """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all

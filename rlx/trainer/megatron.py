@@ -271,6 +271,10 @@ class MegatronTrainer:
             return sum(1 for _ in named)  # every rank takes part in the gathers
         return self._pusher.distributed(named, engine_urls, version, bucket_bytes)
 
+    def host_weight_group(self, master_address: str) -> int:
+        """Rank 0: start hosting the engines' broadcast group on `master_address`; its port."""
+        return self._pusher.host_group(master_address)
+
     def init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
         """Rank 0 hosts the engines' broadcast group (blocks until they have joined); others: nothing."""
         if self.rank == 0:

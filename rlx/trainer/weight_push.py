@@ -67,6 +67,10 @@ class WeightPusher:
                         self.post(url, "/update_weights_from_tensor", body)
         return num
 
+    def host_group(self, master_address: str) -> int:
+        """Rank 0 starts hosting the next broadcast group's store; its port (picked by the OS)."""
+        return self.sender.host(master_address)
+
     def init_group(self, master_address: str, master_port: int, world_size: int, backend: str) -> None:
         """Rank 0 hosts the broadcast group (blocks until every engine has joined), in place of
         the one it hosted before, if any (formed again after an engine was restarted)."""

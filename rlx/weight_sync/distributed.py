@@ -54,7 +54,9 @@ class _Group:
         backend: str,
         group_name: str,
         timeout_s: float,
+        store: dist.TCPStore | None = None,
     ):
+        """`store`: the master's, already hosted (`WeightSender.host`); else one is made here."""
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         if not 0 <= rank < world_size:
@@ -65,7 +67,7 @@ class _Group:
         try:
             # The master waits for every peer here (wait_for_workers), so this is where a missing
             # engine shows up: after `timeout_s`, not never.
-            self.store = dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
+            self.store = store or dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
             device = "cuda" if backend == "nccl" else "cpu"
             prefixed = dist.PrefixStore(
                 f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self.store))
@@ -126,6 +128,14 @@ class WeightSender:
     def __init__(self) -> None:
         self._group: _Group | None = None
         self._buffer: torch.Tensor | None = None
+        self._hosted: dist.TCPStore | None = None
+
+    def host(self, master_address: str) -> int:
+        """Start hosting the group's store on `master_address`, on a port the OS picks and holds
+        (no other process can take it before the receivers come, as with a port found free first
+        and bound later); that port, for `init` and the receivers."""
+        self._hosted = dist.TCPStore(master_address, 0, is_master=True, wait_for_workers=False)
+        return self._hosted.port
 
     def init(
         self,
@@ -136,10 +146,18 @@ class WeightSender:
         group_name: str = DEFAULT_GROUP,
         timeout_s: float = 300.0,
     ) -> None:
-        """Host the store and join as rank 0; blocks until all `world_size - 1` receivers join."""
+        """Join as rank 0, on the store `host` made (its port is `master_port`), else on one
+        hosted here now; blocks until all `world_size - 1` receivers join."""
         if self._group is not None:
             raise WeightSyncError(f"already joined {self._group.where}; close() first")
-        self._group = _Group(master_address, master_port, 0, world_size, backend, group_name, timeout_s)
+        hosted, self._hosted = self._hosted, None
+        if hosted is not None and hosted.port != master_port:
+            raise ValueError(
+                f"master_port={master_port}, but host() is serving the store on port {hosted.port}"
+            )
+        self._group = _Group(
+            master_address, master_port, 0, world_size, backend, group_name, timeout_s, store=hosted
+        )
 
     def send(
         self,

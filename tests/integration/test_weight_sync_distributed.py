@@ -7,6 +7,7 @@ hanging it.
 from __future__ import annotations
 
 import queue
+import socket
 import time
 import traceback
 
@@ -127,6 +128,19 @@ def test_init_times_out_naming_the_address_when_a_peer_never_joins():
     with pytest.raises(WeightSyncError, match=f"127.0.0.1:{port}.*rank 1 of 2"):
         WeightReceiver().init(ADDRESS, port, rank=1, world_size=2, timeout_s=1)
     assert time.monotonic() - started < 15
+
+
+def test_a_hosted_store_holds_its_port_and_the_group_forms_on_it():
+    sender = WeightSender()
+    port = sender.host(ADDRESS)  # picked by the OS and held from now on: nobody else can bind it
+    with pytest.raises(OSError):
+        socket.create_server((ADDRESS, port))
+    other = WeightSender()
+    other_port = other.host(ADDRESS)
+    with pytest.raises(ValueError, match=f"serving the store on port {other_port}"):
+        other.init(ADDRESS, other_port + 1, world_size=2)
+    with pytest.raises(WeightSyncError, match=f"127.0.0.1:{port}.*did not form within 1 s"):
+        sender.init(ADDRESS, port, world_size=2, timeout_s=1)  # on the hosted store: no peer comes
 
 
 def test_send_before_init_fails_clearly():
