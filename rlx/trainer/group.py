@@ -34,7 +34,9 @@ class TrainerRank(MegatronTrainer):
         pass
 
     def setup(self, *args, **kwargs) -> None:
-        MegatronTrainer.__init__(self, *args, store=getattr(self, "_store", None), **kwargs)
+        # the store host_rendezvous made for this group (rank 0), taken: a rank process set up
+        # again for another group (TrainerGroup.release) must not find an old one
+        MegatronTrainer.__init__(self, *args, store=self.__dict__.pop("_store", None), **kwargs)
 
     def host_rendezvous(self) -> int:
         """Rank 0: start hosting the group's rendezvous on this node; its port."""
@@ -58,11 +60,14 @@ class TrainerGroup:
         profile_dir: Path | None = None,
         *,
         start: bool = True,
+        actors: list | None = None,
     ):
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
         `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
         `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
-        caller starts the engines, say); `start()` then sets them up."""
+        caller starts the engines, say); `start()` then sets them up. `actors`: rank processes an
+        earlier group handed back (`release()`), taken for the first ranks as they are (their Ray
+        options stay theirs), new ones started for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         self.cfg = cfg
         self.call_timeout_s = cfg.cluster.trainer_call_timeout_s
@@ -70,7 +75,8 @@ class TrainerGroup:
         self.profile_dir = profile_dir
         self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        self.actors = [actor_cls.options(**o).remote() for o in options]
+        kept = list(actors or [])[: len(options)]
+        self.actors = kept + [actor_cls.options(**o).remote() for o in options[len(kept) :]]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
             self.start()
@@ -202,14 +208,32 @@ class TrainerGroup:
     def shutdown(self) -> None:
         """Leave the process groups cleanly (a broken group is only killed), then end the actors."""
         try:
-            if self._started and not self._broken:  # ranks never set up have no groups to leave
-                self.wait(
-                    [a.shutdown.remote() for a in self.actors],
-                    "shutdown()",
-                    min(SHUTDOWN_TIMEOUT_S, self.call_timeout_s),
-                )
+            self._leave_groups()
         finally:
             self._kill()
+
+    def release(self) -> list:
+        """Like `shutdown`, every rank leaves its process groups, but the rank processes are handed
+        back, for another group (`actors=`) to set up again without starting processes (seconds
+        each: the Megatron import); a group that broke or never set up ends them and hands back none."""
+        if not self._started or self._broken:
+            self._kill()
+            return []
+        try:
+            self._leave_groups()
+        except BaseException:
+            self._kill()
+            raise
+        actors, self.actors, self._started = self.actors, [], False  # no longer this group's
+        return actors
+
+    def _leave_groups(self) -> None:
+        if self._started and not self._broken:  # ranks never set up have no groups to leave
+            self.wait(
+                [a.shutdown.remote() for a in self.actors],
+                "shutdown()",
+                min(SHUTDOWN_TIMEOUT_S, self.call_timeout_s),
+            )
 
     def _kill(self) -> None:
         for a in self.actors:
