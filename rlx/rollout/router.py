@@ -63,16 +63,12 @@ class Router(ChildService):
         # its metrics stay beside it, on a port of their own: the default, 0.0.0.0:29000, is open to
         # the network and taken by the first router on the machine
         self._own_metrics_port = "prometheus_port" not in extra
-        self._args = {
-            "log_level": "warn",
-            "prometheus_host": host,
-            **extra,
-            **({"api_key": api_key} if api_key else {}),
-        }
-        self._args.setdefault("prometheus_port", free_port(host))
-        for key in ("host", "port", "worker_urls"):  # owned by this class
-            if key in self._args:
-                raise ValueError(f"router arg {key!r} is set by Router's own parameters")
+        metrics = {"prometheus_host": host, "prometheus_port": free_port(host)}
+        key = {"api_key": api_key} if api_key else {}
+        self._args = {"log_level": "warn", **metrics, **extra, **key}
+        for name in ("host", "port", "worker_urls"):  # owned by this class
+            if name in self._args:
+                raise ValueError(f"router arg {name!r} is set by Router's own parameters")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._startup_timeout_s = startup_timeout_s
         self._child = self._new_child()
