@@ -17,6 +17,18 @@ API_KEY_ENV = "RLX_ENGINE_API_KEY"  # the run's key; unset: engines take request
 HOST_ENV = "RLX_ENGINE_HOST"  # "node": engines bind their Ray node's address; unset: loopback
 
 
+def held_store(host: str, timeout_s: float):
+    """A torch.distributed TCPStore master listening on `host`, on a port the OS picks (`.port`)
+    and that it holds from now on: no other process can take the port between its choice and
+    the peers' coming, as one could with a port found free first (`free_port`) and bound later."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A port on `host` that was free a moment ago (the caller's child binds it; a race is unlikely)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

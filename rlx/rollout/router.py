@@ -82,14 +82,14 @@ class Router(ChildService):
             self.url,
             name="sglang-router",
             startup_timeout_s=self._startup_timeout_s,
-            ready=lambda http: self._all_registered(http, self._headers),
+            ready=self._all_registered,
         )
 
-    def _all_registered(self, http: httpx.Client, headers: dict[str, str]) -> bool:
+    def _all_registered(self, http: httpx.Client) -> bool:
         """Whether the router lists every worker URL as healthy (else `_missing` says which not)."""
         if http.get(f"{self.url}/health").status_code != 200:
             return False
-        answer = http.get(f"{self.url}/workers", headers=headers)
+        answer = http.get(f"{self.url}/workers", headers=self._headers)
         if answer.status_code != 200:
             return False
         healthy = {w["url"].rstrip("/") for w in answer.json()["workers"] if w.get("is_healthy")}

@@ -43,10 +43,9 @@ class TrainerRank(MegatronTrainer):
         self._store = rendezvous_store(ports.node_address())
         return self._store.port
 
-    def endpoint(self) -> tuple[str, int, int]:
-        """(this node's address, a port free on it, this process's id)."""
-        address = ports.node_address()
-        return address, ports.free_port(address), os.getpid()
+    def endpoint(self) -> tuple[str, int]:
+        """(this node's address, this process's id)."""
+        return ports.node_address(), os.getpid()
 
 
 class TrainerGroup:
@@ -89,8 +88,8 @@ class TrainerGroup:
         cfg, num_procs = self.cfg, len(self.actors)
         try:
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
-            self.where = [f"pid {pid} on {node}" for node, _, pid in endpoints]
-            self.pids = [pid for _, _, pid in endpoints]
+            self.where = [f"pid {pid} on {node}" for node, pid in endpoints]
+            self.pids = [pid for _, pid in endpoints]
             self.master_addr = endpoints[0][0]
             master_port = self.wait([self.actors[0].host_rendezvous.remote()], "host_rendezvous()")[0]
             kwargs = dict(
@@ -185,9 +184,10 @@ class TrainerGroup:
     def host_weight_group(self) -> int:
         """Rank 0 starts hosting the engines' broadcast group on its node (`master_addr`), on a
         port the OS picks and rank 0 holds; that port (then `async_init_weight_group`)."""
-        return self.wait([self.actors[0].host_weight_group.remote(self.master_addr)], "host_weight_group()")[
-            0
-        ]
+        (port,) = self.wait(
+            [self.actors[0].host_weight_group.remote(self.master_addr)], "host_weight_group()"
+        )
+        return port
 
     def async_init_weight_group(self, master_address: str, master_port: int, world_size: int, backend: str):
         """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all

@@ -8,14 +8,14 @@ import os
 import torch
 import torch.distributed as dist
 
+from rlx.ports import held_store
+
 TIMEOUT = datetime.timedelta(minutes=10)  # the rendezvous and every collective of the default group
 
 
 def rendezvous_store(host: str) -> dist.TCPStore:
-    """The rendezvous store rank 0 hosts, listening from now on on a port the OS picks
-    (`.port`): no other process can take the port between its choice and the bind, as one
-    could with a port found free first and bound later."""
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    """The rendezvous store rank 0 hosts, on a port it holds (`rlx.ports.held_store`)."""
+    return held_store(host, TIMEOUT.total_seconds())
 
 
 def init_distributed(

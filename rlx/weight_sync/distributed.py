@@ -26,12 +26,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlx.ports import route_address
+from rlx.ports import held_store, route_address
 from rlx.weight_sync.buckets import BucketMeta, flatten, iter_buckets, unflatten
 
 __all__ = ["Announce", "WeightReceiver", "WeightSender", "WeightSyncError"]
 
 DEFAULT_GROUP = "weight_update_group"  # SGLang's default `group_name`
+HOSTED_TIMEOUT_S = 300.0  # a hosted store's own operations (torch's TCPStore default)
 
 # Called with each bucket's metadata before its broadcast; may return a function that blocks
 # until the receivers have loaded the bucket (for example the HTTP responses).
@@ -65,9 +66,12 @@ class _Group:
         self.rank, self.backend = rank, backend
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
-            # The master waits for every peer here (wait_for_workers), so this is where a missing
-            # engine shows up: after `timeout_s`, not never.
-            self.store = store or dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
+            # A missing engine shows up here, after `timeout_s`, not never: the master of a store
+            # made here waits for every peer (wait_for_workers); on a hosted store the process
+            # group's own rendezvous waits as long.
+            if store is None:
+                store = dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
+            self.store = store
             device = "cuda" if backend == "nccl" else "cpu"
             prefixed = dist.PrefixStore(
                 f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self.store))
@@ -131,10 +135,9 @@ class WeightSender:
         self._hosted: dist.TCPStore | None = None
 
     def host(self, master_address: str) -> int:
-        """Start hosting the group's store on `master_address`, on a port the OS picks and holds
-        (no other process can take it before the receivers come, as with a port found free first
-        and bound later); that port, for `init` and the receivers."""
-        self._hosted = dist.TCPStore(master_address, 0, is_master=True, wait_for_workers=False)
+        """Start hosting the group's store on `master_address`, on a port it holds
+        (`rlx.ports.held_store`); that port, for `init` and the receivers."""
+        self._hosted = held_store(master_address, HOSTED_TIMEOUT_S)
         return self._hosted.port
 
     def init(
