@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 
 from rlx.config.compose import compose
@@ -29,7 +30,11 @@ def _one(mode: str, steps: int, overrides: list[str]) -> dict:
                      "run.tensorboard=false", "run.dump_rollouts=false", "algo.use_tis=true",
                      f"rollout.mode={mode}", *overrides])
         )  # fmt: skip
-    median = lambda key: statistics.median(h[key] for h in history[1:] if key in h)  # noqa: E731
+
+    def median(key: str) -> float | None:  # None where the run never logged `key`
+        values = [h[key] for h in history[1:] if key in h]
+        return statistics.median(values) if values else None
+
     result = {
         "median_step_s": median("time/step_s"),
         "steps_wall_s": sum(h["time/step_s"] for h in history),
@@ -41,8 +46,9 @@ def _one(mode: str, steps: int, overrides: list[str]) -> dict:
     if mode == "async":
         keys = ("async/trainer_idle_frac", "async/rollout_idle_frac", "async/overlap_frac", "time/rollout_s",
                 "time/weight_load_overlapped_s")  # fmt: skip
-        for key in keys:
-            result["median_" + key.replace("/", "_")] = median(key)
+        for key in keys:  # time/weight_load_overlapped_s: only with a disk sync that overlaps
+            if (value := median(key)) is not None:
+                result["median_" + key.replace("/", "_")] = value
     else:
         result["median_rollout_s"] = median("time/rollout_s")
     return result
@@ -54,6 +60,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     args = parser.parse_args()
     sync = _one("sync", args.steps, args.overrides)
+    print(json.dumps({"sync": sync}), file=sys.stderr, flush=True)  # kept if the async run fails
     asynchronous = _one("async", args.steps, args.overrides)
     print(
         json.dumps(

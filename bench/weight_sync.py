@@ -20,9 +20,11 @@ Each round exports fresh tensors (clones, outside the clock), as the trainer's g
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from datetime import date
@@ -42,6 +44,7 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head dim, vocab
     "qwen3_1.7b": (2048, 6144, 28, 16, 8, 128, 151936),
 }
 WAIT_S = 600.0
+PATHS = ("tensor", "tensor_flat", "distributed", "disk")
 
 
 def weight_specs(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -66,8 +69,15 @@ def weight_specs(shape: str) -> list[tuple[str, tuple[int, ...]]]:
     return specs + [("model.norm.weight", (hidden,))]
 
 
-def _receiver(specs, dtype, device: str, commands, acks) -> None:
+def _watchdog(seconds: float) -> None:
+    """After `seconds`, print every thread's stack to stderr and exit: where a hang is."""
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def _receiver(specs, dtype, device: str, commands, acks, watchdog_s: float = 0.0) -> None:
     """The engine stand-in: parameters of the given shapes, filled by whichever path is asked."""
+    _watchdog(watchdog_s)
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -136,11 +146,18 @@ def bench_paths(args, specs, commands, acks) -> dict[str, dict]:
                 commands.put(("tensor", payload))
                 ack()
 
-    if args.receiver_device == args.device or device.type == "cpu":
-        results["tensor"] = _time_rounds(tensor, fresh, args.repeats)
-        results["tensor_flat"] = _time_rounds(tensor_flat, fresh, args.repeats)
-    results["distributed"] = bench_distributed(args, fresh, bucket_bytes, commands, ack)
-    results["disk"] = bench_disk(args, fresh, commands, ack)
+    same_device = args.receiver_device == args.device or device.type == "cpu"
+    paths = {
+        "tensor": lambda: _time_rounds(tensor, fresh, args.repeats) if same_device else None,
+        "tensor_flat": lambda: _time_rounds(tensor_flat, fresh, args.repeats) if same_device else None,
+        "distributed": lambda: bench_distributed(args, fresh, bucket_bytes, commands, ack),
+        "disk": lambda: bench_disk(args, fresh, commands, ack),
+    }
+    for name in args.paths:
+        started = time.perf_counter()
+        if (result := paths[name]()) is not None:  # tensor paths: one device only (CUDA IPC)
+            results[name] = result
+            print(f"{name}: {result} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
     return results
 
 
@@ -195,7 +212,14 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--disk-dir", default=None, help="where the disk path writes (default: the temp dir)")
+    parser.add_argument(
+        "--paths", nargs="+", choices=PATHS, default=list(PATHS), help="the paths to time, in this order"
+    )
+    parser.add_argument(
+        "--watchdog-s", type=float, default=0.0, help="print both processes' stacks and exit after this long"
+    )
     args = parser.parse_args()
+    _watchdog(args.watchdog_s)
     args.device = str(torch.device(args.device, 0) if args.device == "cuda" else torch.device(args.device))
     args.receiver_device = args.receiver_device or args.device
     if args.device.startswith("cuda"):
@@ -205,7 +229,9 @@ def main() -> None:
     commands, acks = ctx.Queue(), ctx.Queue()
     dtype = getattr(torch, args.dtype)
     proc = ctx.Process(
-        target=_receiver, args=(specs, dtype, args.receiver_device, commands, acks), daemon=True
+        target=_receiver,
+        args=(specs, dtype, args.receiver_device, commands, acks, args.watchdog_s),
+        daemon=True,
     )
     proc.start()
     try:

@@ -94,10 +94,16 @@ class _Group:
             raise WeightSyncError(f"broadcast of {flat.numel()} bytes over {self.where} failed: {e}") from e
 
     def close(self) -> None:
-        # NCCL communicators hold GPU memory and threads until shut down; gloo just drops sockets.
-        shutdown = getattr(self.pg, "shutdown", None)
-        if self.backend == "nccl" and shutdown is not None:
-            shutdown()
+        # NCCL communicators hold GPU memory and threads until freed; gloo just drops sockets.
+        # Aborted, not shut down: shutdown() destroys the communicator, and NCCL's destroy waits
+        # for every rank on the node to destroy theirs too, so a sender leaving first (or a group
+        # re-formed without a dead engine) would hang. Every broadcast here was waited on; the
+        # synchronize makes sure the last one has landed before the communicator goes.
+        if self.backend == "nccl":
+            torch.cuda.synchronize(self.device)
+            end = getattr(self.pg, "abort", None) or getattr(self.pg, "shutdown", None)
+            if end is not None:
+                end()
         del self.pg, self.store
 
 
