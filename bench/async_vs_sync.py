@@ -18,18 +18,22 @@ import json
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 from rlx.config.compose import compose
 from rlx.runtime import run
 
 
-def _one(mode: str, steps: int, overrides: list[str]) -> dict:
+def _one(mode: str, steps: int, overrides: list[str], history_dir: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         history = run(
             compose([f"run.output_dir={out}", f"run.num_rollout={steps}", "run.progress=false",
                      "run.tensorboard=false", "run.dump_rollouts=false", "algo.use_tis=true",
                      f"rollout.mode={mode}", *overrides])
         )  # fmt: skip
+    if history_dir is not None:  # every step's metrics, for what the medians hide
+        history_dir.mkdir(parents=True, exist_ok=True)
+        (history_dir / f"{mode}.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
 
     def median(key: str) -> float | None:  # None where the run never logged `key`
         values = [h[key] for h in history[1:] if key in h]
@@ -57,11 +61,14 @@ def _one(mode: str, steps: int, overrides: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument(
+        "--history-dir", type=Path, help="write each mode's per-step metrics here (MODE.jsonl)"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     args = parser.parse_args()
-    sync = _one("sync", args.steps, args.overrides)
+    sync = _one("sync", args.steps, args.overrides, args.history_dir)
     print(json.dumps({"sync": sync}), file=sys.stderr, flush=True)  # kept if the async run fails
-    asynchronous = _one("async", args.steps, args.overrides)
+    asynchronous = _one("async", args.steps, args.overrides, args.history_dir)
     print(
         json.dumps(
             {
