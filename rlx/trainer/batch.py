@@ -10,6 +10,7 @@ another sample's; `pack` chooses which samples share a row under a token budget.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from itertools import chain
 
 import torch
 
@@ -54,11 +55,29 @@ class MicroBatch:
 
 
 def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch.float32) -> torch.Tensor:
+    """`rows` (lists, or 1-d tensors) right-padded with 0 into one [len(rows), width] tensor.
+
+    A few whole-batch ops instead of one copy per row: a batch of a thousand samples is a
+    thousand rows per field, and the trainer builds these on the host before each schedule."""
     out = torch.zeros(len(rows), width, dtype=dtype)
-    for i, row in enumerate(rows):
-        row_t = torch.as_tensor(row, dtype=dtype)
-        out[i, : len(row_t)] = row_t
+    if not rows:
+        return out
+    if all(isinstance(row, torch.Tensor) for row in rows):
+        flat = torch.cat([row.reshape(-1) for row in rows]).to(dtype)
+    else:
+        flat = torch.tensor(list(chain.from_iterable(rows)), dtype=dtype)
+    lengths = torch.tensor([len(row) for row in rows])
+    if int(lengths.max()) > width:
+        raise ValueError(f"a row of {int(lengths.max())} values does not fit in width {width}")
+    out[torch.arange(width) < lengths.unsqueeze(1)] = flat  # row-major: the rows' order, end to end
     return out
+
+
+def flat_loss_mask(samples: list[Sample]) -> torch.Tensor:
+    """Every sample's loss mask (all ones where it has none), end to end: bool [sum of response_len]."""
+    return torch.tensor(
+        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=torch.bool
+    )
 
 
 def make_micro_batch(

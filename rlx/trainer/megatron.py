@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.sample import Sample
 from rlx.trainer import context
-from rlx.trainer.batch import MicroBatch, response_slice
+from rlx.trainer.batch import MicroBatch, flat_loss_mask, response_slice
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
 from rlx.trainer.critic import Critic
 from rlx.trainer.offload import Offloader, gpu_memory_gib
@@ -194,9 +195,7 @@ class MegatronTrainer:
             inputs["values"] = self._on_dp_shards(samples, self.critic.values)
         logprobs_s = time.perf_counter() - start  # the forward-only passes before any update
         result: Advantages = self.algo.advantages(samples, inputs)
-        metrics = self._logprob_gap(samples, logprobs["old_logp"]) | _advantage_stats(
-            samples, result.advantages
-        )
+        metrics = logprob_gap(samples, logprobs["old_logp"]) | advantage_stats(samples, result.advantages)
         metrics["time/logprobs_s"] = logprobs_s
         metrics |= {f"train/{k}": v for k, v in result.metrics.items()}
 
@@ -207,7 +206,7 @@ class MegatronTrainer:
         if train_policy:
             extras = {"adv": result.advantages, **logprobs}
             if all(len(s.rollout_logprobs) == s.response_len for s in samples):
-                extras["rollout_logp"] = [torch.tensor(s.rollout_logprobs) for s in samples]
+                extras["rollout_logp"] = rollout_logprobs(samples)
             metrics |= {f"train/{k}": v for k, v in self.policy.train(samples, extras).items()}
         metrics["time/train_s"] = time.perf_counter() - start
         if self.device.type == "cuda":
@@ -231,18 +230,6 @@ class MegatronTrainer:
             pairs = [pair for part in gathered for pair in part]
         by_index = dict(pairs)
         return [by_index[i] for i in range(len(by_index))]
-
-    @staticmethod
-    def _logprob_gap(samples: list[Sample], old_logp: list[torch.Tensor]) -> dict[str, float]:
-        """Mean |trainer logprob - rollout logprob| over loss tokens (the model's own: tool output
-        carries no rollout logprob), before the update."""
-        gap_sum = count = 0.0
-        for s, logp in zip(samples, old_logp, strict=True):
-            if len(s.rollout_logprobs) == s.response_len:
-                mask = torch.tensor(s.loss_mask or [1] * s.response_len, dtype=torch.bool)
-                gap_sum += float((logp - torch.tensor(s.rollout_logprobs)).abs()[mask].sum())
-                count += int(mask.sum())
-        return {"train/logprob_abs_diff": gap_sum / max(count, 1.0)}
 
     # ---- weights ----------------------------------------------------------------------------
 
@@ -309,11 +296,30 @@ def critic_dir(ckpt_dir: str | Path) -> Path:
     return path.with_name(f"{path.name}_critic")
 
 
-def _advantage_stats(samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:
+def logprob_gap(samples: list[Sample], old_logp: list[torch.Tensor]) -> dict[str, float]:
+    """Mean |trainer logprob - rollout logprob| over loss tokens (the model's own: tool output
+    carries no rollout logprob), before the update."""
+    have = [i for i, s in enumerate(samples) if len(s.rollout_logprobs) == s.response_len]
+    if not have:
+        return {"train/logprob_abs_diff": 0.0}
+    logp = torch.cat([old_logp[i] for i in have]).double()
+    rollout = torch.tensor(
+        list(chain.from_iterable(samples[i].rollout_logprobs for i in have)), dtype=torch.float64
+    )
+    gap = (logp - rollout).abs()[flat_loss_mask([samples[i] for i in have])]
+    return {"train/logprob_abs_diff": float(gap.sum()) / max(gap.numel(), 1)}
+
+
+def rollout_logprobs(samples: list[Sample]) -> list[torch.Tensor]:
+    """Each sample's engine log-probs as a float32 tensor [response_len] (views of one tensor)."""
+    flat = torch.tensor(list(chain.from_iterable(s.rollout_logprobs for s in samples)))
+    return list(flat.split([s.response_len for s in samples]))
+
+
+def advantage_stats(samples: list[Sample], advantages: list[torch.Tensor]) -> dict[str, float]:
     """Mean, std and extremes of the advantages over loss tokens (what the policy is pushed by)."""
-    values = [a[: s.response_len][torch.tensor(s.loss_mask or [1] * s.response_len, dtype=torch.bool)]
-              for s, a in zip(samples, advantages, strict=True)]  # fmt: skip
-    flat = torch.cat(values) if values else torch.zeros(1)
+    values = [a[: s.response_len] for s, a in zip(samples, advantages, strict=True)]
+    flat = torch.cat(values)[flat_loss_mask(samples)] if values else torch.zeros(1)
     return {
         "train/adv_mean": float(flat.mean()),
         "train/adv_std": float(flat.std()) if flat.numel() > 1 else 0.0,

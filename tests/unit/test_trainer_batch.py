@@ -1,9 +1,10 @@
 """Padding samples into micro-batches and aligning per-position outputs with response tokens."""
 
+import pytest
 import torch
 
 from rlx.sample import Sample
-from rlx.trainer.batch import make_micro_batch, response_slice, split
+from rlx.trainer.batch import flat_loss_mask, make_micro_batch, pad_2d, response_slice, split
 
 
 def _samples():
@@ -21,6 +22,22 @@ def test_micro_batch_pads_right_and_aligns_extras():
     assert mb.response_len_B.tolist() == [3, 1]
     assert mb.mask_BT.tolist() == [[1, 0, 1], [1, 0, 0]]  # empty loss_mask means every token counts
     assert mb.extras["adv"].tolist() == [[0.5, 0.5, 0.5], [-1.0, 0.0, 0.0]]
+
+
+def test_pad_2d_takes_tensor_rows_of_any_dtype_and_lists_alike():
+    tensors = [torch.tensor([0.25, -1.5], dtype=torch.float64), torch.tensor([], dtype=torch.float32),
+               torch.tensor([3.0, 4.0, 5.0], dtype=torch.bfloat16)]  # fmt: skip
+    assert pad_2d(tensors, 4).tolist() == [[0.25, -1.5, 0, 0], [0, 0, 0, 0], [3.0, 4.0, 5.0, 0]]
+    assert pad_2d(tensors, 4).dtype == torch.float32
+    assert pad_2d([[7], [], [1, 2, 3]], 3, torch.long).tolist() == [[7, 0, 0], [0, 0, 0], [1, 2, 3]]
+    assert pad_2d([], 3).shape == (0, 3)
+    with pytest.raises(ValueError, match="a row of 3 values does not fit in width 2"):
+        pad_2d([[1], [1, 2, 3]], 2)
+
+
+def test_flat_loss_mask_puts_every_samples_mask_end_to_end():
+    # sample 0 masks its second token; sample 1 has no mask: all its tokens count
+    assert flat_loss_mask(_samples()).tolist() == [True, False, True, True]
 
 
 def test_response_slice_takes_the_position_before_each_response_token():
