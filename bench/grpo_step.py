@@ -83,7 +83,9 @@ def main(argv: list[str]) -> None:
         "bench": "grpo_step", "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "shape": args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
-        "wall_s": round(wall, 1), **{k.split("/")[1]: round(median(k), 3) for k in PHASES},
+        "wall_s": round(wall, 1),
+        # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs)
+        **{k.split("/")[1]: round(median(k), 3) for k in PHASES if k in timed[-1]},
         "tokens_per_s_per_gpu": round((tokens + prompt_tokens) / median("time/step_s") / num_gpus),
         "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
         "trainer_peak_mem_gib": round(median("perf/trainer_peak_mem_gib"), 2),

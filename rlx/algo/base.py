@@ -38,8 +38,8 @@ class Algorithm(Protocol):
         `samples` is a whole rollout batch ordered by (group, index): every group's samples
         are contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must
         have a `reward`; a `None` reward raises `ValueError` naming the sample. `logprobs`
-        maps "old_logp" (always), "ref_logp" (when `needs_ref`) and "values" (when
-        `needs_critic`: the critic's value of the state before each response token) to one
+        maps "old_logp" (unless `needs_old_logp` is False), "ref_logp" (when `needs_ref`) and
+        "values" (when `needs_critic`: the critic's value of the state before each response token) to one
         [response_len] tensor per sample, computed by the trainer before any update of this
         rollout, for estimators that shape rewards with them (KL in the reward) or bootstrap
         from the critic (GAE). Returns one float32 advantage tensor of shape
@@ -74,6 +74,11 @@ class Algorithm(Protocol):
         (the policy's family and weights, a fresh scalar head; `algo.critic_lr`,
         `algo.value_clip`, `algo.critic_warmup_steps`), passes its "values" to `advantages`,
         trains it on the returned `returns`, and holds the policy during the critic's warm-up.
+
+    `needs_old_logp` (optional; True when absent)
+        False when `advantages` never reads "old_logp": the trainer may then take the old
+        policy's log-probs in `loss` from the training pass itself (`train.old_logprobs=auto`),
+        instead of a forward-only pass over the batch first.
 
     Class-level hooks, read by `rlx.config.validate` before anything starts (both optional):
     `config_errors(cfg: AlgoConfig) -> list[str]`, a classmethod returning one message per

@@ -86,6 +86,11 @@ class PolicyGradient:
     def needs_ref(self) -> bool:
         return self.cfg.use_kl_loss or self.cfg.use_kl_in_reward
 
+    @property
+    def needs_old_logp(self) -> bool:
+        """Whether `advantages` reads "old_logp": only for the KL penalty in the reward."""
+        return self.cfg.use_kl_in_reward
+
     # ---- advantages ---------------------------------------------------------------------
 
     def advantages(

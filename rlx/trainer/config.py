@@ -9,7 +9,8 @@ from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH,
 
 # train.precision -> the torch dtype (by name) the trainer builds its models in
 PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LR_DECAY_STYLES = ("constant", "cosine")  # rlx.trainer.schedule.lr_factor
+LR_DECAY_STYLES = ("constant", "cosine")
+OLD_LOGPROBS = ("auto", "recompute")  # train.old_logprobs  # rlx.trainer.schedule.lr_factor
 # train.recompute -> megatron TransformerConfig settings: activations recomputed in the backward
 # pass instead of kept (full: every layer's input only; selective: core attention's internals)
 RECOMPUTE: dict[str, dict] = {
@@ -35,6 +36,14 @@ class TrainConfig:
     logprob_micro_batch_size: int | None = None
     logprob_max_tokens_per_micro_batch: int | None = None  # packing only
     num_steps_per_rollout: int = 1  # optimizer steps per rollout batch
+    # The old policy's log-probs (the PPO ratio's denominator, the proximal policy of the
+    # decoupled objective): recompute runs a forward-only pass over the batch before training;
+    # auto skips it where the training pass gives the same numbers, i.e. one optimizer step per
+    # rollout (the weights have not moved when each micro-batch's forward runs), an algorithm
+    # whose advantages do not read them (no KL in the reward) and engine log-probs on every
+    # sample (for train/logprob_abs_diff): the training forward's log-probs, detached, are then
+    # the old policy's, and the pass (a third of a trainer call) is saved.
+    old_logprobs: str = "auto"
     lr: float = 2e-3  # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule)
     # learning-rate schedule over the run's optimizer steps (run.num_rollout x num_steps_per_rollout):
     lr_warmup_steps: int = 0  # linear warmup: optimizer step k (from 0) uses lr * (k + 1) / lr_warmup_steps
@@ -59,6 +68,7 @@ class TrainConfig:
         "logprob_micro_batch_size": AT_LEAST_1,
         "logprob_max_tokens_per_micro_batch": AT_LEAST_1,
         "num_steps_per_rollout": AT_LEAST_1,
+        "old_logprobs": one_of(OLD_LOGPROBS),
         "lr": POSITIVE,
         "lr_warmup_steps": NON_NEGATIVE,
         "lr_decay": one_of(LR_DECAY_STYLES),

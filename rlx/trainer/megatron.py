@@ -159,8 +159,14 @@ class MegatronTrainer:
         if mode == "logprob":
             return logp_BT.sum() * 0.0, {"logp": logp_BT.detach()}
         batch = {"logp": logp_BT, "mask": mb.mask_BT, "entropy": response_slice(entropy_BL, mb)} | mb.extras
+        gap = {}
+        if "old_logp" not in batch:  # the weights have not moved yet: this pass is the old policy's
+            batch["old_logp"] = logp_BT.detach()
+            # the mean over the global batch's loss tokens, as `logprob_gap`, summed over micro-batches
+            diff_BT = (logp_BT.detach() - batch["rollout_logp"]).abs() * mb.mask_BT
+            gap["logprob_abs_diff"] = diff_BT.sum() / max(mb.num_global_tokens, 1)
         loss, metrics = self.algo.loss(batch, mb.num_global_tokens, mb.num_global_samples)
-        metrics = {k: v.detach().float() for k, v in metrics.items()}
+        metrics = {k: v.detach().float() for k, v in (metrics | gap).items()}
         # Megatron divides each micro-batch loss by num_microbatches and DDP averages over DP
         # ranks; the loss is already normalised over the global batch, so undo both. (DDP's
         # average over CP ranks megatron's schedule undoes itself: `rlx.trainer.context`.)
@@ -187,7 +193,9 @@ class MegatronTrainer:
 
     def _train(self, samples: list[Sample]) -> dict[str, float]:
         start = time.perf_counter()
-        logprobs = {"old_logp": self._logprobs(self.policy.chunks, samples)}
+        # without old_logp, the loss takes the training forward's own (see train.old_logprobs)
+        recompute = not self._old_logp_from_training_pass(samples)
+        logprobs = {"old_logp": self._logprobs(self.policy.chunks, samples)} if recompute else {}
         if self.ref_chunks is not None:
             logprobs["ref_logp"] = self._logprobs(self.ref_chunks, samples)
         inputs = dict(logprobs)
@@ -195,8 +203,9 @@ class MegatronTrainer:
             inputs["values"] = self._on_dp_shards(samples, self.critic.values)
         logprobs_s = time.perf_counter() - start  # the forward-only passes before any update
         result: Advantages = self.algo.advantages(samples, inputs)
-        metrics = logprob_gap(samples, logprobs["old_logp"]) | advantage_stats(samples, result.advantages)
-        metrics["time/logprobs_s"] = logprobs_s
+        metrics = advantage_stats(samples, result.advantages)
+        if recompute:
+            metrics |= logprob_gap(samples, logprobs["old_logp"]) | {"time/logprobs_s": logprobs_s}
         metrics |= {f"train/{k}": v for k, v in result.metrics.items()}
 
         train_policy = True
@@ -212,6 +221,16 @@ class MegatronTrainer:
         if self.device.type == "cuda":
             metrics["perf/trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
+
+    def _old_logp_from_training_pass(self, samples: list[Sample]) -> bool:
+        """Whether the training pass's log-probs, detached, are the old policy's (train.old_logprobs)."""
+        return (
+            self.policy.cfg.old_logprobs == "auto"
+            and len(self.policy.global_batches(len(samples))) == 1  # no update before any forward
+            and not getattr(self.algo, "needs_old_logp", True)  # the advantages do not read them
+            and all(len(s.rollout_logprobs) == s.response_len for s in samples)  # the gap, in the loss
+            and not (self.critic is not None and self.critic.warming_up)  # the policy trains this step
+        )
 
     def _on_dp_shards(self, samples: list[Sample], compute) -> list[torch.Tensor]:
         """`compute(shard) -> one tensor per sample` on this DP rank's shard of the batch (the policy

@@ -80,9 +80,10 @@ class Trainable:
 
     def local_indices(self, num_samples: int) -> list[int]:
         """This DP rank's samples of a rollout batch of `num_samples`, global batch by global batch."""
-        return [i for step in self._global_batches(num_samples) for i in step[self.dp_rank :: self.dp_size]]
+        return [i for step in self.global_batches(num_samples) for i in step[self.dp_rank :: self.dp_size]]
 
-    def _global_batches(self, num_samples: int) -> list[list[int]]:
+    def global_batches(self, num_samples: int) -> list[list[int]]:
+        """The indices of a rollout batch of `num_samples`, one list per optimizer step."""
         return split(list(range(num_samples)), self.cfg.global_batch_size)
 
     @torch.no_grad()
@@ -157,7 +158,7 @@ class Trainable:
         batch order. Returns the loss metrics averaged over steps, "grad_norm" and "lr"."""
         for chunk in self.chunks:
             chunk.train()
-        steps = self._global_batches(len(samples))
+        steps = self.global_batches(len(samples))
         sums: dict[str, float] = {}
         grad_norms = []
         for step in steps:

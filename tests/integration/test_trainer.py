@@ -57,6 +57,8 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
     base, base_weights = _train_once(tmp_path, "tp1")
     # the old policy is the current one at the first step: ratio exactly 1
     assert base["train/ppo_kl"] == 0.0 and base["train/pg_clipfrac"] == 0.0
+    # one optimizer step per rollout: the old log-probs are the training pass's, no pass before it
+    assert "time/logprobs_s" not in base
     # the trainer reproduces transformers' log-probs of the same tokens
     assert base["train/logprob_abs_diff"] <= 1e-5
     assert base["train/grad_norm"] > 0
@@ -64,13 +66,20 @@ def test_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
     for name, overrides in {
         "tp2": ["cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"],
         # and each DP rank's 32 samples in one forward-only micro-batch (training's: two of 16)
-        "dp2": ["cluster.num_trainer_procs=2", "train.logprob_micro_batch_size=32"],
+        "dp2": [
+            "cluster.num_trainer_procs=2",
+            "train.logprob_micro_batch_size=32",
+            "train.old_logprobs=recompute",
+        ],
+        # the old log-probs from a forward-only pass first, instead of the training pass's own
+        "old_logprobs_recomputed": ["train.old_logprobs=recompute"],
         # Adam's state sharded over the two DP ranks: the same step
         "dp2_distributed_optimizer": ["cluster.num_trainer_procs=2", "train.distributed_optimizer=true"],
         # activations recomputed in the backward pass: the same gradients
         "recompute": ["train.recompute=full"],
     }.items():
         metrics, weights = _train_once(tmp_path, name, *overrides)
+        assert ("time/logprobs_s" in metrics) == ("train.old_logprobs=recompute" in overrides), name
         for key in (
             "train/loss",
             "train/pg_loss",
