@@ -39,10 +39,10 @@ class Algorithm(Protocol):
         are contiguous (normally `rollout.n_samples_per_prompt` of them). Every sample must
         have a `reward`; a `None` reward raises `ValueError` naming the sample. `logprobs`
         maps "old_logp" (unless `needs_old_logp` is False), "ref_logp" (when `needs_ref`) and
-        "values" (when `needs_critic`: the critic's value of the state before each response token) to one
-        [response_len] tensor per sample, computed by the trainer before any update of this
-        rollout, for estimators that shape rewards with them (KL in the reward) or bootstrap
-        from the critic (GAE). Returns one float32 advantage tensor of shape
+        "values" (when `needs_critic`: the critic's value of the state before each response
+        token) to one [response_len] tensor per sample, computed by the trainer before any
+        update of this rollout, for estimators that shape rewards with them (KL in the reward)
+        or bootstrap from the critic (GAE). Returns one float32 advantage tensor of shape
         [sample.response_len] per sample, in the same order (for every response token; the
         trainer applies `loss_mask`), the critic's targets when `needs_critic`, and metrics.
 

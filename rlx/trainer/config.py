@@ -9,8 +9,8 @@ from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH,
 
 # train.precision -> the torch dtype (by name) the trainer builds its models in
 PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LR_DECAY_STYLES = ("constant", "cosine")
-OLD_LOGPROBS = ("auto", "recompute")  # train.old_logprobs  # rlx.trainer.schedule.lr_factor
+LR_DECAY_STYLES = ("constant", "cosine")  # rlx.trainer.schedule.lr_factor
+OLD_LOGPROBS = ("auto", "recompute")  # train.old_logprobs
 # train.recompute -> megatron TransformerConfig settings: activations recomputed in the backward
 # pass instead of kept (full: every layer's input only; selective: core attention's internals)
 RECOMPUTE: dict[str, dict] = {

@@ -56,6 +56,18 @@ def test_pp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(one_rank, tmp
     assert_same_run("pp2 -> one rank", resumed, ([pp2[0][2]], [pp2[1][2]]))
 
 
+def test_pp2_takes_the_old_logprobs_from_its_training_pass(tmp_path):
+    """One optimizer step per rollout: PP=2 takes the old log-probs from the last stage's training
+    pass (`train.old_logprobs=auto`, no forward-only pass) and matches one rank that computes
+    them in a forward-only pass first; the log-prob gap is the same, computed in the loss."""
+    one_step = ["train.num_steps_per_rollout=1", "train.global_batch_size=32"]
+    recomputed = train(tmp_path, "recomputed", *one_step, "train.old_logprobs=recompute", rollouts=2)
+    from_training = train(tmp_path, "pp2_one_step", *PP2, *one_step, rollouts=2)
+    assert all("time/logprobs_s" in m for m in recomputed[0])
+    assert not any("time/logprobs_s" in m for m in from_training[0])
+    assert_same_run("pp2, old log-probs from the training pass", from_training, recomputed)
+
+
 def test_tp2_pp2_packed_matches_one_rank(one_rank, tmp_path):
     """4 gloo ranks: two stages, each split over two tensor-parallel ranks, with packed
     micro-batches (rows of up to 63 tokens, padded to a multiple of TP) of different shapes."""
