@@ -205,7 +205,9 @@ class MegatronTrainer:
         result: Advantages = self.algo.advantages(samples, inputs)
         metrics = advantage_stats(samples, result.advantages)
         if recompute:
-            metrics |= logprob_gap(samples, logprobs["old_logp"]) | {"time/logprobs_s": logprobs_s}
+            metrics |= logprob_gap(samples, logprobs["old_logp"])
+        if recompute or self.ref_chunks is not None or self.critic is not None:  # a pass ran
+            metrics["time/logprobs_s"] = logprobs_s
         metrics |= {f"train/{k}": v for k, v in result.metrics.items()}
 
         train_policy = True

@@ -114,3 +114,18 @@ def test_ppo_tp2_and_dp2_match_one_rank(ray_session, tmp_path, monkeypatch):
             assert metrics[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), (name, key)
         for key, tensor in base_weights.items():
             torch.testing.assert_close(weights[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")
+
+
+def test_kl_loss_with_the_old_logprobs_from_the_training_pass(tmp_path, monkeypatch):
+    """GRPO with a KL loss: the reference's forward-only pass still runs (and is timed), the old
+    log-probs come from the training pass, and the step is the one computed with both passes."""
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
+    kl = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.5"]
+    auto, auto_weights = _train_once(tmp_path, "kl_auto", *kl)
+    both, both_weights = _train_once(tmp_path, "kl_recompute", *kl, "train.old_logprobs=recompute")
+    assert "time/logprobs_s" in auto and "time/logprobs_s" in both  # the reference's pass
+    assert auto["train/kl"] == 0.0  # policy and reference are the same weights before the step
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/logprob_abs_diff", "train/ppo_kl"):
+        assert auto[key] == pytest.approx(both[key], rel=1e-5, abs=1e-7), key
+    for key, tensor in both_weights.items():
+        torch.testing.assert_close(auto_weights[key], tensor, rtol=0, atol=1e-7, msg=key)
