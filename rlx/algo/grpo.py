@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from rlx.algo.losses import group_normalized_advantages
-from rlx.algo.policy_gradient import PolicyGradient, contiguous_groups
+from rlx.algo.policy_gradient import PolicyGradient, contiguous_groups, per_sample_sums
 from rlx.sample import Sample
 
 
@@ -27,12 +27,13 @@ class GRPO(PolicyGradient):
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], None]:
-        adv_per_sample: list[torch.Tensor] = [torch.zeros(())] * len(samples)
-        for group in contiguous_groups(samples):
-            returns_1N = torch.stack([token_rewards[i].sum() for i in group]).unsqueeze(0)
-            adv_N = group_normalized_advantages(returns_1N, self.cfg.normalize_std)[0]
-            for i, adv in zip(group, adv_N, strict=True):
-                adv_per_sample[i] = adv
-        return [
-            adv.expand(s.response_len).clone() for adv, s in zip(adv_per_sample, samples, strict=True)
-        ], None
+        returns_S = per_sample_sums(token_rewards)
+        adv_S = torch.zeros(len(samples), dtype=torch.float64)
+        for group in contiguous_groups(samples):  # contiguous: a slice of the batch
+            first, last = group[0], group[-1] + 1
+            adv_S[first:last] = group_normalized_advantages(
+                returns_S[first:last].unsqueeze(0), self.cfg.normalize_std
+            )[0]
+        lengths = [s.response_len for s in samples]
+        # every response token gets its sample's advantage
+        return list(adv_S.repeat_interleave(torch.tensor(lengths, dtype=torch.long)).split(lengths)), None

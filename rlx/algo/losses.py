@@ -67,14 +67,27 @@ def outcome_token_rewards(
     when the policy's last action is taken; tokens outside the loss mask (tool output) are no
     action of the policy and get nothing. With no loss token the reward sits on the last token.
     """
-    rewards_T = torch.zeros(mask_T.shape[0], dtype=torch.float64)
-    if kl_penalty_T is not None:
-        rewards_T -= torch.where(mask_T.bool(), kl_penalty_T.double(), 0.0)
-    loss_positions = mask_T.nonzero()
-    last = int(loss_positions[-1]) if len(loss_positions) else mask_T.shape[0] - 1
-    if last >= 0:
-        rewards_T[last] += reward
-    return rewards_T
+    penalties = None if kl_penalty_T is None else [kl_penalty_T]
+    return batch_outcome_token_rewards([reward], [mask_T], penalties)[0]
+
+
+def batch_outcome_token_rewards(
+    rewards: list[float], masks: list[torch.Tensor], kl_penalties: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
+    """`outcome_token_rewards` of every response of a batch (float64 [len(mask)] each, views of
+    one tensor), in a few whole-batch ops: a rollout batch has a thousand responses."""
+    lengths = torch.tensor([mask_T.shape[0] for mask_T in masks], dtype=torch.long)
+    mask_K = torch.cat(masks).bool() if masks else torch.zeros(0, dtype=torch.bool)
+    rewards_K = torch.zeros(mask_K.shape[0], dtype=torch.float64)
+    if kl_penalties is not None:
+        rewards_K -= torch.where(mask_K, torch.cat(kl_penalties).double(), 0.0)
+    sample_K = torch.repeat_interleave(torch.arange(len(masks)), lengths)
+    loss_positions_K = torch.where(mask_K, torch.arange(mask_K.shape[0]), -1)
+    last_loss = torch.full((len(masks),), -1).scatter_reduce(0, sample_K, loss_positions_K, "amax")
+    last = torch.where(last_loss >= 0, last_loss, lengths.cumsum(0) - 1)  # no loss token: the last token
+    has_tokens = lengths > 0  # an empty response has nowhere to put its reward
+    rewards_K.index_add_(0, last[has_tokens], torch.tensor(rewards, dtype=torch.float64)[has_tokens])
+    return list(rewards_K.split(lengths.tolist()))
 
 
 def discounted_returns(rewards_T: torch.Tensor, gamma: float) -> torch.Tensor:

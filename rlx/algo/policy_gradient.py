@@ -13,6 +13,7 @@ tokens), N samples in one group, K loss tokens of the whole rollout batch, conca
 from __future__ import annotations
 
 from functools import partial
+from itertools import chain
 from typing import ClassVar
 
 import torch
@@ -21,9 +22,9 @@ from rlx.algo.base import Advantages
 from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import (
     aggregate,
+    batch_outcome_token_rewards,
     clipped_policy_loss,
     kl_estimate,
-    outcome_token_rewards,
     token_log_ratio,
     truncated_is_weight,
     whitening_stats,
@@ -98,24 +99,23 @@ class PolicyGradient:
     ) -> Advantages:
         """Per-token advantages, one float32 tensor of length `response_len` per sample."""
         cfg = self.cfg
-        masks = [loss_mask(s) for s in samples]
+        masks = batch_loss_masks(samples)
         penalties: list[torch.Tensor | None] = [None] * len(samples)
         metrics: dict[str, float] = {}
         if cfg.use_kl_in_reward:
             kls = self._kl_to_ref(logprobs)
             penalties = [cfg.kl_in_reward_coef * kl_T for kl_T in kls]
             metrics["kl_in_reward"] = _masked_mean(kls, masks)
-        token_rewards = [
-            outcome_token_rewards(reward, mask_T, penalty_T)
-            for reward, mask_T, penalty_T in zip(self.outcome_rewards(samples), masks, penalties, strict=True)
-        ]
-        metrics["return_mean"] = (
-            float(torch.stack([r.sum() for r in token_rewards]).mean()) if samples else 0.0
-        )
+        token_rewards = batch_outcome_token_rewards(
+            self.outcome_rewards(samples), masks, None if penalties[0] is None else penalties
+        ) if samples else []  # fmt: skip
+        metrics["return_mean"] = float(per_sample_sums(token_rewards).mean()) if samples else 0.0
         advs, returns = self.estimate(samples, token_rewards, logprobs or {})
         if cfg.whiten_advantages:
             advs = _whiten_over_loss_tokens(advs, masks)
-        return Advantages([adv.float() for adv in advs], returns, metrics)
+        if not advs:
+            return Advantages([], returns, metrics)
+        return Advantages(list(torch.cat(advs).float().split([len(a) for a in advs])), returns, metrics)
 
     def outcome_rewards(self, samples: list[Sample]) -> list[float]:
         """The scalar reward each sample starts from (REINFORCE++-baseline centres it)."""
@@ -228,6 +228,20 @@ def sample_reward(sample: Sample) -> float:
 def loss_mask(sample: Sample) -> torch.Tensor:
     """The sample's loss mask as float64 0/1 [response_len] (all ones when it has none)."""
     return torch.tensor(sample.loss_mask or [1] * sample.response_len, dtype=torch.float64)
+
+
+def batch_loss_masks(samples: list[Sample]) -> list[torch.Tensor]:
+    """`loss_mask` of every sample (views of one tensor, made in one conversion)."""
+    flat = torch.tensor(
+        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=torch.float64
+    )
+    return list(flat.split([s.response_len for s in samples]))
+
+
+def per_sample_sums(values: list[torch.Tensor]) -> torch.Tensor:
+    """[len(values)]: the sum of each tensor (0 for an empty one), in one reduction."""
+    lengths = torch.tensor([len(v) for v in values], dtype=torch.long)
+    return torch.segment_reduce(torch.cat(values), "sum", lengths=lengths, unsafe=True)
 
 
 def _masked_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:

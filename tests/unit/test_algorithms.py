@@ -19,6 +19,7 @@ from rlx.algo.config import AlgoConfig
 from rlx.algo.grpo import GRPO
 from rlx.algo.gspo import GSPO
 from rlx.algo.losses import (
+    batch_outcome_token_rewards,
     clipped_policy_loss,
     discounted_returns,
     outcome_token_rewards,
@@ -26,6 +27,7 @@ from rlx.algo.losses import (
     truncated_is_weight,
     whitening_stats,
 )
+from rlx.algo.policy_gradient import per_sample_sums
 from rlx.algo.ppo import PPO
 from rlx.algo.reinforce_pp import ReinforcePP
 from rlx.algo.reinforce_pp_baseline import ReinforcePPBaseline
@@ -75,6 +77,23 @@ def test_outcome_token_rewards_put_the_reward_on_the_last_loss_token():
     assert_close(outcome_token_rewards(0.5, mask_T, penalty_T), [-0.15, 0.0, 0.6, 0.0])
     # no loss token at all: the reward still arrives, on the last token
     assert_close(outcome_token_rewards(1.0, torch.zeros(3), None), [0.0, 0.0, 1.0], atol=0.0)
+
+
+def test_batch_outcome_token_rewards_keep_each_response_apart():
+    # three responses end to end: one with tool output, an empty one, one with no loss token
+    masks = [torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(0), torch.zeros(2)]
+    got = batch_outcome_token_rewards([0.5, 3.0, 1.0], masks, None)
+    assert [r.tolist() for r in got] == [[0.0, 0.0, 0.5, 0.0], [], [0.0, 1.0]]
+    # KL penalties on loss tokens only, each response its own: [-0.15, 0, 0.1 + 0.5, 0], [], [0, 1]
+    penalties = [0.5 * torch.tensor([0.3, 9.0, -0.2, 7.0]), torch.zeros(0), torch.tensor([4.0, 4.0])]
+    got = batch_outcome_token_rewards([0.5, 3.0, 1.0], masks, penalties)
+    assert_close(got[0], [-0.15, 0.0, 0.6, 0.0])
+    assert got[1].numel() == 0 and got[2].tolist() == [0.0, 1.0]
+
+
+def test_per_sample_sums_one_per_tensor_empty_ones_zero():
+    values = [torch.tensor([1.0, 2.0]), torch.zeros(0), torch.tensor([-0.5])]
+    assert per_sample_sums(values).tolist() == [3.0, 0.0, -0.5]
 
 
 def test_discounted_returns():
@@ -145,7 +164,9 @@ def test_truncated_is_weight():
 def test_is_weight_masked_and_sequence_levels():
     # token ratios [1, 1.5, 3, 0.5] as above; mask mode zeroes the capped token: [1, 1.5, 0, 0.5]
     rollout_logp_BT = torch.full((2, 4), -2.0, dtype=torch.float64)
-    log_r = torch.tensor([[0.0, LN(1.5), LN(3.0), -LN(2.0)], [LN(1.2), LN(1.5), 5.0, 5.0]], dtype=torch.float64)
+    log_r = torch.tensor(
+        [[0.0, LN(1.5), LN(3.0), -LN(2.0)], [LN(1.2), LN(1.5), 5.0, 5.0]], dtype=torch.float64
+    )
     old_logp_BT = rollout_logp_BT + log_r
     mask_BT = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
     weight_BT, capped_BT = truncated_is_weight(old_logp_BT, rollout_logp_BT, 2.0, mask_BT, "token", "mask")
