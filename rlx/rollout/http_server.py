@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import hmac
 import json
 import logging
@@ -367,15 +368,35 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _await_result(pending: _Pending, request: Request):
-    """Wait for a result; abort it if the client goes away (as SGLang does)."""
-    future = asyncio.wrap_future(pending.future)
+async def _await_results(pendings: list[_Pending], request: Request) -> list:
+    """Every pending's result, in order; all aborted if the client goes away (as SGLang does).
+
+    One loop future for the whole request, set by the scheduler thread when its last item
+    finishes: a batch of n prompts costs one wake-up here, not n tasks and n timers."""
+    loop = asyncio.get_running_loop()
+    all_done = loop.create_future()
+    left = [len(pendings)]
+    lock = threading.Lock()
+
+    def one_done(_future) -> None:  # on the thread that set the result
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                loop.call_soon_threadsafe(lambda: all_done.done() or all_done.set_result(None))
+
+    for pending in pendings:
+        pending.future.add_done_callback(one_done)
+    if not pendings:
+        all_done.set_result(None)
     while True:
-        done, _ = await asyncio.wait({future}, timeout=1.0)
+        done, _ = await asyncio.wait({all_done}, timeout=1.0)
         if done:
-            return future.result()
+            return [p.future.result() for p in pendings]  # an engine error is raised here
         if await request.is_disconnected():
-            pending.aborted = True
+            for pending in pendings:
+                pending.aborted = True
 
 
 routes = APIRouter()
@@ -396,7 +417,7 @@ async def generate(request: Request):
     start = time.perf_counter()
     pendings = scheduler.submit([item["request"] for item in items])
     try:
-        results = await asyncio.gather(*(_await_result(p, request) for p in pendings))
+        results = await _await_results(pendings, request)
     except Exception as exc:
         return error_response(f"generation failed: {exc}", 500)
     latency = time.perf_counter() - start
@@ -541,7 +562,7 @@ async def _bad_request(request: Request, exc: Exception) -> JSONResponse:
 class RequireApiKey:
     """ASGI middleware: 401 (SGLang's body) unless `Authorization: Bearer KEY`, on every route but
     `GET /health`. Plain ASGI, not Starlette's BaseHTTPMiddleware, which would hide client
-    disconnects from `_await_result`."""
+    disconnects from `_await_results`."""
 
     OPEN = ("/health",)  # sglang-router probes liveness without the key
 

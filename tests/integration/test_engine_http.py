@@ -227,6 +227,29 @@ def test_abort_running_and_queued_requests(fresh_server):
         assert queued["meta_info"]["finish_reason"]["type"] == "abort" and queued["output_ids"] == []
 
 
+def test_client_that_goes_away_has_its_batch_aborted(fresh_server):
+    """A batch request whose client disconnects mid-generation is aborted, every prompt of it
+    (SGLang does the same), so the engine stops spending steps on answers nobody reads."""
+    engine, scheduler = fresh_server.engine, fresh_server.scheduler
+    step, steps = engine.step, []
+
+    def slow_step():  # 59 tokens (the tiny model's context allows no more) at 60 ms: 3.5 s unaborted
+        steps.append(engine.num_running)
+        time.sleep(0.06)
+        return step()
+
+    engine.step = slow_step
+    body = {"input_ids": [PROMPT] * 3, "sampling_params": {"max_new_tokens": 59, "ignore_eos": True}}
+    with pytest.raises(httpx.TimeoutException):  # the client gives up and closes its connection
+        httpx.post(fresh_server.url + "/generate", json=body, timeout=0.5)
+    assert steps and steps[-1] == 3  # all three were running when the client left
+    deadline = time.monotonic() + 10  # the server looks for the client once a second
+    while scheduler.num_waiting() + engine.num_running > 0:
+        assert time.monotonic() < deadline, f"still running after the client left: {engine.num_running}"
+        time.sleep(0.05)
+    assert len(steps) < 45  # aborted well before the 59 steps of a finished batch
+
+
 def test_client_against_server(server, tiny_qwen3_dir):
     async def drive():
         async with EngineClient(server.url) as client:
