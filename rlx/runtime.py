@@ -32,8 +32,10 @@ from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
 from rlx.rollout.replay import DumpReplay
+from rlx.rollout.servers import with_engine_dtype
 from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
+from rlx.trainer.config import PRECISION_DTYPES
 
 if TYPE_CHECKING:  # imported by _start: a config error is reported before Megatron loads (seconds)
     from rlx.trainer.group import TrainerGroup
@@ -140,8 +142,11 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         parts.producer, parts.evaluator = DumpReplay(debug.load_rollouts), Evaluator(None, {}, rc.rollout, 0)
         return state["step"] + 1, state["version"]
     parts.turns.before_engines_start()
+    rollout = with_engine_dtype(
+        rc.rollout, PRECISION_DTYPES[rc.train.precision], job.hf_dir, rc.cluster.gpus_per_node > 0
+    )
     parts.turns.pool = parts.pool = RolloutPool(
-        rc.rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
+        rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
         reward=rc.reward,
     )  # fmt: skip
     parts.closers.append(parts.pool.shutdown)

@@ -8,8 +8,28 @@ once it answers `/health`; `url` (the address others reach it by); `shutdown()`.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 from rlx.ports import LOOPBACK
 from rlx.rollout.config import RolloutConfig
+
+LOCAL = "rlx.rollout.servers.LocalServer"
+
+
+def with_engine_dtype(cfg: RolloutConfig, precision_dtype: str, hf_dir: Path, gpus: bool) -> RolloutConfig:
+    """rlx's engine on GPUs serves an fp32 checkpoint (the tiny models', a random init's) in the
+    trainer's precision (`precision_dtype`, a torch dtype name), so a bf16 run rolls out in bf16
+    as its trainer computes, not in fp32 at a fraction of the speed. `engine_args.dtype` when
+    set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16), CPU
+    engines (fp32 always) and SGLang (its own `--dtype` rule) are left as they are."""
+    if cfg._target_ != LOCAL or not gpus or "dtype" in cfg.engine_args or precision_dtype == "float32":
+        return cfg
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":  # no dtype: fp32
+        return cfg
+    return replace(cfg, engine_args={**cfg.engine_args, "dtype": precision_dtype})
 
 
 class LocalServer:
