@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from rlx.config.validate import max_prompt_len, validate
 from rlx.errors import ConfigError, Stopped
 from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
+from rlx.gc_freeze import freeze_startup_objects
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
@@ -60,6 +62,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     try:
         check_gpus(rc.cluster)
         step, version = _start(job, parts)
+        freeze_startup_objects()  # rlx.gc_freeze: no full collection over start-up objects mid-run
         stop = _StopOnSignal()  # from here on a signal lets the step in progress finish
         bar = tqdm(range(step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress)
         for step in bar:
@@ -82,6 +85,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         if stop is not None:
             stop.restore()
         parts.close()
+        gc.unfreeze()
     return history
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hydra.utils import get_class
 
 from rlx import ports
+from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.rollout.config import RolloutConfig
 
 
@@ -19,6 +20,8 @@ class EngineActor:
     def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
         launcher = get_class(cfg._target_)
         self.server = launcher(cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key())
+        if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
+            freeze_startup_objects()
 
     def url(self) -> str:
         return self.server.url

@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from rlx import ports
+from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.trainer.megatron import MegatronTrainer
 from rlx.trainer.parallel import rendezvous_store
 
@@ -37,6 +38,8 @@ class TrainerRank(MegatronTrainer):
         # the store host_rendezvous made for this group (rank 0), taken: a rank process set up
         # again for another group (TrainerGroup.release) must not find an old one
         MegatronTrainer.__init__(self, *args, store=self.__dict__.pop("_store", None), **kwargs)
+        if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
+            freeze_startup_objects()
 
     def host_rendezvous(self) -> int:
         """Rank 0: start hosting the group's rendezvous on this node; its port."""
