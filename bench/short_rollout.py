@@ -1,0 +1,208 @@
+"""Where one short rollout batch goes: the loop's request shape through HTTP, the same requests
+handed to the engine's scheduler without HTTP, and the engine stepped alone; prints JSON.
+
+An RL step with short answers (the toy tasks: a few tokens each for hundreds of samples) spends
+little GPU time per token, so what the engine does around its forward passes decides the
+rollout time. The run's model, data and rollout settings come from the same overrides as
+`launch.py` (default `+experiment=reverse8_1gpu`: 64 prompts x 16 samples, 9 new tokens):
+
+    python bench/short_rollout.py                                   # CPU or GPU, whichever the engine picks
+    python bench/short_rollout.py --rounds 5 +rollout.engine_args.max_running_requests=1024
+
+Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
+out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
+- `http`: one /generate request per group with n prompts and per-sample seeds, all groups at
+  once through `EngineClient`, as `RolloutPool` sends them (no reward, no sample bookkeeping);
+- `scheduler`: the same requests submitted to the server's scheduler thread directly;
+- `engine`: `Engine.add` for every sample, then `Engine.step` until done, on this thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rlx.config import build
+from rlx.config.compose import compose, to_object
+from rlx.config.validate import max_prompt_len
+
+
+class StepTimer:
+    """Counts `engine.step` calls and the seconds spent in them (wraps the bound method); with
+    `timeline`, each step's (ms, sequences running and waiting before it, finished in it)."""
+
+    def __init__(self, engine):
+        self.engine, self.inner = engine, engine.step
+        self.steps, self.seconds = 0, 0.0
+        self.timeline: list | None = None
+        engine.step = self
+
+    def __call__(self):
+        before = (self.engine.num_running, self.engine.num_waiting)
+        start = time.perf_counter()
+        finished = []
+        try:
+            finished = self.inner()
+            return finished
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds += elapsed
+            self.steps += 1
+            if self.timeline is not None:
+                self.timeline.append((round(elapsed * 1e3, 2), *before, len(finished)))
+
+    def take(self) -> tuple[int, float]:
+        steps, seconds = self.steps, self.seconds
+        self.steps, self.seconds = 0, 0.0
+        return steps, seconds
+
+
+def _requests(prompts, n: int, params: dict, round_: int) -> list[tuple[list[list[int]], list[dict]]]:
+    """One (input_ids, sampling_params) pair of lists per group, seeds distinct per sample."""
+    out = []
+    for g, p in enumerate(prompts):
+        seeds = [(round_ * 1_000_003 + g * 1009 + i) & (2**62 - 1) for i in range(n)]
+        out.append(([list(p.prompt_ids)] * n, [params | {"sampling_seed": s} for s in seeds]))
+    return out
+
+
+async def _http_round(url: str, groups) -> int:
+    from rlx.rollout.client import EngineClient
+
+    async with EngineClient(url, timeout=600.0) as client:
+        outs = await asyncio.gather(*(client.generate_batch(ids, params) for ids, params in groups))
+    return sum(len(o["output_ids"]) for group in outs for o in group)
+
+
+def _scheduler_round(server, groups) -> int:
+    from rlx.rollout.sglang import parse_generate
+
+    pendings = []
+    for ids, params in groups:
+        items, _ = parse_generate({"input_ids": ids, "sampling_params": params, "return_logprob": True},
+                                  server.engine)  # fmt: skip
+        pendings += server.scheduler.submit([item["request"] for item in items])
+    return sum(len(p.future.result()[0].output_ids) for p in pendings)
+
+
+def _engine_round(engine, groups) -> int:
+    from rlx.rollout.sglang import parse_generate
+
+    seqs = []
+    for ids, params in groups:
+        items, _ = parse_generate(
+            {"input_ids": ids, "sampling_params": params, "return_logprob": True}, engine
+        )
+        seqs += [engine.add(item["request"]) for item in items]
+    while engine.has_work():
+        engine.step()
+    return sum(s.num_output for s in seqs)
+
+
+def _measure(name: str, one_round, rounds: int, timer: StepTimer) -> dict:
+    runs = []
+    for r in range(rounds + 1):  # round 0 warms up
+        timer.take()
+        start = time.perf_counter()
+        tokens = one_round(r)
+        wall = time.perf_counter() - start
+        steps, step_s = timer.take()
+        if r:
+            runs.append({"wall_s": wall, "steps": steps, "step_s": step_s, "tokens": tokens})
+        print(
+            f"{name} round {r}: {wall:.3f} s, {steps} steps, {step_s:.3f} s in Engine.step", file=sys.stderr
+        )
+    median = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    median["tokens_per_s"] = median["tokens"] / median["wall_s"]
+    median["outside_step_s"] = median["wall_s"] - median["step_s"]
+    return median
+
+
+def _profile(path: str, one_round) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        one_round()
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if torch.cuda.is_available():
+        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=30))
+    Path(path).write_text("\n\n".join(tables))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--paths", default="http,scheduler,engine")
+    parser.add_argument("--timeline", action="store_true", help="the engine path's last round, step by step")
+    parser.add_argument("--profile", help="a torch.profiler table of one engine round to this file")
+    parser.add_argument("overrides", nargs="*", default=["+experiment=reverse8_1gpu"])
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from rlx.gc_freeze import freeze_startup_objects
+    from rlx.rollout.servers import LocalServer, with_engine_dtype
+    from rlx.trainer.config import PRECISION_DTYPES
+
+    rc = to_object(compose(["run.output_dir=/tmp/rlx_short_rollout", *args.overrides]))
+    hf_dir = build(rc.model).checkpoint_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    prompt_len = rc.data.max_prompt_len or max_prompt_len(
+        rc.model.max_position_embeddings, rc.rollout.max_response_len
+    )
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
+    prompts = data.take(rc.rollout.batch_size)
+    n = rc.rollout.n_samples_per_prompt
+    params = {
+        "temperature": rc.rollout.temperature, "top_p": rc.rollout.top_p, "top_k": rc.rollout.top_k,
+        "max_new_tokens": rc.rollout.max_response_len, "stop_token_ids": list(rc.rollout.stop_token_ids),
+        "ignore_eos": rc.rollout.ignore_eos, "skip_special_tokens": True,
+    }  # fmt: skip
+    gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
+    rollout = with_engine_dtype(rc.rollout, PRECISION_DTYPES[rc.train.precision], hf_dir, gpus)
+    launcher = LocalServer(rollout, str(hf_dir), seed=rc.run.seed)
+    freeze_startup_objects()  # as the engine's actor process does (rlx.gc_freeze)
+    server = launcher._server
+    engine = server.engine
+    timer = StepTimer(engine)
+    result = {
+        "overrides": args.overrides, "device": str(getattr(engine, "device", "?")),
+        "groups": len(prompts), "samples_per_group": n, "max_new_tokens": rc.rollout.max_response_len,
+        "max_running_requests": engine.args.max_running_requests, "dtype": str(engine.torch_dtype),
+    }  # fmt: skip
+    paths = args.paths.split(",")
+    try:
+        if "http" in paths:
+            result["http"] = _measure("http", lambda r: asyncio.run(_http_round(server.url, _requests(prompts, n, params, r))),
+                                      args.rounds, timer)  # fmt: skip
+        if "scheduler" in paths:
+            result["scheduler"] = _measure("scheduler", lambda r: _scheduler_round(server, _requests(prompts, n, params, r)),
+                                           args.rounds, timer)  # fmt: skip
+    finally:
+        launcher.shutdown()
+    if "engine" in paths:  # the scheduler thread has ended: the engine is this thread's
+        result["engine"] = _measure("engine", lambda r: _engine_round(engine, _requests(prompts, n, params, r)),
+                                    args.rounds, timer)  # fmt: skip
+        if args.timeline:  # (ms, running, waiting, finished) per step
+            timer.timeline = []
+            _engine_round(engine, _requests(prompts, n, params, args.rounds + 1))
+            result["engine_timeline"] = timer.timeline
+        if args.profile:
+            _profile(
+                args.profile, lambda: _engine_round(engine, _requests(prompts, n, params, args.rounds + 2))
+            )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
