@@ -21,7 +21,8 @@ LOCAL = "rlx.rollout.servers.LocalServer"
 def with_engine_dtype(cfg: RolloutConfig, precision_dtype: str, hf_dir: Path, gpus: bool) -> RolloutConfig:
     """rlx's engine on GPUs serves an fp32 checkpoint (the tiny models', a random init's) in the
     trainer's precision (`precision_dtype`, a torch dtype name), so a bf16 run rolls out in bf16
-    as its trainer computes, not in fp32 at a fraction of the speed. `engine_args.dtype` when
+    as its trainer computes it (and on bf16 GEMMs and flash attention, not fp32's; launch-bound
+    tiny models gain nothing: docs/benchmarks.md, "One short rollout batch"). `engine_args.dtype` when
     set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16), CPU
     engines (fp32 always) and SGLang (its own `--dtype` rule) are left as they are."""
     if cfg._target_ != LOCAL or not gpus or "dtype" in cfg.engine_args or precision_dtype == "float32":
