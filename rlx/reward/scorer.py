@@ -295,6 +295,10 @@ class _Workers:
         self._jobs: deque[_Job | None] = deque()
         self._ready = threading.Condition()
         self.num_workers = num_workers
+        # finished jobs not yet resolved on their loops: a loop is woken once for all of them
+        # (one call_soon_threadsafe per burst, not per call: each costs a wake-up of the loop)
+        self._finished: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, tuple]]] = {}
+        self._finished_lock = threading.Lock()
         for _ in range(num_workers):
             self._spawn()
 
@@ -343,10 +347,26 @@ class _Workers:
                 abandoned = job.abandoned
             if abandoned:
                 return
+            self._post(job.loop, job.future, result)
+
+    def _post(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: tuple) -> None:
+        """Hand `result` to `loop`; only the first of a burst wakes it (`_resolve_finished`)."""
+        with self._finished_lock:
+            waiting = self._finished.setdefault(loop, [])
+            waiting.append((future, result))
+            wake = len(waiting) == 1
+        if wake:
             try:
-                job.loop.call_soon_threadsafe(_resolve, job.future, result)
-            except RuntimeError:  # the loop is closed: nobody waits for this result
-                pass
+                loop.call_soon_threadsafe(self._resolve_finished, loop)
+            except RuntimeError:  # the loop is closed: nobody waits for these results
+                with self._finished_lock:
+                    self._finished.pop(loop, None)
+
+    def _resolve_finished(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._finished_lock:
+            finished = self._finished.pop(loop, [])
+        for future, result in finished:
+            _resolve(future, result)
 
     def close(self) -> None:
         with self._ready:

@@ -314,6 +314,41 @@ def test_sync_functions_do_not_block_the_event_loop():
     assert samples[0].reward == 1.0
 
 
+def test_a_large_batch_from_many_loops_and_workers_gets_every_reward_right():
+    """Workers finish calls at once and hand them back in bursts (one wake-up of the loop per
+    burst): no result may be lost or reach another sample or another event loop's waiter."""
+
+    def own_index(sample):
+        return float(sample.group * 1000 + sample.index)
+
+    scorer = FunctionScorer(own_index, "tests.reward_fn", replace(CFG, num_workers=8))
+    batches = []
+
+    def one_loop():  # two event loops (threads) share the scorer's workers
+        groups = [group_of(*["3"] * 16) for _ in range(64)]
+        for g, group in enumerate(groups):
+            for s in group:
+                s.group = g
+        batches.append(groups)
+
+        async def run():
+            await asyncio.gather(*(scorer.score_group(group) for group in groups))
+
+        asyncio.run(run())
+
+    threads = [threading.Thread(target=one_loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    asyncio.run(scorer.aclose())
+    assert len(batches) == 2
+    for groups in batches:
+        assert [s.reward for group in groups for s in group] == [
+            float(g * 1000 + i) for g in range(64) for i in range(16)
+        ]
+
+
 @pytest.mark.parametrize("num_workers, rewards", [(2, [1.0, 1.0]), (1, None)])
 def test_num_workers_calls_run_at_once(num_workers, rewards):
     barrier = threading.Barrier(2, timeout=1.0)  # passes only if both calls run at the same time
