@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     try:
         check_gpus(rc.cluster)
         step, version = _start(job, parts)
-        freeze_startup_objects()  # rlx.gc_freeze: no full collection over start-up objects mid-run
+        freeze_startup_objects(collect=False)  # rlx.gc_freeze; undone when the run ends
         stop = _StopOnSignal()  # from here on a signal lets the step in progress finish
         bar = tqdm(range(step, rc.run.num_rollout), desc="rlx", unit="step", disable=not rc.run.progress)
         for step in bar:

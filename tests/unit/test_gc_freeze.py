@@ -37,3 +37,19 @@ def test_frozen_objects_are_skipped_and_later_garbage_is_collected():
 
 def test_not_in_an_actor_here():
     assert not in_ray_actor()  # a test process: EngineActor in-process must not freeze it
+
+
+def test_without_the_collection_garbage_waits_for_the_unfreeze():
+    """The driver's form: no full pass at the start of a run; what was garbage then is freed
+    once the run unfreezes."""
+    try:
+        garbage = Node()
+        garbage_ref = weakref.ref(garbage)
+        del garbage
+        freeze_startup_objects(collect=False)
+        gc.collect()
+        assert garbage_ref() is not None  # frozen along with everything else
+    finally:
+        gc.unfreeze()
+    gc.collect()
+    assert garbage_ref() is None
