@@ -230,12 +230,16 @@ def loss_mask(sample: Sample) -> torch.Tensor:
     return torch.tensor(sample.loss_mask or [1] * sample.response_len, dtype=torch.float64)
 
 
+def flat_loss_mask(samples: list[Sample], dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """Every sample's loss mask (all ones where it has none), end to end: [sum of response_len]."""
+    return torch.tensor(
+        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=dtype
+    )
+
+
 def batch_loss_masks(samples: list[Sample]) -> list[torch.Tensor]:
     """`loss_mask` of every sample (views of one tensor, made in one conversion)."""
-    flat = torch.tensor(
-        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=torch.float64
-    )
-    return list(flat.split([s.response_len for s in samples]))
+    return list(flat_loss_mask(samples, torch.float64).split([s.response_len for s in samples]))
 
 
 def per_sample_sums(values: list[torch.Tensor]) -> torch.Tensor:

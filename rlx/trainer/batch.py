@@ -73,13 +73,6 @@ def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch
     return out
 
 
-def flat_loss_mask(samples: list[Sample]) -> torch.Tensor:
-    """Every sample's loss mask (all ones where it has none), end to end: bool [sum of response_len]."""
-    return torch.tensor(
-        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=torch.bool
-    )
-
-
 def make_micro_batch(
     samples: list[Sample],
     extras: dict[str, list],

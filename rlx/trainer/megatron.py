@@ -26,13 +26,14 @@ import torch
 
 from rlx.algo.base import Advantages
 from rlx.algo.config import AlgoConfig
+from rlx.algo.policy_gradient import flat_loss_mask
 from rlx.cluster import ClusterConfig
 from rlx.config import build
 from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.sample import Sample
 from rlx.trainer import context
-from rlx.trainer.batch import MicroBatch, flat_loss_mask, response_slice
+from rlx.trainer.batch import MicroBatch, response_slice
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
 from rlx.trainer.critic import Critic
 from rlx.trainer.offload import Offloader, gpu_memory_gib
