@@ -100,15 +100,15 @@ class PolicyGradient:
         """Per-token advantages, one float32 tensor of length `response_len` per sample."""
         cfg = self.cfg
         masks = batch_loss_masks(samples)
-        penalties: list[torch.Tensor | None] = [None] * len(samples)
+        penalties: list[torch.Tensor] | None = None
         metrics: dict[str, float] = {}
         if cfg.use_kl_in_reward:
             kls = self._kl_to_ref(logprobs)
             penalties = [cfg.kl_in_reward_coef * kl_T for kl_T in kls]
             metrics["kl_in_reward"] = _masked_mean(kls, masks)
-        token_rewards = batch_outcome_token_rewards(
-            self.outcome_rewards(samples), masks, None if penalties[0] is None else penalties
-        ) if samples else []  # fmt: skip
+        token_rewards = (
+            batch_outcome_token_rewards(self.outcome_rewards(samples), masks, penalties) if samples else []
+        )
         metrics["return_mean"] = float(per_sample_sums(token_rewards).mean()) if samples else 0.0
         advs, returns = self.estimate(samples, token_rewards, logprobs or {})
         if cfg.whiten_advantages:
