@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlx.config import build
 from rlx.config.compose import compose, to_object
-from rlx.config.validate import max_prompt_len
+from rlx.config.validate import run_max_prompt_len
 
 
 class StepTimer:
@@ -157,17 +157,10 @@ def main() -> None:
     rc = to_object(compose(["run.output_dir=/tmp/rlx_short_rollout", *args.overrides]))
     hf_dir = build(rc.model).checkpoint_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    prompt_len = rc.data.max_prompt_len or max_prompt_len(
-        rc.model.max_position_embeddings, rc.rollout.max_response_len
-    )
-    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=run_max_prompt_len(rc))
     prompts = data.take(rc.rollout.batch_size)
     n = rc.rollout.n_samples_per_prompt
-    params = {
-        "temperature": rc.rollout.temperature, "top_p": rc.rollout.top_p, "top_k": rc.rollout.top_k,
-        "max_new_tokens": rc.rollout.max_response_len, "stop_token_ids": list(rc.rollout.stop_token_ids),
-        "ignore_eos": rc.rollout.ignore_eos, "skip_special_tokens": True,
-    }  # fmt: skip
+    params = rc.rollout.sampling_params()  # as RolloutPool sends them
     gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
     rollout = with_engine_dtype(rc.rollout, PRECISION_DTYPES[rc.train.precision], hf_dir, gpus)
     launcher = LocalServer(rollout, str(hf_dir), seed=rc.run.seed)

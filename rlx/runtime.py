@@ -23,7 +23,7 @@ from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
-from rlx.config.validate import max_prompt_len, validate
+from rlx.config.validate import run_max_prompt_len, validate
 from rlx.errors import ConfigError, Stopped
 from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
@@ -226,9 +226,7 @@ def _prepare(cfg: DictConfig) -> _Job:
     tokenizer = _load_tokenizer(hf_dir)
     check_checkpoint(family, hf_dir, tokenizer)
     write_run_config(cfg, out, hf_dir)  # config.yaml (what was used) and run_info.json (versions)
-    prompt_len = rc.data.max_prompt_len or max_prompt_len(
-        rc.model.max_position_embeddings, rc.rollout.max_response_len
-    )
+    prompt_len = run_max_prompt_len(rc)
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
     eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here

@@ -344,3 +344,11 @@ def max_prompt_len(context: int, response: int) -> int:
     """The longest prompt an engine accepts with `response` new tokens: SGLang requires
     input + max_new_tokens < context length."""
     return context - response - 1
+
+
+def run_max_prompt_len(rc) -> int:
+    """The longest prompt a run's data keeps (`rc`: an RlxConfig): `data.max_prompt_len`, or
+    all the context the longest response leaves."""
+    return rc.data.max_prompt_len or max_prompt_len(
+        rc.model.max_position_embeddings, rc.rollout.max_response_len
+    )

@@ -93,6 +93,18 @@ class RolloutConfig:
     # requests wait at most this long for an engine to serve again
     engine_restart_timeout_s: float = 900.0
 
+    def sampling_params(self) -> dict[str, Any]:
+        """SGLang's sampling parameters of every rollout request (before per-sample seeds and budgets)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_response_len,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": True,
+        }
+
     RULES: ClassVar[dict[str, Rule]] = {
         "temperature": NON_NEGATIVE,
         "top_p": UNIT_OPEN_LOW,

@@ -82,15 +82,7 @@ class RolloutPool:
         self.url = self.router.url if self.router else self.engine_urls[0]
         self.client = EngineClient(self.url, timeout=cfg.request_timeout_s)
         self.engine_clients = [EngineClient(u, timeout=cfg.request_timeout_s) for u in self.engine_urls]
-        self.sampling_params = {
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "top_k": cfg.top_k,
-            "max_new_tokens": cfg.max_response_len,
-            "stop_token_ids": list(cfg.stop_token_ids),
-            "ignore_eos": cfg.ignore_eos,
-            "skip_special_tokens": True,
-        }
+        self.sampling_params = cfg.sampling_params()
         self._semaphore: asyncio.Semaphore | None = None
         self._queued: set[str] = set()  # request ids waiting for a concurrency slot
         self._retrying: set[str] = set()  # request ids waiting to be sent again (fault tolerance)
