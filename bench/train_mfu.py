@@ -101,8 +101,10 @@ def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> t
     return n_matmul, causal, palm
 
 
-def build_training(cfg: ModelConfig, device: torch.device, lr: float):
-    """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU."""
+def build_training(cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True):
+    """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU. `fuse_wgrad`: weight
+    gradients accumulated into the fp32 grad buffer by their GEMMs where the kernel set does so,
+    as in the trainer (rlx.models.kernels.fuse_weight_gradients)."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -118,6 +120,10 @@ def build_training(cfg: ModelConfig, device: torch.device, lr: float):
         ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
         module=half_precision(gpt),
     )
+    if fuse_wgrad and family.kernels().wgrad_accumulation:
+        from rlx.models.kernels import fuse_weight_gradients
+
+        fuse_weight_gradients([model])
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam", lr=lr, weight_decay=0.0, clip_grad=1.0, bf16=True, params_dtype=torch.bfloat16
@@ -214,6 +220,11 @@ def main(argv: list[str]) -> dict:
         action="store_true",
         help="torch.compile each whole decoder layer (over the kernels `model.kernels` put in it)",
     )
+    parser.add_argument(
+        "--unfused-wgrad",
+        action="store_true",
+        help="bf16 weight gradients added to the fp32 grad buffer by DDP's hook (megatron's path without apex)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--profile",
@@ -233,7 +244,7 @@ def main(argv: list[str]) -> dict:
         port = sock.getsockname()[1]
     device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
     try:
-        model, optimizer, gpt = build_training(cfg, device, args.lr)
+        model, optimizer, gpt = build_training(cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad)
         if args.compile_layers:
             compile_layers(gpt)
         n_matmul, flops_causal, flops_palm = flops_per_token(gpt, cfg, args.seq_len)
@@ -300,6 +311,7 @@ def main(argv: list[str]) -> dict:
         "sdpa_backend": args.sdpa_backend,
         "kernels": build(cfg).kernels().name,
         "compile_layers": args.compile_layers,
+        "fused_wgrad": sum(getattr(m, "gradient_accumulation_fusion", False) for m in gpt.modules()),
         "gpu": torch.cuda.get_device_name(),
     }
     print(

@@ -5,17 +5,22 @@ unfused torch ops; on 1xH200 (Qwen3-1.7B shape, seq 4096) that elementwise work 
 GPU time of a bf16 training step (docs/benchmarks.md). A `KernelSet` replaces those pieces
 through the hooks megatron has for them, so the layer's forward is megatron's own:
 
-- norms: the module in every RMSNorm slot of the layer spec (input, pre-MLP, q/k norms) and the
-  block's final norm;
+- norms: the module in the hidden-size RMSNorm slots of the layer spec (input, pre-MLP) and the
+  block's final norm, and in the q/k norm slots;
 - SwiGLU: a module in `MLPSubmodules.activation_func`, which megatron calls on fc1's
   [gate | up] output when `use_te_activation_func` is set (the flag only selects the
   spec-provided activation module; nothing of Transformer Engine is used);
 - RoPE: megatron's `fused_apply_rotary_pos_emb` slot (`apply_rope_fusion`), empty without TE.
 
-Kernel sets (`KERNEL_SETS`): "liger" (liger-kernel's Triton RMSNorm and gate-up SwiGLU, the
-`gpu` extra), "compile" (torch.compile of the same torch math, no extra dependency), "torch"
-(megatron's unfused layers). RoPE is torch.compile of megatron's own `_apply_rotary_pos_emb_bshd`
-in both fused sets: liger's RoPE kernel wants [b, s, h, d] memory and megatron's is [s, b, h, d].
+Kernel sets (`KERNEL_SETS`): "liger" (liger-kernel's gate-up SwiGLU and vocab-parallel cross
+entropy, the `gpu` extra), "compile" (torch.compile of the same torch math, no extra dependency),
+"torch" (megatron's unfused layers). RoPE is torch.compile of megatron's own
+`_apply_rotary_pos_emb_bshd` in both fused sets: liger's RoPE kernel wants [b, s, h, d] memory and
+megatron's is [s, b, h, d]. The liger set keeps megatron's torch norms: torch's `rms_norm` is one
+fused CUDA kernel each way (torch 2.11), within 10% of liger's Triton RMSNorm in GPU time, and
+far cheaper to launch: at short sequences (RL's micro-batches of a few thousand tokens) the
+step is bound by the host's launches, where liger's per-call Python made the whole step 16%
+slower (docs/benchmarks.md).
 
 On a machine without CUDA every set resolves to "torch": the CPU path (and CI, which has no
 triton) builds exactly the layers it always did. Nothing here imports triton or liger until a
@@ -40,19 +45,19 @@ class KernelSet:
     """What replaces megatron's unfused layers; None leaves megatron's own in place."""
 
     name: str
-    norm: Callable[[], type] | None = None  # -> RMSNorm module class (megatron norm constructor)
+    # -> RMSNorm module class (megatron norm constructor): the hidden-size norms (each layer's two,
+    # the block's final one), and the per-head q/k norms (Qwen3's [s, b, heads, 128] rows)
+    norm: Callable[[], type] | None = None
+    qk_norm: Callable[[], type] | None = None
     swiglu: Callable[[], type] | None = None  # -> activation module class: [.., 2f] -> [.., f]
     rope: Callable[[], Callable] | None = None  # -> fused_apply_rotary_pos_emb(t, freqs, interleaved)
     cross_entropy: Callable[[], Callable] | None = (
         None  # -> (logits [s,b,V/tp], labels, tp_group, _) -> loss [s,b]
     )
     requires: str | None = None  # the package (pip name) the set imports, checked when resolved
-
-
-def _liger_norm() -> type:
-    from liger_kernel.megatron import LigerMegatronRMSNorm
-
-    return LigerMegatronRMSNorm
+    # each linear layer's weight gradient accumulated into DDP's fp32 main_grad by its GEMM
+    # (`fuse_weight_gradients`, after the model is wrapped in DDP)
+    wgrad_accumulation: bool = False
 
 
 def _liger_swiglu() -> type:
@@ -78,13 +83,15 @@ KERNEL_SETS: dict[str, KernelSet] = {
     "torch": KernelSet("torch"),
     "liger": KernelSet(
         "liger",
-        norm=_liger_norm,
         swiglu=_liger_swiglu,
         rope=_compiled_rope,
         cross_entropy=_liger_cross_entropy,
         requires="liger-kernel",
+        wgrad_accumulation=True,
     ),
-    "compile": KernelSet("compile", norm=_compiled_norm, rope=_compiled_rope),
+    "compile": KernelSet(
+        "compile", norm=_compiled_norm, qk_norm=_compiled_norm, rope=_compiled_rope, wgrad_accumulation=True
+    ),
 }
 
 
@@ -204,4 +211,71 @@ class LigerSwiGLU(torch.nn.Module):
         return {}
 
 
-__all__ = ["KERNEL_SETS", "KernelSet", "fusion_kwargs", "resolve"]
+class WeightGradientGemm:
+    """Stands in for apex's `fused_weight_gradient_mlp_cuda`, which megatron's linear layers call
+    under `gradient_accumulation_fusion`: `main_grad += grad_output^T @ input` in one GEMM that
+    reads half-precision operands and accumulates into, and writes, the fp32 main_grad (torch's
+    `addmm` with `out_dtype=float32`, cuBLAS underneath; CUDA only). Without it each micro-batch
+    writes a half-precision weight gradient, which DDP's hook then adds to main_grad in a
+    separate pass over both, and the gradient is rounded to bf16 once per micro-batch."""
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(
+        total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+    ) -> None:
+        torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
+
+    @staticmethod
+    def wgrad_gemm_accum_fp16(
+        total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+    ) -> None:
+        main_grad.addmm_(grad_output.t(), total_input)
+
+
+def wgrad_fusable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The column- and row-parallel linear layers of `model` (a DDP-wrapped chunk) whose own
+    half-precision CUDA weight has an fp32 `main_grad`. Left out: a layer that borrows its weight
+    at call time (the output layer tied to the embedding, whose gradient megatron must still sum
+    with the embedding's in DDP's hook) and every weight without a main_grad (a model outside
+    DDP: its backward would have nowhere to accumulate)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    def fusable(weight) -> bool:
+        main_grad = getattr(weight, "main_grad", None)
+        return (
+            isinstance(weight, torch.nn.Parameter)
+            and weight.requires_grad
+            and weight.is_cuda
+            and weight.dtype in (torch.bfloat16, torch.float16)
+            and main_grad is not None
+            and main_grad.dtype == torch.float32
+        )
+
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, ColumnParallelLinear | RowParallelLinear) and fusable(getattr(m, "weight", None))
+    ]
+
+
+def fuse_weight_gradients(ddp_chunks: list[torch.nn.Module]) -> int:
+    """Turn on megatron's `gradient_accumulation_fusion` in each layer of `wgrad_fusable_layers`,
+    with `WeightGradientGemm` as its kernel where apex's is not installed; the layers turned on.
+
+    Per layer, after DDP has made the main_grad buffers, rather than in the TransformerConfig:
+    megatron would otherwise fuse every layer of every model built from the config, the frozen
+    reference and models outside DDP included, and fail in their backward."""
+    from megatron.core.tensor_parallel import layers
+
+    fusable = [m for chunk in ddp_chunks for m in wgrad_fusable_layers(chunk)]
+    if not fusable:
+        return 0
+    if not layers._grad_accum_fusion_available:
+        layers.fused_weight_gradient_mlp_cuda = WeightGradientGemm
+        layers._grad_accum_fusion_available = True
+    for module in fusable:
+        module.gradient_accumulation_fusion = True
+    return len(fusable)
+
+
+__all__ = ["KERNEL_SETS", "KernelSet", "fuse_weight_gradients", "fusion_kwargs", "resolve"]

@@ -54,15 +54,16 @@ def local_layer_spec(
 
 
 def _use_kernels(spec: ModuleSpec, config: TransformerConfig, kernels: KernelSet) -> None:
-    """Put `kernels`' RMSNorm in every norm slot of `spec` and its SwiGLU in the MLP's activation
-    slot (read by megatron's MLP only under `use_te_activation_func`, see rlx.models.kernels)."""
+    """Put `kernels`' RMSNorms in the norm slots of `spec` (hidden-size and q/k norms apart) and its
+    SwiGLU in the MLP's activation slot (read by megatron's MLP only under `use_te_activation_func`,
+    see rlx.models.kernels)."""
     layer = spec.submodules
-    if kernels.norm is not None and config.normalization == "RMSNorm":
-        norm = kernels.norm()
-        layer.input_layernorm = layer.pre_mlp_layernorm = norm
-        if config.qk_layernorm:
+    if config.normalization == "RMSNorm":
+        if kernels.norm is not None:
+            layer.input_layernorm = layer.pre_mlp_layernorm = kernels.norm()
+        if kernels.qk_norm is not None and config.qk_layernorm:
             attention = layer.self_attention.submodules
-            attention.q_layernorm = attention.k_layernorm = norm
+            attention.q_layernorm = attention.k_layernorm = kernels.qk_norm()
     if kernels.swiglu is not None and config.use_te_activation_func:
         layer.mlp.submodules.activation_func = kernels.swiglu()
 

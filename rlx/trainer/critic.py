@@ -103,6 +103,7 @@ class Critic:
         self.trainable = Trainable(
             chunks, train_cfg, peak_lr=algo_cfg.critic_lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=device, pad_multiple=pad_multiple,
+            fuse_wgrad=family.kernels().wgrad_accumulation,
         )  # fmt: skip
         self.value_clip = algo_cfg.value_clip
         self.warmup_steps = algo_cfg.critic_warmup_steps

@@ -107,6 +107,7 @@ class MegatronTrainer:
         self.policy = Trainable(
             build_chunks(self.family, hf_dir, params_dtype, self.device), train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=self.device, pad_multiple=pad_multiple,
+            fuse_wgrad=self.family.kernels().wgrad_accumulation,
         )  # fmt: skip
         self.ref_chunks = None  # the reference model's chunks (frozen)
         if self.algo.needs_ref:

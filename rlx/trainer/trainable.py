@@ -59,10 +59,11 @@ class Trainable:
         forward_step: Callable,
         device: torch.device,
         pad_multiple: int,
+        fuse_wgrad: bool = False,
     ):
         from megatron.core import parallel_state
 
-        self.chunks, self.optimizer = wrap_for_training(chunks, cfg, peak_lr, params_dtype)
+        self.chunks, self.optimizer = wrap_for_training(chunks, cfg, peak_lr, params_dtype, fuse_wgrad)
         self.cfg, self.peak_lr, self.total_steps = cfg, peak_lr, total_steps
         self.forward_step, self.device, self.pad_multiple = forward_step, device, pad_multiple
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -202,9 +203,13 @@ class Trainable:
         return common
 
 
-def wrap_for_training(chunks: list[torch.nn.Module], train_cfg, lr: float, params_dtype: torch.dtype):
+def wrap_for_training(
+    chunks: list[torch.nn.Module], train_cfg, lr: float, params_dtype: torch.dtype, fuse_wgrad: bool = False
+):
     """`(ddp_chunks, optimizer)`: megatron DDP over each model chunk and one Adam over all, with
-    `train_cfg`'s settings at `lr`, wired up as Megatron-LM's training loop does."""
+    `train_cfg`'s settings at `lr`, wired up as Megatron-LM's training loop does. `fuse_wgrad`
+    (the kernel set's `wgrad_accumulation`): weight gradients accumulated into the fp32 grad
+    buffer by their GEMMs (`rlx.models.kernels.fuse_weight_gradients`; half precision on CUDA)."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -226,6 +231,10 @@ def wrap_for_training(chunks: list[torch.nn.Module], train_cfg, lr: float, param
         )
         for i, chunk in enumerate(chunks)
     ]
+    if fuse_wgrad:
+        from rlx.models.kernels import fuse_weight_gradients
+
+        fuse_weight_gradients(ddp_chunks)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",

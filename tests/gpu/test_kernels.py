@@ -33,13 +33,6 @@ FUSED_SETS = [
     "compile",
 ]
 RATIO = 1.5  # fused error / unfused error against fp32, max and mean
-# liger's RMSNorm rounds as transformers' Qwen3RMSNorm does (normalised x to bf16, then times the
-# bf16 weight): two bf16 roundings where torch's norm has one; its weight gradient (a sum over
-# 4096 rows, about 1 bf16 ulp of error either way) is rounded differently too. Measured on 1xH200
-# (max / mean error over torch's): output 1.86x / 1.34x, input gradient 1.0x, weight gradient
-# 1.52x / 2.04x (width 2048; at 128: 1.59x / 1.34x, 1.0x, 1.31x / 2.01x). In a whole model the
-# norm weights' gradients stay within 1.05x of the unfused model's (test below).
-LIGER_NORM_RATIO = 2.5
 FLOOR = 1e-5  # slack, relative to max |fp32|, for outputs the unfused path computes in fp32 exactly
 
 
@@ -85,7 +78,7 @@ class _Config:
     layernorm_zero_centered_gamma = False
 
 
-@pytest.mark.parametrize("kernels", FUSED_SETS)
+@pytest.mark.parametrize("kernels", [k for k in KERNEL_SETS if KERNEL_SETS[k].norm is not None])
 @pytest.mark.parametrize("width", [2048, 128])  # a hidden state; one q/k head (qk-norm)
 def test_rms_norm(device, kernels, width):
     torch.manual_seed(0)
@@ -102,8 +95,7 @@ def test_rms_norm(device, kernels, width):
     fused = run(with_weight(norm), [x, w], dy)
     unfused = run(with_weight(unfused_norm), [x, w], dy)
     ref = run(with_weight(reference_norm), [x.float(), w.float()], dy.float())
-    ratio = LIGER_NORM_RATIO if kernels == "liger" else RATIO
-    assert_no_less_accurate(f"rms_norm[{kernels},{width}]", fused, unfused, ref, ratio)
+    assert_no_less_accurate(f"rms_norm[{kernels},{width}]", fused, unfused, ref)
 
 
 def swiglu_reference(y: torch.Tensor) -> torch.Tensor:
@@ -253,3 +245,71 @@ def test_model_losses_and_gradients(device, hf_dir, kernels):
     assert all(fused_rel <= MODEL_RATIO * unfused_rel + 1e-3 for _, _, fused_rel, unfused_rel in worst), (
         worst[:3]
     )
+
+
+def main_grads_over_two_micro_batches(hf_dir, ids_BL: torch.Tensor, fuse: bool):
+    """{name: fp32 main_grad} of the bf16 model (liger or compile kernels) in megatron DDP after two
+    micro-batches' backward passes, and the number of layers whose weight gradient was fused."""
+    from rlx.trainer.config import TrainConfig
+    from rlx.trainer.trainable import wrap_for_training
+
+    family = build(compose([*SHAPE, "model.kernels=auto"]).model)
+    gpt = family.build_model(params_dtype=torch.bfloat16).to(ids_BL.device)
+    family.load_hf_weights(gpt, hf_dir)
+    (ddp,), _ = wrap_for_training([gpt], TrainConfig(precision="bf16"), 1e-5, torch.bfloat16, fuse_wgrad=fuse)
+    ddp.zero_grad_buffer()
+    for part in ids_BL.chunk(2):
+        ddp(
+            input_ids=part[:, :-1], position_ids=None, attention_mask=None, labels=part[:, 1:]
+        ).mean().backward()
+    fused = sum(getattr(m, "gradient_accumulation_fusion", False) is True for m in gpt.modules())
+    return {name: p.main_grad.clone() for name, p in gpt.named_parameters()}, fused
+
+
+def test_weight_gradients_accumulate_in_the_fp32_grad_buffer(device, hf_dir):
+    """`fuse_weight_gradients`: each linear layer's GEMM adds its weight gradient to DDP's fp32
+    main_grad (no bf16 gradient per micro-batch). Over two micro-batches every parameter's
+    gradient, the tied embedding's included (output layer and lookup both), is at least as close
+    to the fp32 model's as the unfused path's; the 4 linear layers of each of the 4 decoder
+    layers are fused, the tied output layer is not."""
+    ids_BL = torch.randint(0, 8192, (4, 513), generator=torch.Generator().manual_seed(1)).to(device)
+    family = build(compose(SHAPE).model)
+    gpt = family.build_model(params_dtype=torch.float32).to(device)
+    family.load_hf_weights(gpt, hf_dir)
+    for part in ids_BL.chunk(2):
+        gpt(
+            input_ids=part[:, :-1], position_ids=None, attention_mask=None, labels=part[:, 1:]
+        ).mean().backward()
+    ref = {name: p.grad for name, p in gpt.named_parameters()}
+    fused_grads, num_fused = main_grads_over_two_micro_batches(hf_dir, ids_BL, fuse=True)
+    unfused_grads, num_unfused = main_grads_over_two_micro_batches(hf_dir, ids_BL, fuse=False)
+    assert (num_fused, num_unfused) == (16, 0)
+    assert fused_grads.keys() == ref.keys()
+    for name, r in ref.items():
+        fused_rel = ((fused_grads[name] - r).norm() / r.norm()).item()
+        unfused_rel = ((unfused_grads[name] - r).norm() / r.norm()).item()
+        print(f"\n  {name}: relative error fused {fused_rel:.2e}, unfused {unfused_rel:.2e}", end="")
+        assert fused_rel <= 1.05 * unfused_rel + 1e-4, (name, fused_rel, unfused_rel)
+        assert fused_rel < 0.05, name  # nothing dropped (a lost embedding gradient would be ~1)
+
+
+def test_weight_gradient_gemm_adds_in_fp32(device):
+    """`WeightGradientGemm.wgrad_gemm_accum_fp32`: main_grad += grad_output^T @ input, in place,
+    with the product kept in fp32 (against fp64: within fp32 rounding of the sum), where a bf16
+    weight gradient added afterwards carries a bf16 rounding."""
+    from rlx.models.kernels import WeightGradientGemm
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(2048, 256, device=device, generator=gen).bfloat16()
+    g = torch.randn(2048, 384, device=device, generator=gen).bfloat16()
+    main_grad = torch.randn(384, 256, device=device, generator=gen)
+    expected = main_grad.double() + g.double().t() @ x.double()
+    fused = main_grad.clone()
+    storage = fused.data_ptr()
+    WeightGradientGemm.wgrad_gemm_accum_fp32(x, g, fused)
+    unfused = main_grad + g.t() @ x  # megatron without apex: a bf16 gradient, then DDP's add
+    fused_err, unfused_err = (fused - expected).abs().max().item(), (unfused - expected).abs().max().item()
+    print(f"\n  |fused - fp64| {fused_err:.2e}, |bf16 gradient added - fp64| {unfused_err:.2e}")
+    assert fused.data_ptr() == storage and fused.dtype == torch.float32
+    assert fused_err <= 1e-5 * expected.abs().max().item()
+    assert unfused_err > 10 * fused_err
