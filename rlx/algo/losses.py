@@ -90,24 +90,28 @@ def batch_outcome_token_rewards(
     return list(rewards_K.split(lengths.tolist()))
 
 
-def discounted_returns(rewards_T: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(rewards_BT: torch.Tensor, gamma: float) -> torch.Tensor:
     """REINFORCE's reward-to-go per token: G_t = r_t + gamma * G_{t+1}, G after the last token 0.
 
     Every response token is a step, masked ones too (they carry no reward but still discount),
-    as in OpenRLHF's `get_cumulative_returns`.
+    as in OpenRLHF's `get_cumulative_returns`. Rows are responses right-padded with zero rewards
+    (padding after a response adds nothing to its returns); one response may come as [T]. The
+    scan runs over the T columns, each step a whole-batch op, not over every token of every
+    response: the same arithmetic, in the same order, per token.
     """
-    returns_T = torch.empty_like(rewards_T)
-    running = torch.zeros((), dtype=rewards_T.dtype)
-    for t in range(rewards_T.shape[0] - 1, -1, -1):
-        running = rewards_T[t] + gamma * running
-        returns_T[t] = running
-    return returns_T
+    rows_BT = rewards_BT.reshape(-1, rewards_BT.shape[-1])
+    returns_BT = torch.empty_like(rows_BT)
+    running_B = torch.zeros(rows_BT.shape[0], dtype=rows_BT.dtype)
+    for t in range(rows_BT.shape[1] - 1, -1, -1):
+        running_B = rows_BT[:, t] + gamma * running_B
+        returns_BT[:, t] = running_B
+    return returns_BT.view_as(rewards_BT)
 
 
 def gae(
-    rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, gamma: float, lambd: float
+    rewards_BT: torch.Tensor, values_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float, lambd: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's generalised advantage estimation (Schulman et al., 2016) over one response.
+    """PPO's generalised advantage estimation (Schulman et al., 2016) over each response.
 
     The steps are the loss tokens: a token outside the mask (tool output) is no action of the
     policy, so a loss token bootstraps from the value of the next *loss* token, and the value
@@ -116,21 +120,25 @@ def gae(
         delta_t = r_t + gamma * V_next(t) - V_t
         A_t     = delta_t + gamma * lambd * A_next(t)
         R_t     = A_t + V_t                      (the critic's regression target)
-    `values_T[t]` is the critic's value of the state before token t. Returns `(adv_T, returns_T)`;
-    both are 0 outside the mask (they never reach a loss).
+    `values_BT[b, t]` is the critic's value of the state before token t. Rows are responses
+    right-padded with mask 0 (one response may come as [T]); the scan runs over the T columns,
+    whole-batch ops per column. Returns `(adv_BT, returns_BT)`; both are 0 outside the mask
+    (they never reach a loss).
     """
-    adv_T = torch.zeros_like(rewards_T)
-    returns_T = torch.zeros_like(rewards_T)
-    next_value = next_adv = torch.zeros((), dtype=rewards_T.dtype)
-    for t in range(rewards_T.shape[0] - 1, -1, -1):
-        if not mask_T[t]:
-            continue
-        delta = rewards_T[t] + gamma * next_value - values_T[t]
-        next_adv = delta + gamma * lambd * next_adv
-        next_value = values_T[t]
-        adv_T[t] = next_adv
-        returns_T[t] = next_adv + next_value
-    return adv_T, returns_T
+    shape = rewards_BT.shape
+    rewards_BT, values_BT = rewards_BT.reshape(-1, shape[-1]), values_BT.reshape(-1, shape[-1])
+    keep_BT = mask_BT.reshape(-1, shape[-1]).bool()
+    adv_BT = torch.zeros_like(rewards_BT)
+    returns_BT = torch.zeros_like(rewards_BT)
+    next_value_B = next_adv_B = torch.zeros(rewards_BT.shape[0], dtype=rewards_BT.dtype)
+    for t in range(shape[-1] - 1, -1, -1):
+        keep_B, value_B = keep_BT[:, t], values_BT[:, t]
+        adv_B = rewards_BT[:, t] + gamma * next_value_B - value_B + gamma * lambd * next_adv_B
+        next_adv_B = torch.where(keep_B, adv_B, next_adv_B)
+        next_value_B = torch.where(keep_B, value_B, next_value_B)
+        adv_BT[:, t] = torch.where(keep_B, adv_B, 0.0)
+        returns_BT[:, t] = torch.where(keep_B, adv_B + value_B, 0.0)
+    return adv_BT.view(shape), returns_BT.view(shape)
 
 
 def clipped_value_loss(

@@ -248,17 +248,34 @@ def per_sample_sums(values: list[torch.Tensor]) -> torch.Tensor:
     return torch.segment_reduce(torch.cat(values), "sum", lengths=lengths, unsafe=True)
 
 
+def padded_rows(values: list[torch.Tensor], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """[len(values), longest]: the 1-d tensors as rows, right-padded with 0 (the estimators' scans
+    run over the columns of a whole batch)."""
+    if not values:
+        return torch.zeros(0, 0, dtype=dtype)
+    return torch.nn.utils.rnn.pad_sequence([v.to(dtype) for v in values], batch_first=True)
+
+
+def unpadded_rows(values_BT: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Row b of `values_BT` cut to `lengths[b]` (views), the inverse of `padded_rows`."""
+    return [row[:length] for row, length in zip(values_BT, lengths, strict=True)]
+
+
 def _masked_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
-    num_tokens = sum(float(m.sum()) for m in masks)
-    total = sum(float((v * m).sum()) for v, m in zip(values, masks, strict=True))
-    return total / max(num_tokens, 1.0)
+    if not values:
+        return 0.0
+    mask = torch.cat(masks)
+    return float((torch.cat(values) * mask).sum()) / max(float(mask.sum()), 1.0)
 
 
 def _whiten_over_loss_tokens(advs: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
     """Whiten with the mean and std of the loss tokens of the whole batch (every token moves
     alike; those outside the mask never reach the loss)."""
-    adv_K = torch.cat([a[m.bool()] for a, m in zip(advs, masks, strict=True)])
+    if not advs:
+        return advs
+    adv = torch.cat(advs)
+    adv_K = adv[torch.cat(masks).bool()]
     if adv_K.numel() == 0:
         return advs
     mean, rstd = whitening_stats(adv_K)
-    return [(a - mean) * rstd for a in advs]
+    return list(((adv - mean) * rstd).split([len(a) for a in advs]))

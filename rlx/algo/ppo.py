@@ -12,7 +12,13 @@ import torch
 
 from rlx.algo.base import Advantages
 from rlx.algo.losses import gae
-from rlx.algo.policy_gradient import PolicyGradient, loss_mask
+from rlx.algo.policy_gradient import (
+    PolicyGradient,
+    batch_loss_masks,
+    flat_loss_mask,
+    padded_rows,
+    unpadded_rows,
+)
 from rlx.sample import Sample
 
 
@@ -44,9 +50,9 @@ class PPO(PolicyGradient):
     ) -> Advantages:
         """GAE advantages per sample, the critic's targets (`returns`) and value metrics."""
         result = super().advantages(samples, logprobs)
-        masks = [loss_mask(s).bool() for s in samples]
-        values_K = torch.cat([v.double()[m] for v, m in zip(logprobs["values"], masks, strict=True)])
-        returns_K = torch.cat([r.double()[m] for r, m in zip(result.returns, masks, strict=True)])
+        mask_K = flat_loss_mask(samples)
+        values_K = torch.cat(logprobs["values"]).double()[mask_K] if samples else torch.zeros(0)
+        returns_K = torch.cat(result.returns).double()[mask_K] if samples else torch.zeros(0)
         result.metrics |= _value_metrics(values_K, returns_K)
         return result
 
@@ -58,11 +64,15 @@ class PPO(PolicyGradient):
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if "values" not in logprobs:
             raise KeyError("PPO's advantages need the critic's values: logprobs['values'] is missing")
-        pairs = [
-            gae(rewards_T, values_T.double(), loss_mask(s), self.cfg.gamma, self.cfg.lambd)
-            for s, rewards_T, values_T in zip(samples, token_rewards, logprobs["values"], strict=True)
-        ]
-        return [adv_T for adv_T, _ in pairs], [returns_T.float() for _, returns_T in pairs]
+        lengths = [s.response_len for s in samples]
+        adv_BT, returns_BT = gae(
+            padded_rows(token_rewards),
+            padded_rows(logprobs["values"]),
+            padded_rows(batch_loss_masks(samples)),
+            self.cfg.gamma,
+            self.cfg.lambd,
+        )
+        return unpadded_rows(adv_BT, lengths), unpadded_rows(returns_BT.float(), lengths)
 
 
 def _value_metrics(values_K: torch.Tensor, returns_K: torch.Tensor) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """REINFORCE++: token-level discounted returns with the KL penalty in the reward, whitened
 over the batch; no critic, no groups.
 
-Shape legend: T one response's tokens.
+Shape legend: B responses of the batch, T response tokens (right-padded).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import ClassVar
 import torch
 
 from rlx.algo.losses import discounted_returns
-from rlx.algo.policy_gradient import PolicyGradient
+from rlx.algo.policy_gradient import PolicyGradient, padded_rows, unpadded_rows
 from rlx.sample import Sample
 
 
@@ -35,4 +35,5 @@ class ReinforcePP(PolicyGradient):
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], None]:
-        return [discounted_returns(rewards_T, self.cfg.gamma) for rewards_T in token_rewards], None
+        returns_BT = discounted_returns(padded_rows(token_rewards), self.cfg.gamma)
+        return unpadded_rows(returns_BT, [len(r) for r in token_rewards]), None

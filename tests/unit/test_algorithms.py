@@ -27,7 +27,7 @@ from rlx.algo.losses import (
     truncated_is_weight,
     whitening_stats,
 )
-from rlx.algo.policy_gradient import per_sample_sums
+from rlx.algo.policy_gradient import padded_rows, per_sample_sums
 from rlx.algo.ppo import PPO
 from rlx.algo.reinforce_pp import ReinforcePP
 from rlx.algo.reinforce_pp_baseline import ReinforcePPBaseline
@@ -103,6 +103,17 @@ def test_discounted_returns():
     assert_close(discounted_returns(rewards_T, 0.5), [0.1625, 0.425, 1.05])
     assert_close(discounted_returns(rewards_T, 1.0), [0.9, 0.95, 1.05])
     assert_close(discounted_returns(rewards_T, 0.0), [-0.05, -0.1, 1.05])
+
+
+def test_discounted_returns_over_a_padded_batch():
+    # the rewards above as row 0 beside [2] and [0, 1, 0, 0.5], gamma 0.5, rows zero-padded:
+    # row 1: [2]; row 2: G3 = 0.5, G2 = 0.25, G1 = 1 + 0.125 = 1.125, G0 = 0.5625
+    rows = [[-0.05, -0.1, 1.05], [2.0], [0.0, 1.0, 0.0, 0.5]]
+    rows_BT = padded_rows([torch.tensor(r, dtype=torch.float64) for r in rows])
+    assert_close(
+        discounted_returns(rows_BT, 0.5),
+        [[0.1625, 0.425, 1.05, 0.0], [2.0, 0.0, 0.0, 0.0], [0.5625, 1.125, 0.25, 0.5]],
+    )
 
 
 def test_whitening_stats_use_the_population_std():

@@ -11,6 +11,7 @@ import torch
 
 from rlx.algo.config import AlgoConfig
 from rlx.algo.losses import clipped_value_loss, gae
+from rlx.algo.policy_gradient import padded_rows, unpadded_rows
 from rlx.algo.ppo import PPO
 from rlx.sample import Sample
 
@@ -33,6 +34,29 @@ def test_gae_skips_masked_tokens_and_bootstraps_from_the_next_loss_token():
     adv_T, returns_T = gae(f64([0, 0, 0, 1]), f64([0.5, 0.2, 9.0, 0.4]), f64([1, 1, 0, 1]), 0.5, 0.5)
     assert_close(adv_T, [-0.3625, 0.15, 0.0, 0.6])
     assert_close(returns_T, [0.1375, 0.35, 0.0, 1.0])
+
+
+def test_gae_runs_a_padded_batch_row_by_row():
+    # The example above as row 0 of a batch, beside a longer row and a one-token row; rows are
+    # right-padded with mask 0 (padded_rows), so each row's numbers are the ones it has alone:
+    #   row 0: A [-0.3625, 0.15, 0, 0.6], R [0.1375, 0.35, 0, 1.0] (above), padding 0
+    #   row 1: one token, r 1, V 0.25: delta = A = 1 - 0.25 = 0.75, R = 1.0
+    #   row 2: mask [1, 1, 1, 1, 1], rewards 0 except 2 on the last, V 0, gamma*lambd 0.25:
+    #          A_4 = 2, A_3 = 0.5, A_2 = 0.125, A_1 = 0.03125, A_0 = 0.0078125 (R = A, V = 0)
+    rewards = [f64([0, 0, 0, 1]), f64([1]), f64([0, 0, 0, 0, 2])]
+    values = [f64([0.5, 0.2, 9.0, 0.4]), f64([0.25]), f64([0, 0, 0, 0, 0])]
+    masks = [f64([1, 1, 0, 1]), f64([1]), f64([1, 1, 1, 1, 1])]
+    adv_BT, returns_BT = gae(padded_rows(rewards), padded_rows(values), padded_rows(masks), 0.5, 0.5)
+    assert_close(
+        adv_BT, [[-0.3625, 0.15, 0, 0.6, 0], [0.75, 0, 0, 0, 0], [0.0078125, 0.03125, 0.125, 0.5, 2]]
+    )
+    assert_close(
+        returns_BT, [[0.1375, 0.35, 0, 1.0, 0], [1.0, 0, 0, 0, 0], [0.0078125, 0.03125, 0.125, 0.5, 2]]
+    )
+    advs = unpadded_rows(adv_BT, [4, 1, 5])
+    assert [len(a) for a in advs] == [4, 1, 5]
+    for row, (r, v, m) in zip(advs, zip(rewards, values, masks, strict=True), strict=True):
+        assert torch.equal(row, gae(r, v, m, 0.5, 0.5)[0])  # the same arithmetic, bit for bit
 
 
 def test_gae_lambda_one_is_monte_carlo_and_lambda_zero_is_one_step_td():
