@@ -2,7 +2,8 @@
 
 Every algorithm (GRPO, GSPO, PPO, REINFORCE++) and PPO's critic compose these; none of them
 touches a model, a config tree or a process group, so each is tested on hand-computed numbers.
-A lone `T` is one response's tokens (advantages are computed per sample, before padding).
+A lone `T` is one response's tokens; the estimators (returns, GAE) take a batch of responses
+right-padded to `_BT`, or one response.
 
 Shape legend (suffixes on tensor names):
     B  samples in a micro-batch
