@@ -165,7 +165,7 @@ def main() -> None:
     rollout = with_engine_dtype(rc.rollout, PRECISION_DTYPES[rc.train.precision], hf_dir, gpus)
     launcher = LocalServer(rollout, str(hf_dir), seed=rc.run.seed)
     freeze_startup_objects()  # as the engine's actor process does (rlx.gc_freeze)
-    server = launcher._server
+    server = launcher.server
     engine = server.engine
     timer = StepTimer(engine)
     result = {

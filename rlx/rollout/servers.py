@@ -15,8 +15,6 @@ from pathlib import Path
 from rlx.ports import LOOPBACK
 from rlx.rollout.config import RolloutConfig
 
-LOCAL = "rlx.rollout.servers.LocalServer"
-
 
 def with_engine_dtype(cfg: RolloutConfig, precision_dtype: str, hf_dir: Path, gpus: bool) -> RolloutConfig:
     """rlx's engine on GPUs serves an fp32 checkpoint (the tiny models', a random init's) in the
@@ -25,7 +23,12 @@ def with_engine_dtype(cfg: RolloutConfig, precision_dtype: str, hf_dir: Path, gp
     tiny models gain nothing: docs/benchmarks.md, "One short rollout batch"). `engine_args.dtype` when
     set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16), CPU
     engines (fp32 always) and SGLang (its own `--dtype` rule) are left as they are."""
-    if cfg._target_ != LOCAL or not gpus or "dtype" in cfg.engine_args or precision_dtype == "float32":
+    if (
+        cfg._target_ != f"{LocalServer.__module__}.{LocalServer.__qualname__}"
+        or not gpus
+        or "dtype" in cfg.engine_args
+        or precision_dtype == "float32"
+    ):
         return cfg
     config = json.loads((Path(hf_dir) / "config.json").read_text())
     if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":  # no dtype: fp32
@@ -49,15 +52,15 @@ class LocalServer:
         from rlx.rollout.local import LocalEngine
 
         engine = LocalEngine(model_path, seed=seed, num_threads=cfg.engine_threads, **dict(cfg.engine_args))
-        self._server = EngineServer(engine, host, api_key=api_key)
-        self._server.start()
+        self.server = EngineServer(engine, host, api_key=api_key)  # its `engine` too (benches read both)
+        self.server.start()
 
     @property
     def url(self) -> str:
-        return self._server.url
+        return self.server.url
 
     def shutdown(self) -> None:
-        self._server.stop()
+        self.server.stop()
 
 
 class SGLangServer:
