@@ -30,7 +30,10 @@ SHAPES = {  # Qwen3-0.6B / Qwen3-1.7B shapes (published config.json values)
 }
 COMMON = dict(num_attention_heads=16, num_query_groups=8, kv_channels=128, vocab_size=151936,
               max_position_embeddings=4096, rotary_base=1000000.0, tie_word_embeddings=True)  # fmt: skip
-PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s")
+PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s",
+          # colocated: the hand-overs (engines release + trainer onloads; the weight sync within the
+          # second, with the engines' weights resumed before it and the trainer's offload after it)
+          "time/colocate_to_trainer_s", "time/colocate_to_engines_s")  # fmt: skip
 
 
 def overrides_for(args: argparse.Namespace) -> list[str]:
@@ -84,7 +87,8 @@ def main(argv: list[str]) -> None:
         "shape": args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
         "wall_s": round(wall, 1),
-        # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs)
+        # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);
+        # time/colocate_*: absent when split
         **{k.split("/")[1]: round(median(k), 3) for k in PHASES if k in timed[-1]},
         "tokens_per_s_per_gpu": round((tokens + prompt_tokens) / median("time/step_s") / num_gpus),
         "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
