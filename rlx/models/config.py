@@ -49,9 +49,10 @@ class ModelConfig:
     init_seed: int = 0  # seed of a tiny model's random weights
     kernels: str = "auto"  # fused GPU kernels for the dense layers (rlx.models.kernels), used only when
     #   CUDA is available (the CPU always builds megatron's torch layers): liger (liger-kernel's
-    #   Triton RMSNorm and SwiGLU, the `gpu` extra) | compile (torch.compile of the same math) |
-    #   auto (liger if installed, else compile) | torch (megatron's unfused layers). Any but torch
-    #   also turns on megatron's fused SwiGLU and (bf16) fused cross entropy, and compiled RoPE.
+    #   SwiGLU and cross entropy, torch's RMSNorm; the `gpu` extra) | compile (torch.compile'd norms,
+    #   megatron's fused SwiGLU and cross entropy) | auto (liger if installed, else compile) | torch
+    #   (megatron's unfused layers). Any but torch also compiles RoPE and accumulates weight
+    #   gradients in fp32 inside their GEMMs (bf16 training).
     megatron_overrides: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig kwargs
 
     # ---- Mixture of experts and multi-latent attention (Qwen3-MoE, DeepSeek-V3) ----------------
