@@ -30,6 +30,7 @@ fused set is resolved on CUDA.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -38,6 +39,8 @@ import torch
 
 from rlx.errors import ConfigError
 from rlx.models.config import KERNEL_CHOICES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,20 @@ def wgrad_fusable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
+@cache
+def fp32_accumulating_gemm_works(device: torch.device) -> bool:
+    """Whether this torch has `WeightGradientGemm`'s kernel on `device`: bf16 operands added into
+    an fp32 matrix in place by `addmm(..., out_dtype=float32)` (CUDA in recent torch; no CPU
+    kernel, and older versions lack the argument), checked on a 2 x 2 product."""
+    try:
+        a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+        out = torch.ones(2, 2, dtype=torch.float32, device=device)
+        torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
+    except (TypeError, RuntimeError):
+        return False
+    return bool((out == 3.0).all())
+
+
 def fuse_weight_gradients(ddp_chunks: list[torch.nn.Module]) -> int:
     """Turn on megatron's `gradient_accumulation_fusion` in each layer of `wgrad_fusable_layers`,
     with `WeightGradientGemm` as its kernel where apex's is not installed; the layers turned on.
@@ -271,6 +288,14 @@ def fuse_weight_gradients(ddp_chunks: list[torch.nn.Module]) -> int:
     if not fusable:
         return 0
     if not layers._grad_accum_fusion_available:
+        if not fp32_accumulating_gemm_works(fusable[0].weight.device):
+            log.warning(
+                "torch %s has no half-precision GEMM with an fp32 output (addmm's out_dtype) on %s: "
+                "weight gradients are added to the fp32 buffer after each micro-batch instead",
+                torch.__version__,
+                fusable[0].weight.device,
+            )
+            return 0
         layers.fused_weight_gradient_mlp_cuda = WeightGradientGemm
         layers._grad_accum_fusion_available = True
     for module in fusable:

@@ -297,8 +297,9 @@ def test_weight_gradient_gemm_adds_in_fp32(device):
     """`WeightGradientGemm.wgrad_gemm_accum_fp32`: main_grad += grad_output^T @ input, in place,
     with the product kept in fp32 (against fp64: within fp32 rounding of the sum), where a bf16
     weight gradient added afterwards carries a bf16 rounding."""
-    from rlx.models.kernels import WeightGradientGemm
+    from rlx.models.kernels import WeightGradientGemm, fp32_accumulating_gemm_works
 
+    assert fp32_accumulating_gemm_works(device)  # else fuse_weight_gradients leaves the layers unfused
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(2048, 256, device=device, generator=gen).bfloat16()
     g = torch.randn(2048, 384, device=device, generator=gen).bfloat16()
