@@ -13,6 +13,7 @@ import inspect
 import logging
 import math
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -222,15 +223,16 @@ class FunctionScorer(BaseScorer):
     async def _call(self, arg: Sample | list[Sample]) -> Any:
         """One call under the concurrency and time limits; RewardFailure if it raises or overruns."""
         args = (arg,) if self.args is None else (self.args, arg)
-        async with self._semaphore():
-            try:
-                if self.is_async:
+        try:
+            if self.is_async:
+                async with self._semaphore():
                     return await asyncio.wait_for(self._guarded(self.fn(*args)), self.cfg.timeout_s)
-                return await self._workers.run(self.fn, args, self.cfg.timeout_s, self.path)
-            except TimeoutError:
-                raise RewardFailure(
-                    "timeout", f"{self.path} took longer than reward.timeout_s={self.cfg.timeout_s}"
-                ) from None
+            # the worker threads bound the calls running at once; the rest wait in their queue
+            return await self._workers.run(self.fn, args, self.cfg.timeout_s, self.path)
+        except TimeoutError:
+            raise RewardFailure(
+                "timeout", f"{self.path} took longer than reward.timeout_s={self.cfg.timeout_s}"
+            ) from None
 
     async def _guarded(self, awaitable: Any) -> Any:
         """The function's own exceptions (its own TimeoutError too) as RewardFailure("raised")."""
@@ -274,11 +276,12 @@ def _arity(fn: Callable, path: str) -> int:
 
 
 class _Job:
-    __slots__ = ("loop", "future", "fn", "args", "lock", "done", "abandoned")
+    __slots__ = ("loop", "future", "fn", "args", "lock", "started_at", "done", "abandoned")
 
     def __init__(self, loop, future, fn, args):
         self.loop, self.future, self.fn, self.args = loop, future, fn, args
         self.lock = threading.Lock()
+        self.started_at: float | None = None  # time.monotonic() when a worker took it
         self.done = self.abandoned = False
 
 
@@ -306,22 +309,26 @@ class _Workers:
         threading.Thread(target=self._work, name="rlx-reward", daemon=True).start()
 
     async def run(self, fn: Callable, args: tuple, timeout_s: float, path: str) -> Any:
-        """`fn(*args)` in a worker; TimeoutError after `timeout_s`, RewardFailure if it raises."""
+        """`fn(*args)` in a worker; TimeoutError once it has run `timeout_s` (time in the queue does
+        not count), RewardFailure if it raises."""
         loop = asyncio.get_running_loop()
         job = _Job(loop, loop.create_future(), fn, args)
         with self._ready:
             self._jobs.append(job)
             self._ready.notify()
         try:
-            outcome, value = await asyncio.wait_for(job.future, timeout_s)
+            outcome, value = await self._result(job, timeout_s)
         except (TimeoutError, asyncio.CancelledError) as e:  # cancelled: the pool gave up on the group
             with job.lock:
-                replace = not job.done
-                job.abandoned = True
-            if replace:
+                running = job.started_at is not None and not job.done
+                job.abandoned = True  # a worker that has not taken it yet skips it
+            if running:  # its thread is stuck in the call: written off, replaced
                 if isinstance(e, TimeoutError):
                     log.warning("%s overran reward.timeout_s=%s; its thread is written off", path, timeout_s)
-                self._spawn()
+                    self._spawn()
+                else:  # after the rest of a cancelled group has been given up (their handlers are
+                    # queued before this callback), so that the new thread does not start them
+                    loop.call_soon(self._spawn)
             raise
         if outcome == "raised":
             raise RewardFailure("raised", f"{path} raised {type(value).__name__}: {value}") from value
@@ -336,8 +343,9 @@ class _Workers:
             if job is None:
                 return
             with job.lock:
-                if job.abandoned:  # timed out before it started: another thread took this one's place
-                    return
+                if job.abandoned:  # given up before it started: nobody waits for it
+                    continue
+                job.started_at = time.monotonic()
             try:
                 result = ("value", job.fn(*job.args))
             except Exception as e:
@@ -348,6 +356,21 @@ class _Workers:
             if abandoned:
                 return
             self._post(job.loop, job.future, result)
+
+    @staticmethod
+    async def _result(job: _Job, timeout_s: float) -> tuple:
+        """`job`'s result; TimeoutError once it has run longer than `timeout_s` since a worker
+        took it (while it waits in the queue, its clock has not started)."""
+        wait_s = timeout_s
+        while True:
+            done, _ = await asyncio.wait((job.future,), timeout=wait_s)
+            if done:
+                return job.future.result()
+            with job.lock:
+                started_at = job.started_at
+            wait_s = timeout_s if started_at is None else started_at + timeout_s - time.monotonic()
+            if wait_s <= 0:
+                raise TimeoutError
 
     def _post(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: tuple) -> None:
         """Hand `result` to `loop`; only the first of a burst wakes it (`_resolve_finished`)."""

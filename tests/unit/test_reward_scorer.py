@@ -6,6 +6,7 @@ import asyncio
 import math
 import re
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -252,6 +253,45 @@ def test_sync_timeout_writes_off_the_thread_and_the_next_call_runs():
     assert "took longer than reward.timeout_s=0.2" in samples[0].status_reason
     assert samples[1].reward == 1.0 and samples[1].status is Status.COMPLETED
     assert scorer.metrics()["reward/failed_timeout"] == 1
+
+
+def test_a_call_waiting_for_a_worker_is_not_timed_out_for_it():
+    # one worker, four calls of 0.15 s each, reward.timeout_s=0.3: the last waits 0.45 s in the
+    # queue and runs 0.15 s; only the time it runs counts against the limit
+    def slow(sample):
+        time.sleep(0.15)
+        return 1.0
+
+    samples = group_of("3", "3", "3", "3")
+    scorer = score(slow, samples, cfg=replace(CFG, timeout_s=0.3, num_workers=1))
+    assert [s.reward for s in samples] == [1.0] * 4
+    assert scorer.metrics()["reward/failed_timeout"] == 0
+
+
+def test_calls_of_a_cancelled_group_that_had_not_started_never_run():
+    release = threading.Event()
+    ran = []
+
+    def blocks_first(sample):
+        ran.append(sample.index)
+        if sample.index == 0:
+            release.wait(30)
+        return 1.0
+
+    samples = group_of("3", "3", "3")
+    scorer = FunctionScorer(blocks_first, "tests.reward_fn", replace(CFG, num_workers=1))
+
+    async def run():
+        first = asyncio.ensure_future(scorer.score_group(samples))
+        await asyncio.sleep(0.05)
+        first.cancel()  # the pool dropped the group: call 0 runs, calls 1 and 2 wait in the queue
+        await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    release.set()
+    time.sleep(0.1)  # the written-off thread returns; a skipped call would have run by now
+    assert ran == [0]
+    assert [s.reward for s in samples] == [None, None, None]
 
 
 def test_a_cancelled_call_gives_its_worker_back():
