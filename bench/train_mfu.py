@@ -20,6 +20,8 @@ Transformer Engine, the fused kernels `model.kernels` selects: rlx.models.kernel
 fp32 master weights), one optimizer step per `--micro-batch` x `--accum` sequences of `--seq-len`
 tokens through `get_forward_backward_func`, loss = megatron's vocab-parallel cross entropy. No
 activation recompute. `--warmup` steps are excluded; the clock is read after a device synchronize.
+One more step is then timed in parts (`host_and_gpu_s`): when the GPU has nothing left to run once
+the host has issued the forward-backward, the step is bound by the host's launches, not the GPU.
 
 FLOPs (model FLOPs: what the model needs, not what the kernels do), per trained token:
 
@@ -148,11 +150,11 @@ def _forward_step(data_iterator, model):
     return loss_BL, loss_func
 
 
-def train_step(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> float:
-    """One optimizer step over `micro_batches`; returns the mean loss (a device sync)."""
+def _forward_backward(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> list[dict]:
+    """Zeroed gradients, then megatron's forward-backward over `micro_batches` (issued, not waited for)."""
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    losses = fwd_bwd(
+    return fwd_bwd(
         forward_step_func=_forward_step,
         data_iterator=iter(micro_batches),
         model=[model],
@@ -161,8 +163,35 @@ def train_step(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> 
         micro_batch_size=micro_batches[0][0].shape[0],
         forward_only=False,
     )
+
+
+def train_step(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> float:
+    """One optimizer step over `micro_batches`; returns the mean loss (a device sync)."""
+    losses = _forward_backward(model, optimizer, fwd_bwd, micro_batches, seq_len)
     optimizer.step()
     return torch.stack([m["loss"] for m in losses]).mean().item()
+
+
+def host_and_gpu_seconds(model, optimizer, fwd_bwd, micro_batches: list, seq_len: int) -> dict[str, float]:
+    """One more step in parts: the host's time to issue the forward-backward, how long the GPU
+    still ran after that (near 0: the GPU waited on the host's launches, the step is host-bound),
+    then the optimizer step's host time and the GPU's after it."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    _forward_backward(model, optimizer, fwd_bwd, micro_batches, seq_len)
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    finished = time.perf_counter()
+    optimizer.step()
+    stepped = time.perf_counter()
+    torch.cuda.synchronize()
+    parts = {
+        "forward_backward_host_s": issued - start,
+        "forward_backward_gpu_after_host_s": finished - issued,
+        "optimizer_host_s": stepped - finished,
+        "optimizer_gpu_after_host_s": time.perf_counter() - stepped,
+    }
+    return {k: round(v, 4) for k, v in parts.items()}
 
 
 def compile_layers(gpt: torch.nn.Module) -> None:
@@ -258,8 +287,10 @@ def main(argv: list[str]) -> dict:
             micro_batches.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
         fwd_bwd = get_forward_backward_func()
         step = partial(train_step, model, optimizer, fwd_bwd, micro_batches, args.seq_len)
+        in_parts = partial(host_and_gpu_seconds, model, optimizer, fwd_bwd, micro_batches, args.seq_len)
         if args.sdpa_backend != "default":
             step = partial(with_sdpa_backend, args.sdpa_backend, step)
+            in_parts = partial(with_sdpa_backend, args.sdpa_backend, in_parts)
 
         losses, seconds = [], []
         for i in range(args.warmup + args.steps):
@@ -271,6 +302,8 @@ def main(argv: list[str]) -> dict:
                 seconds.append(time.perf_counter() - start)
             losses.append(loss)
             print(f"step {i}{' (warm-up)' if i < args.warmup else ''}: loss {loss:.4f}", flush=True)
+        host_bound = in_parts()
+        print(f"one more step in parts: {host_bound}", flush=True)
         if args.profile:
             print_kernel_profile(step, args.profile)
         if args.compile_layers:
@@ -311,6 +344,7 @@ def main(argv: list[str]) -> dict:
         "sdpa_backend": args.sdpa_backend,
         "kernels": build(cfg).kernels().name,
         "compile_layers": args.compile_layers,
+        "host_and_gpu_s": host_bound,
         "fused_wgrad": sum(getattr(m, "gradient_accumulation_fusion", False) for m in gpt.modules()),
         "gpu": torch.cuda.get_device_name(),
     }
