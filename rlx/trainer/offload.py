@@ -6,8 +6,11 @@ Every tensor keeps its identity and device: its GPU storage is freed in place
 filled on the way back. Moving `param.data` to the CPU instead would reset autograd's gradient
 accumulator of each parameter (a device change does), and with it the hooks megatron's DDP hangs
 there: the next backward would leave every gradient at zero. Gradient buffers use megatron's
-own `offload_to_cpu(move_grads=True)`, which frees them the same way. Host memory is allocated
-once and reused every step. On a CPU device everything is a no-op.
+own `offload_to_cpu(move_grads=True)`, which frees them the same way. A half-precision parameter
+of which the optimizer keeps an fp32 master weight (megatron's Float16OptimizerWithFloat16Params)
+is not copied at all: it is always that master cast to its dtype, so it is refilled from the
+master once that is back (a bf16 1.7B model: 3.4 GB less over PCIe each way, and in host memory).
+Host memory is allocated once and reused every step. On a CPU device everything is a no-op.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class Offloader:
         self.model, self.optimizer, self.on_cpu = model, optimizer, on_cpu
         self._host: dict[int, torch.Tensor] = {}  # id(tensor) -> its (pinned) host copy
         self._tensors: list[torch.Tensor] = []  # what the last offload freed
+        # (half-precision parameter, its fp32 master) pairs refilled from the master, not copied
+        self._from_master: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.offloaded = False
 
     @property
@@ -36,11 +41,28 @@ class Offloader:
             getattr(self.model, "expert_parallel_buffers", [])
         )
 
+    def _optimizers(self) -> list:
+        return getattr(self.optimizer, "chained_optimizers", [self.optimizer] if self.optimizer else [])
+
+    def _masters(self) -> dict[int, torch.Tensor]:
+        """id(parameter of this model) -> its fp32 master weight, for the half-precision
+        parameters the optimizer keeps one of (its `float16_groups` / `fp32_from_float16_groups`)."""
+        own = {id(p) for p in self.model.parameters()}
+        masters = {}
+        for wrapper in self._optimizers():
+            groups = zip(
+                getattr(wrapper, "float16_groups", []),
+                getattr(wrapper, "fp32_from_float16_groups", []),
+                strict=True,
+            )
+            for model_group, main_group in groups:
+                masters |= {id(p): m for p, m in zip(model_group, main_group, strict=True) if id(p) in own}
+        return masters
+
     def _owned_tensors(self) -> list[torch.Tensor]:
         """Parameters, optimizer master weights and state: each (CUDA) tensor that owns its storage."""
         tensors = list(self.model.parameters())
-        optimizers = getattr(self.optimizer, "chained_optimizers", [self.optimizer] if self.optimizer else [])
-        for wrapper in optimizers:
+        for wrapper in self._optimizers():
             inner = getattr(wrapper, "optimizer", None)
             if inner is None:
                 continue
@@ -58,7 +80,13 @@ class Offloader:
         if cuda:
             torch.cuda.synchronize()
         self._tensors = self._owned_tensors()
+        masters = self._masters()
+        self._from_master = [(t, masters[id(t)]) for t in self._tensors if id(t) in masters]
+        from_master = {id(t) for t, _ in self._from_master}
         for t in self._tensors:
+            if id(t) in from_master:
+                t.untyped_storage().resize_(0)
+                continue
             host = self._host.get(id(t))
             if host is None:
                 host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
@@ -73,9 +101,13 @@ class Offloader:
     def onload(self, device: torch.device) -> None:
         if not self.offloaded:
             return
+        from_master = {id(t) for t, _ in self._from_master}
         for t in self._tensors:
             t.untyped_storage().resize_(t.numel() * t.element_size())
-            t.detach().copy_(self._host[id(t)], non_blocking=True)
+            if id(t) not in from_master:
+                t.detach().copy_(self._host[id(t)], non_blocking=True)
+        for t, master in self._from_master:  # after the masters' copies, on the same stream
+            t.detach().copy_(master.detach())
         for buffer in self._grad_buffers():
             buffer.reload_from_cpu(move_params=buffer.param_data is not None, move_grads=True)
         if self._cuda:

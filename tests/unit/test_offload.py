@@ -1,0 +1,57 @@
+"""The colocated hand-over's offload round trip (rlx.trainer.offload) on a bf16 model with fp32
+master weights, run on the CPU (`on_cpu=True` frees and refills the same tensors as on a GPU)."""
+
+from __future__ import annotations
+
+import torch
+from helpers import megatron_world  # tests/ is on sys.path (conftest)
+
+from rlx.config import build
+from rlx.config.compose import compose
+from rlx.trainer.config import TrainConfig
+from rlx.trainer.offload import Offloader
+from rlx.trainer.trainable import wrap_for_training
+
+
+def _step(ddp, optimizer, ids_BL: torch.Tensor) -> None:
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    ddp(
+        input_ids=ids_BL[:, :-1], position_ids=None, attention_mask=None, labels=ids_BL[:, 1:]
+    ).mean().backward()
+    optimizer.step()
+
+
+def test_half_precision_weights_come_back_from_their_fp32_masters_bit_for_bit():
+    """Offload after an Adam step, onload, step again: every weight and master equals those of a
+    model that never left, and no host copy was kept of a bf16 weight with a master."""
+    family = build(compose(["model=tiny_qwen3"]).model)
+    hf_dir = family.checkpoint_dir()
+    ids_BL = torch.randint(0, family.cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
+    runs = []
+    with megatron_world():
+        for round_trip in (False, True):
+            gpt = family.build_model(params_dtype=torch.bfloat16)
+            family.load_hf_weights(gpt, hf_dir)
+            (ddp,), optimizer = wrap_for_training([gpt], TrainConfig(precision="bf16"), 1e-2, torch.bfloat16)
+            _step(ddp, optimizer, ids_BL)  # Adam state, and weights no longer the checkpoint's
+            if round_trip:
+                offloader = Offloader(ddp, optimizer, on_cpu=True)
+                offloader.offload()
+                assert all(p.untyped_storage().nbytes() == 0 for p in gpt.parameters())
+                bf16 = [p for p in gpt.parameters() if p.dtype == torch.bfloat16]
+                assert bf16 and not any(id(p) in offloader._host for p in bf16)  # refilled, not copied
+                offloader.onload(torch.device("cpu"))
+            _step(ddp, optimizer, ids_BL)
+            masters = [
+                m.detach().clone()
+                for inner in optimizer.chained_optimizers
+                for group in inner.fp32_from_float16_groups
+                for m in group
+            ]
+            runs.append(({k: v.detach().clone() for k, v in gpt.named_parameters()}, masters))
+    (weights, masters), (weights_after, masters_after) = runs
+    assert weights.keys() == weights_after.keys()
+    for key, tensor in weights.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(weights_after[key], tensor), key
+    assert masters and all(torch.equal(a, b) for a, b in zip(masters, masters_after, strict=True))
