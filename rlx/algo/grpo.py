@@ -26,6 +26,7 @@ class GRPO(PolicyGradient):
         samples: list[Sample],
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
+        masks: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], None]:
         returns_S = per_sample_sums(token_rewards)
         adv_S = torch.zeros(len(samples), dtype=torch.float64)

@@ -110,7 +110,7 @@ class PolicyGradient:
             batch_outcome_token_rewards(self.outcome_rewards(samples), masks, penalties) if samples else []
         )
         metrics["return_mean"] = float(per_sample_sums(token_rewards).mean()) if samples else 0.0
-        advs, returns = self.estimate(samples, token_rewards, logprobs or {})
+        advs, returns = self.estimate(samples, token_rewards, logprobs or {}, masks)
         if cfg.whiten_advantages:
             advs = _whiten_over_loss_tokens(advs, masks)
         if not advs:
@@ -126,9 +126,11 @@ class PolicyGradient:
         samples: list[Sample],
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
+        masks: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Advantages [response_len] per sample from per-token rewards [response_len], and the
-        critic's targets when the algorithm has a critic (None otherwise)."""
+        critic's targets when the algorithm has a critic (None otherwise). `masks`: each sample's
+        float64 loss mask [response_len] (`batch_loss_masks`, made once per batch)."""
         raise NotImplementedError
 
     def _kl_to_ref(self, logprobs: dict[str, list[torch.Tensor]] | None) -> list[torch.Tensor]:

@@ -14,7 +14,6 @@ from rlx.algo.base import Advantages
 from rlx.algo.losses import gae
 from rlx.algo.policy_gradient import (
     PolicyGradient,
-    batch_loss_masks,
     flat_loss_mask,
     padded_rows,
     unpadded_rows,
@@ -61,6 +60,7 @@ class PPO(PolicyGradient):
         samples: list[Sample],
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
+        masks: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if "values" not in logprobs:
             raise KeyError("PPO's advantages need the critic's values: logprobs['values'] is missing")
@@ -68,7 +68,7 @@ class PPO(PolicyGradient):
         adv_BT, returns_BT = gae(
             padded_rows(token_rewards),
             padded_rows(logprobs["values"]),
-            padded_rows(batch_loss_masks(samples)),
+            padded_rows(masks),
             self.cfg.gamma,
             self.cfg.lambd,
         )

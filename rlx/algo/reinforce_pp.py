@@ -34,6 +34,7 @@ class ReinforcePP(PolicyGradient):
         samples: list[Sample],
         token_rewards: list[torch.Tensor],
         logprobs: dict[str, list[torch.Tensor]],
+        masks: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], None]:
         returns_BT = discounted_returns(padded_rows(token_rewards), self.cfg.gamma)
         return unpadded_rows(returns_BT, [len(r) for r in token_rewards]), None
