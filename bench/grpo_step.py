@@ -33,7 +33,12 @@ COMMON = dict(num_attention_heads=16, num_query_groups=8, kv_channels=128, vocab
 PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s",
           # colocated: the hand-overs (engines release + trainer onloads; the weight sync within the
           # second, with the engines' weights resumed before it and the trainer's offload after it)
-          "time/colocate_to_trainer_s", "time/colocate_to_engines_s")  # fmt: skip
+          "time/colocate_to_trainer_s", "time/colocate_to_engines_s",
+          # their parts (rlx.colocation): engines release, trainer onload / engines resume their
+          # weights, (weight sync), trainer offload, engines resume their KV cache
+          "time/colocate/engines_release_s", "time/colocate/trainer_onload_s",
+          "time/colocate/engines_resume_weights_s", "time/colocate/trainer_offload_s",
+          "time/colocate/engines_resume_kv_cache_s")  # fmt: skip
 
 
 def overrides_for(args: argparse.Namespace) -> list[str]:
@@ -89,7 +94,7 @@ def main(argv: list[str]) -> None:
         "wall_s": round(wall, 1),
         # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);
         # time/colocate_*: absent when split
-        **{k.split("/")[1]: round(median(k), 3) for k in PHASES if k in timed[-1]},
+        **{k.split("/", 1)[1].replace("/", "_"): round(median(k), 3) for k in PHASES if k in timed[-1]},
         "tokens_per_s_per_gpu": round((tokens + prompt_tokens) / median("time/step_s") / num_gpus),
         "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
         "trainer_peak_mem_gib": round(median("perf/trainer_peak_mem_gib"), 2),

@@ -16,7 +16,11 @@ without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in
 (512+ draws of 8 among 128), so the byte model above holds as it is. Run it with
 `PYTHONPATH=<an older rlx tree>` to measure that tree's engine on the same model.
 
-    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick | --moe]
+`--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
+release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
+one, with the engine's CPU weight backup on and off (`run_handover`).
+
+    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick | --moe | --handover]
 """
 
 from __future__ import annotations
@@ -193,6 +197,58 @@ def run_moe(root: Path, results: dict, batches: list[int]) -> None:
     print(json.dumps(results))
 
 
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run_handover(root: Path, results: dict, name: str, batch: int = 128) -> None:
+    """The engine's side of a colocated step, as the loop drives it: release everything, resume
+    the weights, receive every tensor (from GPU tensors, as CUDA IPC hands them over), resume the
+    KV cache, roll out `batch` x 512 tokens; with and without `enable_weights_cpu_backup`. The
+    rollout after the resume captures its decode graphs again: with the sizes it needs (now), and
+    with the whole ladder first (before: every release cost a ladder capture at the next decode)."""
+    from safetensors.torch import load_file
+
+    from rlx.engine.models.weights import safetensors_files
+
+    path = write_model(name, root)
+    tensors = {n: t for file in safetensors_files(path) for n, t in load_file(str(file)).items()}
+    named = [(n, t.cuda()) for n, t in sorted(tensors.items())]
+    for backup in (True, False):
+        entry = {"model": name, "batch": batch} | handover(
+            make_engine(path, enable_weights_cpu_backup=backup), named, batch
+        )
+        results["runs"].append(entry)
+        print(json.dumps(entry), flush=True)
+        torch.cuda.empty_cache()
+
+
+def handover(engine, named: list, batch: int) -> dict:
+    graphs = engine.runner.graphs
+    entry = {"enable_weights_cpu_backup": engine.args.enable_weights_cpu_backup}
+    entry["ladder_capture_s"], entry["ladder_sizes"] = timed(graphs.capture), len(graphs.graphs)
+    run_engine(engine, 8, new=8)  # Triton kernels compiled
+    run_engine(engine, batch)
+    entry["warm_rollout_s"] = run_engine(engine, batch)["wall_s"]
+    for ladder in (False, True):
+        key = "after_resume_with_ladder" if ladder else "after_resume"
+        entry[f"{key}_release_s"] = timed(engine.release_memory)
+        entry[f"{key}_resume_weights_s"] = timed(lambda: engine.resume_memory(["weights"]))
+        entry[f"{key}_load_weights_s"] = timed(lambda: engine.load_named_weights(named))
+        entry[f"{key}_resume_kv_cache_s"] = timed(lambda: engine.resume_memory(["kv_cache"]))
+        captured, capture_s = graphs.num_captured, graphs.capture_s
+        rollout_s = (timed(graphs.capture) if ladder else 0.0) + run_engine(engine, batch)["wall_s"]
+        entry[f"{key}_rollout_s"] = rollout_s
+        entry[f"{key}_graphs_captured"] = graphs.num_captured - captured
+        entry[f"{key}_capture_s"] = graphs.capture_s - capture_s
+    engine.release_memory()
+    return entry
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="0.6B only, batch 256")
@@ -200,12 +256,16 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip the transformers and flex runs")
     parser.add_argument("--moe", action="store_true", help="Qwen3-MoE decode, graphs on and off (docstring)")
     parser.add_argument("--moe-batches", default="64,256", help="--moe: the batch sizes")
+    parser.add_argument("--handover", action="store_true", help="release/resume and the rollout after (1.7B)")
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
     if args.moe:
         return run_moe(root, results, [int(b) for b in args.moe_batches.split(",")])
+    if args.handover:
+        run_handover(root, results, "qwen3_0.6b" if args.quick else "qwen3_1.7b")
+        return print(json.dumps(results))
     for name in ["qwen3_0.6b"] if args.quick else list(SHAPES):
         path = write_model(name, root)
         engine = make_engine(path)

@@ -35,18 +35,41 @@ class GpuTurns:
         """The engines free their GPU memory and the trainer takes it back; memory figures."""
         if not self.colocated:
             return {}
-        start = time.perf_counter()
+        clock = _Clock()
         self.pool.release_memory()
+        clock.lap("engines_release")
         metrics = self.trainer.onload()
-        return metrics | {"time/colocate_to_trainer_s": time.perf_counter() - start}
+        clock.lap("trainer_onload")
+        return metrics | clock.metrics("to_trainer")
 
     def publish(self, sync: Callable[[int], float], version: int) -> dict[str, float]:
         """The trainer's weights reach the engines as `version`; colocated, the GPU goes back to them."""
         if not self.colocated:
             return {"time/weight_sync_s": sync(version)}
-        start = time.perf_counter()
+        clock = _Clock()
         self.pool.resume_memory(["weights"])
+        clock.lap("engines_resume_weights")
         metrics = {"time/weight_sync_s": sync(version)}
+        clock.lap(None)  # reported as time/weight_sync_s
         metrics |= self.trainer.offload()
+        clock.lap("trainer_offload")
         self.pool.resume_memory(["kv_cache"])
-        return metrics | {"time/colocate_to_engines_s": time.perf_counter() - start}
+        clock.lap("engines_resume_kv_cache")
+        return metrics | clock.metrics("to_engines")
+
+
+class _Clock:
+    """Seconds of each part of a hand-over (`time/colocate/<part>_s`) and of the whole one."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.parts: dict[str, float] = {}
+
+    def lap(self, part: str | None) -> None:
+        now = time.perf_counter()
+        if part is not None:
+            self.parts[f"time/colocate/{part}_s"] = now - self.last
+        self.last = now
+
+    def metrics(self, turn: str) -> dict[str, float]:
+        return self.parts | {f"time/colocate_{turn}_s": self.last - self.start}

@@ -35,6 +35,10 @@ class EngineArgs:
     chunked_prefill_size: int = 8192  # tokens per step at most (prefill chunks + decodes)
     page_size: int = 16  # tokens per KV block
     disable_cuda_graph: bool = False
+    # SGLang's: keep the weights in CPU memory while released. Off (SGLang's default), released
+    # weights are dropped and come back uninitialized: a weight update must fill them before
+    # generating (colocated RL does, right after the resume), and the GPU->CPU->GPU copies are saved.
+    enable_weights_cpu_backup: bool = False
     disable_overlap_schedule: bool = False  # CUDA graphs: launch decode step k+1 before reading k back
     cuda_graph_max_bs: int = 256  # largest decode batch captured in a CUDA graph
     disable_prefix_sharing: bool = False  # SGLang: disable_radix_cache

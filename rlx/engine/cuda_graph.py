@@ -8,11 +8,14 @@ filled in one pass over the rows), one replay, and one copy out (tokens and logp
 KV slots and context lengths are derived from positions and block tables inside the graph.
 
 The graphs bake in the addresses of the weights and the KV cache: weights are loaded in
-place, and a memory release clears the graphs (they are captured again at the next decode).
+place, and a memory release clears the graphs. Each batch size is captured when a decode step
+first needs it, so a colocated rollout (after a release) captures only the sizes it runs.
 Padded rows read and write the reserved block 0 only.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -49,6 +52,8 @@ class DecodeGraphs:
         self.tables = torch.zeros_like(self.host_tables[0], device=device)
         self.out = torch.zeros_like(self.host_out[0], device=device)  # [token, logprob] per row
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None  # the memory pool every graph shares (one replays at a time)
+        self.capture_s, self.num_captured = 0.0, 0  # seconds spent capturing, graphs captured
 
     def _forward(self, bs: int) -> torch.Tensor:
         from rlx.engine.triton_sample import fused_sample
@@ -80,25 +85,38 @@ class DecodeGraphs:
         return logits
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        self.graphs.clear()
+    def capture(self, sizes: list[int] | None = None) -> None:
+        """Capture the graphs of `sizes` (default: the whole ladder) into the shared pool. Decode
+        captures each size the first time a step needs it, so a rollout after a memory release
+        (which clears the graphs) pays for the sizes it uses, not for the ladder."""
+        start = time.perf_counter()
         torch.cuda.synchronize()
-        pool = None
-        for bs in reversed(self.sizes):  # largest first: smaller graphs fit in its pool
+        # each warm-up really runs: point it at block 0 and keep the last step's sampled tokens,
+        # which the next step reads its inputs from
+        last_out = self.out.clone()
+        self.ints.zero_()
+        self.tables.zero_()
+        self.inv_t.fill_(1.0)
+        sizes = sorted(set(sizes or self.sizes) - set(self.graphs), reverse=True)
+        for bs in sizes:  # largest first: smaller graphs fit in its pool
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self._forward(bs)  # warm-up: compiles kernels, settles allocations
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=self.pool):
                 logits = self._forward(bs)
-            pool = graph.pool()
+            self.pool = graph.pool()
             self.graphs[bs] = (graph, logits)
+        self.out.copy_(last_out)
         torch.cuda.synchronize()
+        self.capture_s += time.perf_counter() - start
+        self.num_captured += len(sizes)
 
     def clear(self) -> None:
         self.graphs.clear()
+        self.pool = None
 
     def can_run(self, num_rows: int) -> bool:
         return num_rows <= self.max_bs
@@ -107,10 +125,10 @@ class DecodeGraphs:
         """Launch a decode step of `seqs` (one pending token each; `sources[i]` the row of the
         previous step that samples row i's input when that token is PENDING); returns the
         logits [size, V]. The sampled tokens and logprobs land in `self.out`."""
-        if not self.graphs:
-            self.capture()
         rows = len(seqs)
         size = next(s for s in self.sizes if s >= rows)
+        if size not in self.graphs:
+            self.capture([size])
         self.turn ^= 1
         ints, inv_t, tables = (
             self.host_ints[self.turn],

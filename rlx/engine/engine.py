@@ -18,6 +18,7 @@ from rlx.engine.block_manager import BlockManager
 from rlx.engine.config import EngineArgs
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
 from rlx.engine.models import FAMILIES
+from rlx.engine.models.weights import load_weights, unwritten
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import PENDING, GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
 
@@ -52,7 +53,10 @@ class Engine:
         self._ids = itertools.count()
         self._request_seed = torch.Generator().manual_seed(args.random_seed)
         self._released: set[str] = set()
-        self._cpu_weights: dict[str, torch.Tensor] = {}
+        self._cpu_weights: dict[str, torch.Tensor] = {}  # enable_weights_cpu_backup: pinned copies
+        self._weight_shapes: dict[str, torch.Size] = {}  # of the released weights
+        # names of weights resumed without a CPU backup and not loaded since (uninitialized memory)
+        self._unwritten: list[str] = []
         # a decode step launched on the GPU and not read back yet (overlap), with its handle
         self._inflight: tuple[ScheduledBatch, Any] | None = None
         self.overlap = not args.disable_overlap_schedule and getattr(self.runner, "graphs", None) is not None
@@ -130,6 +134,12 @@ class Engine:
 
     def add(self, request: GenerateRequest, tag: Any = None) -> Sequence:
         """Queue a validated request; it joins the running batch at the next step."""
+        if self._unwritten:
+            raise RuntimeError(
+                f"the weights were released without a CPU backup and {len(self._unwritten)} tensors "
+                f"(first: {self._unwritten[0]}) have not been loaded since: update the weights "
+                "first, or start the engine with enable_weights_cpu_backup=true"
+            )
         num_input = len(request.input_ids)
         room = min(self.context_length, self.blocks.capacity_tokens) - num_input
         max_new = max(min(request.sampling.max_new_tokens, room), 0)
@@ -283,7 +293,11 @@ class Engine:
         if "weights" in self._released:
             raise RuntimeError("weights are released; resume_memory_occupation first")
         self._drain()
-        num_loaded = self.runner.load_weights(str(path))
+        if self._unwritten:  # uninitialized weights: the checkpoint must hold every tensor
+            num_loaded = load_weights(self.runner.model.weight_views(), str(path), require_all=True)
+            self._unwritten = []
+        else:
+            num_loaded = self.runner.load_weights(str(path))
         self.blocks.forget_cached()  # cached prefixes were computed with the old weights
         self.model_path = str(path)
         if weight_version is not None:
@@ -312,6 +326,8 @@ class Engine:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(views[name].shape)}")
         for name, tensor in named:
             views[name].copy_(tensor, non_blocking=True)
+        if self._unwritten:
+            self._unwritten = unwritten(views, [name for name, _ in named], among=self._unwritten)
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # the sender may free its tensors once this returns
         self.blocks.forget_cached()  # cached prefixes were computed with the old weights
@@ -322,7 +338,7 @@ class Engine:
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free device memory (SGLang's release_memory_occupation); the engine must be idle."""
         tags = set(tags or MEMORY_TAGS) - self._released
-        if self.device.type != "cuda" or self.generic or not tags:
+        if self.generic or not tags:
             return
         self._drain()
         if self.has_work():
@@ -333,20 +349,36 @@ class Engine:
             self.kv_cache.release()
             self.blocks.forget_cached()
         if "weights" in tags:
+            backup = self.args.enable_weights_cpu_backup
             for name, param in self.model.named_parameters():
-                self._cpu_weights[name] = param.data.to("cpu", non_blocking=True).pin_memory()
+                if backup:  # pinned host copies, allocated once and reused at every release
+                    host = self._cpu_weights.get(name)
+                    if host is None:
+                        host = torch.empty(
+                            param.shape, dtype=param.dtype, pin_memory=self.device.type == "cuda"
+                        )
+                        self._cpu_weights[name] = host
+                    host.copy_(param.data, non_blocking=True)
+                self._weight_shapes[name] = param.shape
                 param.data = torch.empty(0, dtype=param.dtype, device=self.device)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         self._released |= tags & set(MEMORY_TAGS)
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
-        """Restore what `release_memory` freed (weights come back with their values)."""
+        """Restore what `release_memory` freed: the weights with their values when the engine keeps
+        a CPU backup, else uninitialized, to be loaded before the next request."""
         tags = set(tags or MEMORY_TAGS) & self._released
         if "weights" in tags:
+            backup = self.args.enable_weights_cpu_backup
             for name, param in self.model.named_parameters():
-                param.data = self._cpu_weights.pop(name).to(self.device, non_blocking=True)
+                param.data = torch.empty(self._weight_shapes[name], dtype=param.dtype, device=self.device)
+                if backup:
+                    param.data.copy_(self._cpu_weights[name], non_blocking=True)
             self.model.tie_weights()
+            if not backup:
+                self._unwritten = sorted(self.model.weight_views())
         if "kv_cache" in tags:
             self.kv_cache.resume()
         if tags and self.device.type == "cuda":

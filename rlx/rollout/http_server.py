@@ -188,7 +188,11 @@ class Scheduler:
             output = GenerateOutput(pending.request.rid, [], [], abort_reason("Abort before prefill"))
             self._finish(pending, output)
             return
-        pending.seq = self.engine.add(pending.request, tag=pending)
+        try:
+            pending.seq = self.engine.add(pending.request, tag=pending)
+        except RuntimeError as exc:  # the engine cannot take requests now (weights not loaded)
+            self._finish(pending, exc)
+            return
         if pending.seq.status is Status.FINISHED:  # nothing to generate (max_new_tokens 0)
             self._finish(pending, pending.seq.output())
         else:

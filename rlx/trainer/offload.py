@@ -90,11 +90,12 @@ class Offloader:
             host = self._host.get(id(t))
             if host is None:
                 host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
-            host.copy_(t.detach())
+            host.copy_(t.detach(), non_blocking=cuda)  # freed below: later work on this stream waits for it
             t.untyped_storage().resize_(0)
         for buffer in self._grad_buffers():
             buffer.offload_to_cpu(move_params=buffer.param_data is not None, move_grads=True)
         if cuda:
+            torch.cuda.synchronize()  # the host copies are complete
             torch.cuda.empty_cache()
         self.offloaded = True
 

@@ -99,8 +99,11 @@ def test_bf16_logprobs_within_tolerance_of_fp32_transformers(model_dir):
     assert diffs.max().item() <= 0.15 and diffs.mean().item() <= 0.03
 
 
-def test_release_and_resume_free_and_restore_memory(model_dir):
-    engine = engine_for(model_dir, dtype="bfloat16", mem_fraction_static=0.5)
+@pytest.mark.parametrize("backup", [True, False], ids=["cpu_backup", "no_backup"])
+def test_release_and_resume_free_and_restore_memory(model_dir, backup):
+    engine = engine_for(
+        model_dir, dtype="bfloat16", mem_fraction_static=0.5, enable_weights_cpu_backup=backup
+    )
     before = [o.output_ids for o in greedy(engine)]
     kv_bytes = engine.kv_cache.data.nbytes
     torch.cuda.synchronize()
@@ -111,6 +114,10 @@ def test_release_and_resume_free_and_restore_memory(model_dir):
     engine.resume_memory(["kv_cache", "weights"])
     free_resumed = torch.cuda.mem_get_info()[0]
     assert abs(free_resumed - free_before) <= 0.1 * kv_bytes
+    if not backup:  # the weights came back uninitialized: refused until loaded again
+        with pytest.raises(RuntimeError, match="without a CPU backup"):
+            greedy(engine)
+        engine.load_weights_from_disk(str(model_dir))
     assert [o.output_ids for o in greedy(engine)] == before
 
 
@@ -169,6 +176,31 @@ def test_overlap_and_graphs_give_the_plain_engine_outputs(model_dir):
         return [(o.output_ids, o.finish_reason) for o in engine.generate(requests)]
 
     assert run() == run(disable_overlap_schedule=True)
+
+
+def test_graphs_captured_mid_rollout_give_the_outputs_of_graphs_captured_up_front(model_dir):
+    """A batch size is captured the first time a decode step needs it, between overlapped steps
+    (the batch shrinks as rows finish): its warm-up must not touch the live KV cache or the
+    sampled tokens the next step reads. Same tokens as with the whole ladder captured before."""
+    from rlx.engine import GenerateRequest, SamplingParams
+
+    def run(up_front: bool):
+        engine = engine_for(model_dir, dtype="float32", max_total_tokens=4096)
+        if up_front:
+            engine.runner.graphs.capture()
+        captured = engine.runner.graphs.num_captured
+        requests = [
+            GenerateRequest(
+                list(p), SamplingParams(max_new_tokens=8 + 3 * i, sampling_seed=i, ignore_eos=True)
+            )
+            for i, p in enumerate(PROMPTS * 3)
+        ]
+        outputs = [o.output_ids for o in engine.generate(requests)]
+        return outputs, engine.runner.graphs.num_captured - captured
+
+    lazy, captured_during = run(up_front=False)
+    assert captured_during == 5  # 12 rows shrinking one by one: sizes 16, 8, 4, 2, 1
+    assert lazy == run(up_front=True)[0]
 
 
 def test_seeded_rows_draw_the_same_alone_and_batched(model_dir):

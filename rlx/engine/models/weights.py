@@ -45,8 +45,7 @@ def load_weights(views: dict[str, torch.Tensor], path: str | Path, *, require_al
                     raise ValueError(f"{name}: shape {shape} != model's {tuple(views[name].shape)}")
                 plan.append((file, name))
     if require_all:
-        written = {_key(views[name]) for _, name in plan}
-        missing = sorted(n for n, t in views.items() if _key(t) not in written and not _covered(t, written))
+        missing = unwritten(views, [name for _, name in plan])
         if missing:
             raise ValueError(f"checkpoint at {path} lacks {missing[:5]}")
     for file in files:
@@ -54,6 +53,14 @@ def load_weights(views: dict[str, torch.Tensor], path: str | Path, *, require_al
             for _, name in (item for item in plan if item[0] == file):
                 views[name].copy_(f.get_tensor(name))
     return len(plan)
+
+
+def unwritten(views: dict[str, torch.Tensor], written_names, among=None) -> list[str]:
+    """The names (of `among`, default all of `views`) whose live tensor none of `written_names`
+    wrote: tied names share a tensor, and a stacked tensor counts once one of its views is written."""
+    written = {_key(views[name]) for name in written_names}
+    names = views if among is None else among
+    return sorted(n for n in names if _key(views[n]) not in written and not _covered(views[n], written))
 
 
 def _key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:

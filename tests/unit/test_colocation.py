@@ -1,0 +1,99 @@
+"""rlx.colocation.GpuTurns: the order of a colocated hand-over's calls (slime's order) and the time
+each part took, against fakes that record the calls and take a known time each."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlx.colocation import GpuTurns
+
+PAUSE = {
+    "release": 0.03,
+    "onload": 0.05,
+    "resume weights": 0.02,
+    "sync": 0.04,
+    "offload": 0.06,
+    "resume kv": 0.01,
+}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def did(self, call: str) -> None:
+        self.calls.append(call)
+        time.sleep(PAUSE[call])
+
+
+class FakePool:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def release_memory(self, tags=None) -> None:
+        assert tags is None  # everything: weights and KV cache
+        self.recorder.did("release")
+
+    def resume_memory(self, tags=None) -> None:
+        self.recorder.did({("weights",): "resume weights", ("kv_cache",): "resume kv"}[tuple(tags)])
+
+
+class FakeTrainer:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def onload(self) -> dict[str, float]:
+        self.recorder.did("onload")
+        return {"colocate/before_onload_device_used_gib": 4.0}
+
+    def offload(self) -> dict[str, float]:
+        self.recorder.did("offload")
+        return {"colocate/trainer_offloaded_process_reserved_gib": 0.1}
+
+
+def turns(colocated: bool) -> tuple[GpuTurns, Recorder]:
+    recorder = Recorder()
+    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder))
+    gpu_turns.pool = FakePool(recorder)
+    return gpu_turns, recorder
+
+
+def test_colocated_hand_overs_run_in_order_and_time_each_part():
+    gpu_turns, recorder = turns(colocated=True)
+    to_trainer = gpu_turns.to_trainer()
+
+    def sync(version: int) -> float:
+        assert version == 3
+        recorder.did("sync")
+        return 0.04
+
+    to_engines = gpu_turns.publish(sync, 3)
+    assert recorder.calls == ["release", "onload", "resume weights", "sync", "offload", "resume kv"]
+    assert to_trainer["colocate/before_onload_device_used_gib"] == 4.0
+    assert to_engines["colocate/trainer_offloaded_process_reserved_gib"] == 0.1
+    parts = {
+        "time/colocate/engines_release_s": "release",
+        "time/colocate/trainer_onload_s": "onload",
+        "time/colocate/engines_resume_weights_s": "resume weights",
+        "time/colocate/trainer_offload_s": "offload",
+        "time/colocate/engines_resume_kv_cache_s": "resume kv",
+    }
+    timed = to_trainer | to_engines
+    for key, call in parts.items():
+        assert PAUSE[call] <= timed[key] < PAUSE[call] + 0.02, key
+    assert to_engines["time/weight_sync_s"] == 0.04
+    # each turn's whole is its parts (the sync included in the second), to the clock's resolution
+    assert to_trainer["time/colocate_to_trainer_s"] == pytest.approx(
+        timed["time/colocate/engines_release_s"] + timed["time/colocate/trainer_onload_s"], abs=1e-3
+    )
+    engines_parts = sum(timed[k] for k in list(parts)[2:])
+    assert engines_parts + PAUSE["sync"] <= to_engines["time/colocate_to_engines_s"] < engines_parts + 0.06
+
+
+def test_split_placement_hands_nothing_over():
+    gpu_turns, recorder = turns(colocated=False)
+    assert gpu_turns.to_trainer() == {}
+    assert gpu_turns.publish(lambda version: 0.5, 1) == {"time/weight_sync_s": 0.5}
+    assert recorder.calls == []
