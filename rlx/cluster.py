@@ -19,7 +19,11 @@ class ClusterConfig:
     # GPUs for rollout engines (rollout.num_engines x rollout.gpus_per_engine); 0 on CPU. Split
     # placement: GPUs of their own, beside the trainer's; colocated: the trainer's GPUs, shared.
     num_rollout_gpus: int = 0
-    colocate: bool = False  # engines and trainer share GPUs, alternating (not wired yet: true is rejected)
+    colocate: bool = False  # engines and trainer share GPUs, taking turns (rlx/colocation.py)
+    # colocated: while the engines generate, the trainer's weights and optimizer state wait in pinned
+    # CPU memory (true), or stay on the GPU (false: no PCIe copies at each turn, and the engines'
+    # KV cache gets the memory left beside them). Gradient buffers and cached memory are freed either way.
+    offload_trainer: bool = True
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced

@@ -23,13 +23,14 @@ if TYPE_CHECKING:  # the driver imports Megatron (seconds) only once a trainer s
 class GpuTurns:
     """Alternates a colocated trainer and its engines on the same GPUs (no-ops when split)."""
 
-    def __init__(self, colocated: bool, trainer: TrainerGroup):
+    def __init__(self, colocated: bool, trainer: TrainerGroup, offload_trainer: bool = True):
         self.colocated, self.trainer = colocated, trainer
+        self.offload_trainer = offload_trainer  # False: its weights and optimizer state stay on the GPU
         self.pool: RolloutPool | None = None
 
     def before_engines_start(self) -> dict[str, float]:
         """The trainer leaves the GPU before the engines allocate their weights and KV cache."""
-        return self.trainer.offload() if self.colocated else {}
+        return self.trainer.offload(self.offload_trainer) if self.colocated else {}
 
     def to_trainer(self) -> dict[str, float]:
         """The engines free their GPU memory and the trainer takes it back; memory figures."""
@@ -51,7 +52,7 @@ class GpuTurns:
         clock.lap("engines_resume_weights")
         metrics = {"time/weight_sync_s": sync(version)}
         clock.lap(None)  # reported as time/weight_sync_s
-        metrics |= self.trainer.offload()
+        metrics |= self.trainer.offload(self.offload_trainer)
         clock.lap("trainer_offload")
         self.pool.resume_memory(["kv_cache"])
         clock.lap("engines_resume_kv_cache")

@@ -136,7 +136,9 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         )
         parts.closers.append(parts.trainer.shutdown)
     parts.turns = GpuTurns(
-        rc.cluster.colocate and parts.trainer is not None and not debug.train_only, parts.trainer
+        rc.cluster.colocate and parts.trainer is not None and not debug.train_only,
+        parts.trainer,
+        rc.cluster.offload_trainer,
     )
     parts.tracker = Tracker(job.out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
     parts.closers.append(parts.tracker.close)

@@ -172,9 +172,10 @@ class TrainerGroup:
         profile = (str(self.profile_dir), step) if step in self.profile_steps else None
         return self._call("train", samples_ref, profile)[0]
 
-    def offload(self) -> dict[str, float]:
-        """Colocated GPUs: every rank's models and optimizer state to CPU; rank 0's memory figures."""
-        return self._call("offload")[0]
+    def offload(self, move_state: bool = True) -> dict[str, float]:
+        """Colocated GPUs: every rank frees its gradient buffers and cached memory and (`move_state`)
+        moves its models and optimizer state to CPU; rank 0's memory figures."""
+        return self._call("offload", move_state)[0]
 
     def onload(self) -> dict[str, float]:
         """Colocated GPUs: every rank back onto its GPU; rank 0's memory figures from just before."""

@@ -132,11 +132,12 @@ class MegatronTrainer:
         ref = self._ref_offloaders if self.ref_chunks is not None else []
         return [*self.policy.offloaders, *ref, *(self.critic.trainable.offloaders if self.critic else [])]
 
-    def offload(self) -> dict[str, float]:
-        """Every model, gradient buffer and optimizer state of this rank to pinned CPU memory (the
-        engines take the GPU); the GPU memory this process still holds, and the device's."""
+    def offload(self, move_state: bool = True) -> dict[str, float]:
+        """Every model and optimizer state of this rank to pinned CPU memory (unless not
+        `move_state`) and its gradient buffers freed (the engines take the GPU); the GPU memory this
+        process still holds, and the device's."""
         for offloader in self._offloaders():
-            offloader.offload()
+            offloader.offload(move_state)
         return {f"colocate/trainer_offloaded_{k}": v for k, v in gpu_memory_gib().items()}
 
     def onload(self) -> dict[str, float]:

@@ -36,6 +36,21 @@ def test_colocated_loop_trains_and_hands_the_gpu_back_and_forth(tmp_path):
         assert h["colocate/trainer_offloaded_process_reserved_gib"] < 2.0, h
 
 
+def test_trainer_state_kept_on_the_gpu_when_offload_trainer_is_false(tmp_path):
+    """cluster.offload_trainer=false: the weights and Adam state stay beside the engine (its KV
+    cache sized from what is left), gradient buffers are freed; the engine still serves exactly
+    the trainer's weights at every step, and the trainer keeps more GPU memory than when it moves
+    its state out."""
+    kept = {}
+    for offload in (True, False):
+        history = run(compose([f"run.output_dir={tmp_path / str(offload)}", "cluster=1gpu",
+                               f"cluster.offload_trainer={str(offload).lower()}", FP32_ENGINE,
+                               "run.num_rollout=3", *SHORT]))  # fmt: skip
+        assert all(h["train/logprob_abs_diff"] <= 1e-4 for h in history), history
+        kept[offload] = [h["colocate/trainer_offloaded_process_reserved_gib"] for h in history]
+    assert min(kept[False]) > max(kept[True]), kept
+
+
 def test_bf16_colocated_loop_learns(tmp_path):
     history = run(
         compose([f"run.output_dir={tmp_path}", "cluster=1gpu", "train.precision=bf16", "run.progress=false"])

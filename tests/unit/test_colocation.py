@@ -43,25 +43,30 @@ class FakePool:
 class FakeTrainer:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
+        self.moved_state: list[bool] = []
 
     def onload(self) -> dict[str, float]:
         self.recorder.did("onload")
         return {"colocate/before_onload_device_used_gib": 4.0}
 
-    def offload(self) -> dict[str, float]:
+    def offload(self, move_state: bool) -> dict[str, float]:
+        self.moved_state.append(move_state)
         self.recorder.did("offload")
         return {"colocate/trainer_offloaded_process_reserved_gib": 0.1}
 
 
-def turns(colocated: bool) -> tuple[GpuTurns, Recorder]:
+def turns(colocated: bool, offload_trainer: bool = True) -> tuple[GpuTurns, Recorder]:
     recorder = Recorder()
-    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder))
+    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder), offload_trainer)
     gpu_turns.pool = FakePool(recorder)
     return gpu_turns, recorder
 
 
-def test_colocated_hand_overs_run_in_order_and_time_each_part():
-    gpu_turns, recorder = turns(colocated=True)
+@pytest.mark.parametrize("offload_trainer", [True, False])
+def test_colocated_hand_overs_run_in_order_and_time_each_part(offload_trainer):
+    gpu_turns, recorder = turns(colocated=True, offload_trainer=offload_trainer)
+    gpu_turns.before_engines_start()
+    recorder.calls.clear()
     to_trainer = gpu_turns.to_trainer()
 
     def sync(version: int) -> float:
@@ -71,6 +76,7 @@ def test_colocated_hand_overs_run_in_order_and_time_each_part():
 
     to_engines = gpu_turns.publish(sync, 3)
     assert recorder.calls == ["release", "onload", "resume weights", "sync", "offload", "resume kv"]
+    assert gpu_turns.trainer.moved_state == [offload_trainer, offload_trainer]  # cluster.offload_trainer
     assert to_trainer["colocate/before_onload_device_used_gib"] == 4.0
     assert to_engines["colocate/trainer_offloaded_process_reserved_gib"] == 0.1
     parts = {

@@ -3,6 +3,7 @@ master weights, run on the CPU (`on_cpu=True` frees and refills the same tensors
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import megatron_world  # tests/ is on sys.path (conftest)
 
@@ -22,35 +23,52 @@ def _step(ddp, optimizer, ids_BL: torch.Tensor) -> None:
     optimizer.step()
 
 
-def test_half_precision_weights_come_back_from_their_fp32_masters_bit_for_bit():
-    """Offload after an Adam step, onload, step again: every weight and master equals those of a
-    model that never left, and no host copy was kept of a bf16 weight with a master."""
+def _trained_after(round_trip: str) -> tuple[dict, list]:
+    """Weights and fp32 masters after Adam step, `round_trip` ("none", "move_state": everything to
+    the host and back, "grads_only": `move_state=False`), Adam step."""
     family = build(compose(["model=tiny_qwen3"]).model)
     hf_dir = family.checkpoint_dir()
     ids_BL = torch.randint(0, family.cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
-    runs = []
     with megatron_world():
-        for round_trip in (False, True):
-            gpt = family.build_model(params_dtype=torch.bfloat16)
-            family.load_hf_weights(gpt, hf_dir)
-            (ddp,), optimizer = wrap_for_training([gpt], TrainConfig(precision="bf16"), 1e-2, torch.bfloat16)
-            _step(ddp, optimizer, ids_BL)  # Adam state, and weights no longer the checkpoint's
-            if round_trip:
-                offloader = Offloader(ddp, optimizer, on_cpu=True)
-                offloader.offload()
-                assert all(p.untyped_storage().nbytes() == 0 for p in gpt.parameters())
-                bf16 = [p for p in gpt.parameters() if p.dtype == torch.bfloat16]
-                assert bf16 and not any(id(p) in offloader._host for p in bf16)  # refilled, not copied
-                offloader.onload(torch.device("cpu"))
-            _step(ddp, optimizer, ids_BL)
-            masters = [
-                m.detach().clone()
-                for inner in optimizer.chained_optimizers
-                for group in inner.fp32_from_float16_groups
-                for m in group
-            ]
-            runs.append(({k: v.detach().clone() for k, v in gpt.named_parameters()}, masters))
-    (weights, masters), (weights_after, masters_after) = runs
+        gpt = family.build_model(params_dtype=torch.bfloat16)
+        family.load_hf_weights(gpt, hf_dir)
+        (ddp,), optimizer = wrap_for_training([gpt], TrainConfig(precision="bf16"), 1e-2, torch.bfloat16)
+        _step(ddp, optimizer, ids_BL)  # Adam state, and weights no longer the checkpoint's
+        grad_data = [b.grad_data for b in ddp.buffers]
+        if round_trip == "move_state":
+            offloader = Offloader(ddp, optimizer, on_cpu=True)
+            offloader.offload()
+            assert all(p.untyped_storage().nbytes() == 0 for p in gpt.parameters())
+            bf16 = [p for p in gpt.parameters() if p.dtype == torch.bfloat16]
+            assert bf16 and not any(id(p) in offloader._host for p in bf16)  # refilled, not copied
+            assert all(g.untyped_storage().nbytes() == 0 for g in grad_data)
+            offloader.onload(torch.device("cpu"))
+        elif round_trip == "grads_only":
+            pointers = [p.data_ptr() for p in gpt.parameters()]
+            offloader = Offloader(ddp, optimizer, on_cpu=True)
+            offloader.offload(move_state=False)
+            assert all(g.untyped_storage().nbytes() == 0 for g in grad_data)  # gradients freed
+            assert [p.data_ptr() for p in gpt.parameters()] == pointers  # weights left in place
+            assert all(p.untyped_storage().nbytes() > 0 for p in gpt.parameters())
+            assert not offloader._host  # nothing copied
+            offloader.onload(torch.device("cpu"))
+            assert all(g.untyped_storage().nbytes() == g.numel() * g.element_size() for g in grad_data)
+        _step(ddp, optimizer, ids_BL)
+        masters = [
+            m.detach().clone()
+            for inner in optimizer.chained_optimizers
+            for group in inner.fp32_from_float16_groups
+            for m in group
+        ]
+        return {k: v.detach().clone() for k, v in gpt.named_parameters()}, masters
+
+
+@pytest.mark.parametrize("round_trip", ["move_state", "grads_only"])
+def test_training_continues_bit_for_bit_after_a_round_trip(round_trip):
+    """Offload after an Adam step, onload, step again: every weight and master equals those of a
+    model that never left; moved, bf16 weights with a master are refilled from it, not copied."""
+    weights, masters = _trained_after("none")
+    weights_after, masters_after = _trained_after(round_trip)
     assert weights.keys() == weights_after.keys()
     for key, tensor in weights.items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(weights_after[key], tensor), key
