@@ -20,6 +20,7 @@ import time
 
 import ray
 
+from rlx.engine.engine import MEMORY_TAGS
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
@@ -88,6 +89,7 @@ class RolloutPool:
         self._retrying: set[str] = set()  # request ids waiting to be sent again (fault tolerance)
         self._cancelled: set[str] = set()  # of the queued or retrying, aborted before they were sent
         self._num_retries = 0  # requests sent again since the last `metrics()`
+        self._released: set[str] = set()  # memory the engines released and have not resumed
         self._retired: list[EngineClient] = []  # clients of engines that were replaced
         self.health: HealthMonitor | None = None
         if cfg.fault_tolerance:
@@ -415,14 +417,16 @@ class RolloutPool:
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` ("weights", "kv_cache"; all when None): a colocated trainer's turn."""
+        self._released |= set(tags or MEMORY_TAGS)
         if self.health is not None:
-            self.health.paused = True  # until resume_memory
+            self.health.paused = True  # until everything released is resumed
         self.run(self._on_engines("release_memory_occupation", tags))
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """Every engine allocates `tags` again (all when None)."""
         self.run(self._on_engines("resume_memory_occupation", tags))
-        if self.health is not None:
+        self._released -= set(tags or MEMORY_TAGS)
+        if self.health is not None and not self._released:  # no probe sees a half-resumed engine
             self.health.paused = False
 
     async def _on_engines(self, method: str, *args, engines: list[int] | None = None, **kwargs) -> list:

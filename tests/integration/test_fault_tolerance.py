@@ -291,3 +291,26 @@ def test_restarted_engine_rejoins_the_broadcast_group(split_run):
     assert [_version(u) for u in pool.engine_urls] == ["3", "3"]
     assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(trained)
     assert pool.metrics()["rollout/engine_restarts"] == 1.0
+
+
+def test_engines_half_resumed_between_colocated_turns_are_not_probed(ray_session, tiny_qwen3_dir, weights_v1):
+    """A colocated publish resumes the engines' weights, syncs them, and only then their KV cache:
+    until every released tag is back the monitor must not ping (an engine without its KV cache, or
+    with weights not loaded yet, cannot generate, and two failed pings would restart it)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0)
+    try:
+        url = pool.engine_urls[0]
+        pool.release_memory()
+        assert pool.health.paused
+        pool.resume_memory(["weights"])  # weights back uninitialized (no CPU backup), no KV cache
+        assert pool.health.paused
+        time.sleep(4 * pool.cfg.health_check_interval_s)  # pings would have failed twice by now
+        pool.update_weights(weights_v1, version=1)  # the sync of a colocated step
+        pool.resume_memory(["kv_cache"])
+        assert not pool.health.paused
+        samples, _ = pool.generate(_prompts(tokenizer), version=1)
+        _check_batch(samples)
+        assert pool.metrics()["rollout/engine_restarts"] == 0.0 and pool.engine_urls[0] == url
+    finally:
+        pool.shutdown()
