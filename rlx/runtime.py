@@ -34,7 +34,7 @@ from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
 from rlx.rollout.replay import DumpReplay
-from rlx.rollout.servers import with_engine_dtype
+from rlx.rollout.servers import with_engine_dtype, with_memory_saver
 from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
 from rlx.trainer.config import PRECISION_DTYPES
@@ -151,6 +151,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     rollout = with_engine_dtype(
         rc.rollout, PRECISION_DTYPES[rc.train.precision], job.hf_dir, rc.cluster.gpus_per_node > 0
     )
+    rollout = with_memory_saver(rollout, parts.turns.colocated)
     parts.turns.pool = parts.pool = RolloutPool(
         rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
         reward=rc.reward,

@@ -12,7 +12,7 @@ from typing import Any
 from rlx.cluster import ClusterConfig
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
-from rlx.rollout.servers import LocalServer
+from rlx.rollout.servers import LocalServer, SGLangServer
 
 Classes = dict[str, Any]  # group -> the class its `_target_` names (None if it did not import)
 
@@ -343,6 +343,17 @@ def placement(cfg: RlxConfig, classes: Classes) -> list[str]:
         return [
             f"cluster.colocate=true puts one engine on each trainer GPU, but rollout.gpus_per_engine="
             f"{cfg.rollout.gpus_per_engine}; set rollout.gpus_per_engine=1 or cluster.colocate=false"
+        ]
+    engine = classes.get("rollout")
+    if (
+        isinstance(engine, type)
+        and issubclass(engine, SGLangServer)
+        and cfg.rollout.engine_args.get("enable_memory_saver", True) is False
+    ):
+        return [
+            "cluster.colocate=true needs the SGLang engines to free their GPU memory for the trainer, which "
+            "SGLang does only with its memory saver, but rollout.engine_args.enable_memory_saver=false; "
+            "remove that key (rlx turns the saver on when colocated) or set cluster.colocate=false"
         ]
     return []
 

@@ -36,6 +36,17 @@ def with_engine_dtype(cfg: RolloutConfig, precision_dtype: str, hf_dir: Path, gp
     return replace(cfg, engine_args={**cfg.engine_args, "dtype": precision_dtype})
 
 
+def with_memory_saver(cfg: RolloutConfig, colocated: bool) -> RolloutConfig:
+    """Colocated SGLang engines give their GPU memory back on `/release_memory_occupation` only
+    with SGLang's memory saver (`--enable-memory-saver`; without it the call frees nothing and the
+    trainer finds its GPU full), so it is turned on unless `rollout.engine_args` sets it (false is
+    refused when composing). rlx's own engine releases its memory without it."""
+    sglang = f"{SGLangServer.__module__}.{SGLangServer.__qualname__}"
+    if not colocated or cfg._target_ != sglang or "enable_memory_saver" in cfg.engine_args:
+        return cfg
+    return replace(cfg, engine_args={**cfg.engine_args, "enable_memory_saver": True})
+
+
 class LocalServer:
     """rlx's own engine (HF weights, batched sampling) served in this process."""
 

@@ -239,6 +239,15 @@ FAILURES = {
         ],
         ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
     ),  # fmt: skip
+    "colocated SGLang without its memory saver": (
+        [
+            "cluster=1gpu",
+            "rollout=sglang",
+            "rollout.server_module=rlx.rollout.http_server",
+            "+rollout.engine_args.enable_memory_saver=false",
+        ],
+        ["cluster.colocate=true", "rollout.engine_args.enable_memory_saver=false", "remove that key"],
+    ),  # fmt: skip
     "lr_decay": (
         ["train.lr_decay=linear"],
         ["train.lr_decay='linear'", "cosine", "set train.lr_decay=constant"],
