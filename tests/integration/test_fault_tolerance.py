@@ -309,8 +309,9 @@ def test_engines_half_resumed_between_colocated_turns_are_not_probed(ray_session
         pool.update_weights(weights_v1, version=1)  # the sync of a colocated step
         pool.resume_memory(["kv_cache"])
         assert not pool.health.paused
-        samples, _ = pool.generate(_prompts(tokenizer), version=1)
-        _check_batch(samples)
+        samples, _ = pool.generate(_prompts(tokenizer)[:2], version=1)  # it serves again
+        assert [s.status for s in samples] == [Status.TRUNCATED] * 2 * GROUP_SIZE
+        assert {s.version for s in samples} == {1} and all(s.response_len == MAX_LEN for s in samples)
         assert pool.metrics()["rollout/engine_restarts"] == 0.0 and pool.engine_urls[0] == url
     finally:
         pool.shutdown()
