@@ -98,7 +98,7 @@ class DecodeGraphs:
         self.tables.zero_()
         self.inv_t.fill_(1.0)
         sizes = sorted(set(sizes or self.sizes) - set(self.graphs), reverse=True)
-        for bs in sizes:  # largest first: smaller graphs fit in its pool
+        for bs in sizes:  # largest first within a call: smaller graphs fit in its pool
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):

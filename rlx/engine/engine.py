@@ -18,7 +18,7 @@ from rlx.engine.block_manager import BlockManager
 from rlx.engine.config import EngineArgs
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
 from rlx.engine.models import FAMILIES
-from rlx.engine.models.weights import load_weights, unwritten
+from rlx.engine.models.weights import unwritten
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import PENDING, GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
 
@@ -293,11 +293,9 @@ class Engine:
         if "weights" in self._released:
             raise RuntimeError("weights are released; resume_memory_occupation first")
         self._drain()
-        if self._unwritten:  # uninitialized weights: the checkpoint must hold every tensor
-            num_loaded = load_weights(self.runner.model.weight_views(), str(path), require_all=True)
-            self._unwritten = []
-        else:
-            num_loaded = self.runner.load_weights(str(path))
+        # weights resumed uninitialized: the checkpoint must hold every tensor
+        num_loaded = self.runner.load_weights(str(path), require_all=bool(self._unwritten))
+        self._unwritten = []
         self.blocks.forget_cached()  # cached prefixes were computed with the old weights
         self.model_path = str(path)
         if weight_version is not None:

@@ -106,5 +106,5 @@ class ModelRunner:
     def _prompt_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden[rows])
 
-    def load_weights(self, path: str) -> int:
-        return load_weights(self.model.weight_views(), path)
+    def load_weights(self, path: str, require_all: bool = False) -> int:
+        return load_weights(self.model.weight_views(), path, require_all=require_all)

@@ -54,12 +54,12 @@ class HFRunner:
     def _prompt_logits(self, flat_logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return flat_logits[rows]
 
-    def load_weights(self, path: str) -> int:
+    def load_weights(self, path: str, require_all: bool = False) -> int:
         """In place by name; a checkpoint whose names differ from the module's (transformers
         fuses MoE experts) goes through `from_pretrained` into a scratch model first."""
         live = {name: p.data for name, p in self.model.state_dict(keep_vars=True).items()}
         try:
-            return load_weights(live, path)
+            return load_weights(live, path, require_all=require_all)
         except ValueError as exc:
             if "not a tensor of this model" not in str(exc):
                 raise
