@@ -595,8 +595,8 @@ def build_app(server: EngineServer, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI with sglang.launch_server's flag names; unknown SGLang flags are accepted and ignored."""
+def arg_parser() -> argparse.ArgumentParser:
+    """sglang.launch_server's flag names, those the local engine uses."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )  # an unknown SGLang flag must not match ours by prefix
@@ -613,7 +613,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all routes but /health)")
-    args, unknown = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI with sglang.launch_server's flag names; unknown SGLang flags are accepted and ignored."""
+    args, unknown = arg_parser().parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     if unknown:
         logger.info("ignoring SGLang flags the local engine has no use for: %s", unknown)

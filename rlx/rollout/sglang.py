@@ -30,7 +30,9 @@ from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, Samp
 def cli_flags(args: dict[str, Any] | None) -> list[str]:
     """{"mem_fraction_static": 0.8, "enable_x": True, "urls": [a, b]} -> --mem-fraction-static 0.8 ...
 
-    True is a bare flag, False and None are left out, a list is the flag followed by its items.
+    True is a bare flag, False and None are left out, a list is the flag followed by its items. A
+    value that starts with "-" (an API key from `secrets.token_urlsafe`, a negative number) is joined
+    to its flag, `--api-key=-x`: apart, argparse would read it as the next flag.
     """
     flags: list[str] = []
     for key, value in (args or {}).items():
@@ -41,6 +43,8 @@ def cli_flags(args: dict[str, Any] | None) -> list[str]:
             flags.append(flag)
         elif isinstance(value, list | tuple):
             flags += [flag, *map(str, value)]
+        elif str(value).startswith("-"):
+            flags.append(f"{flag}={value}")
         else:
             flags += [flag, str(value)]
     return flags

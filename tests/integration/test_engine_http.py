@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlx.rollout.client import EngineClient, EngineError
-from rlx.rollout.http_server import EngineServer
+from rlx.rollout.http_server import EngineServer, arg_parser
 from rlx.rollout.local import LocalEngine
 from rlx.rollout.sglang import ServerProcess, launch_server_cmd
 
@@ -309,6 +309,16 @@ def test_client_retries_and_falls_back_to_model_info():
         await dead.aclose()
 
     asyncio.run(drive())
+
+
+def test_a_flag_value_that_starts_with_a_dash_reaches_the_server_intact():
+    # secrets.token_urlsafe starts with "-" one time in 64: passed apart, argparse took it for a flag
+    # and the engine exited with "--api-key: expected one argument" (a multi-node CI run did)
+    args = {"api_key": "-Ab_9", "random_seed": -3, "log_level": "info"}
+    cmd = launch_server_cmd("/m", 1234, args, module="rlx.rollout.http_server")
+    assert cmd[-4:] == ["--api-key=-Ab_9", "--random-seed=-3", "--log-level", "info"]
+    parsed, unknown = arg_parser().parse_known_args(cmd[3:])
+    assert (parsed.api_key, parsed.random_seed, parsed.log_level, unknown) == ("-Ab_9", -3, "info", [])
 
 
 def test_server_process_runs_the_local_engine_cli(tiny_qwen3_dir):
