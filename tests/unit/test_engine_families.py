@@ -53,3 +53,39 @@ def test_family_logprobs_match_transformers(family, tmp_path):
             logits = model(torch.tensor([prompt + out.output_ids])).logits[0, len(prompt) - 1 : -1]
         ref = logits.log_softmax(-1).gather(-1, torch.tensor(out.output_ids)[:, None])[:, 0]
         assert (torch.tensor(out.output_logprobs) - ref).abs().max().item() <= 1e-4
+
+
+def _rope_configs():
+    from transformers import DeepseekV3Config, Glm4MoeConfig, Qwen3Config
+
+    small = dict(
+        vocab_size=16, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2
+    )
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 5e5}
+    return {
+        "llama3 scaling": CONFIGS["llama"](),
+        "llama default": LlamaConfig(**small, head_dim=32),
+        "glm4 partial": Glm4Config(**small, head_dim=32, partial_rotary_factor=0.5),
+        "glm4_moe": Glm4MoeConfig(**small, partial_rotary_factor=0.25),
+        "qwen3 yarn": Qwen3Config(**small, head_dim=16, rope_scaling=yarn),
+        "qwen3_moe": CONFIGS["qwen3_moe"](),
+        "deepseek_v3": DeepseekV3Config(**small, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_rope_configs()))
+def test_rotary_frequencies_computed_without_the_family_module_equal_its_own(name):
+    """rotary_inv_freq computes the listed families' RoPE itself (importing their modeling
+    module costs the engine's start seconds): it must give what that module's rotary class gives."""
+    import importlib
+
+    from rlx.engine.models.layers import DEFAULT_ROPE_PARTIAL, rotary_inv_freq
+
+    cfg = _rope_configs()[name]
+    assert cfg.model_type in DEFAULT_ROPE_PARTIAL
+    module = importlib.import_module(f"transformers.models.{cfg.model_type}.modeling_{cfg.model_type}")
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
+    ref = cls(config=cfg)
+    inv_freq, scaling = rotary_inv_freq(cfg)
+    assert inv_freq.dtype == torch.float32 and inv_freq.shape == ref.inv_freq.shape
+    assert torch.equal(inv_freq, ref.inv_freq.float()) and scaling == ref.attention_scaling

@@ -115,7 +115,11 @@ class Backbone(nn.Module):
 
     def __init__(self, cfg, family: str, make_mlp):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # built on the meta device and filled from the checkpoint: a given weight skips the random
+        # init, whose normal_ on meta imports torch._dynamo (2 s of the engine's start on CPU)
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, family, make_mlp(i)) for i in range(cfg.num_hidden_layers)
         )
