@@ -5,7 +5,10 @@ where a network namespace can be made), so it imports only the standard library.
 JSON request a line on stdin ({argv, stdin, env, memory_bytes, cpu_s, time_limit_s,
 max_output_bytes}) and writes one JSON reply a line on stdout ({rc, out, err, timed_out,
 too_long, seconds}); one call at a time. Forking this small, single-threaded process costs about
-a millisecond, where starting an interpreter per call costs ten or more.
+a millisecond, where starting an interpreter per call costs ten or more. A Python tool is compiled
+here once (again when its file's bytes change) and its code run in the child as `__main__`, as
+`runpy.run_path` would: run_path in the fresh child, importing and compiling there, took 18 ms a
+call on a 2-core VM (copy-on-write faults), the precompiled code 0.2 ms.
 """
 
 import io
@@ -20,13 +23,50 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 
 BLOCK_SOCKETS = len(sys.argv) > 1 and sys.argv[1] == "1"
 CHUNK = 65536
+_compiled: dict[str, tuple[bytes, types.CodeType | None]] = {}  # path -> (source, its code)
 
 
-def run_child(request: dict, fds: tuple[int, int, int], workdir: str) -> None:
-    """In the forked child: its own session, the limits, then the tool. Never returns."""
+def compiled(path: str) -> types.CodeType | None:
+    """The tool file's code, compiled again only when the file's bytes change (read every call: a
+    few microseconds); None where it cannot be read or compiled (the child's run_path then reports
+    why, as the tool's failure), or for a relative path (the child resolves it in its directory)."""
+    if not os.path.isabs(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError:
+        return None
+    cached = _compiled.get(path)
+    if cached is None or cached[0] != source:
+        try:
+            code = compile(source, path, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            code = None
+        cached = _compiled[path] = (source, code)
+    return cached[1]
+
+
+def run_main(path: str, code: types.CodeType | None) -> None:
+    """Run the tool's code as the `__main__` module, with what `runpy.run_path` gives a script."""
+    if code is None:
+        runpy.run_path(path, run_name="__main__")
+        return
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def run_child(
+    request: dict, fds: tuple[int, int, int], workdir: str, program: types.CodeType | None = None
+) -> None:
+    """In the forked child: its own session, the limits, then the tool (`program`: a Python
+    tool's code, compiled by the server). Never returns."""
     code = 1
     try:
         os.setsid()
@@ -50,7 +90,7 @@ def run_child(request: dict, fds: tuple[int, int, int], workdir: str) -> None:
         sys.argv = list(argv)
         sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
         try:
-            runpy.run_path(argv[0], run_name="__main__")
+            run_main(argv[0], program)
             code = 0
         except SystemExit as e:
             if e.code is None or isinstance(e.code, int):
@@ -70,10 +110,12 @@ def run_call(request: dict) -> dict:
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    argv = request["argv"]
+    program = compiled(argv[0]) if argv[0].endswith(".py") else None
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        run_child(request, (in_r, out_w, err_w), workdir)
+        run_child(request, (in_r, out_w, err_w), workdir, program)
     for fd in (in_r, out_w, err_w):
         os.close(fd)
     data = request["stdin"].encode()

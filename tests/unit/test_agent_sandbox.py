@@ -129,6 +129,31 @@ def test_a_crash_and_too_much_output_are_named(tools):
     assert len(sample.metadata["tool_calls"][0]["output"]) == 100
 
 
+def test_a_python_tool_runs_as_main_and_an_edit_or_a_syntax_error_shows_on_the_next_call(tmp_path):
+    """The fork server compiles a Python tool once and runs its code as `__main__` (as run_path
+    would); it compiles again when the file's bytes change, even to the same size within the same
+    clock tick, and a file that does not compile fails the call naming the error."""
+    tool = tmp_path / "who.py"
+    script = '"""doc"""\nimport sys\nprint(__name__, __doc__, __file__ == sys.argv[0], sys.argv[1:], "v{}")\n'
+    sandbox = Sandbox(time_limit_s=10, max_concurrency=1)  # one fork server: its cache is what runs
+
+    async def calls():
+        outputs = []
+        try:
+            for code in [script.format(1), script.format(2), "print(1 +\n"]:
+                tool.write_text(code)
+                result = await sandbox.run([str(tool), "x"])
+                outputs.append(result.output.strip() if result.ok else result.reason)
+        finally:
+            await sandbox.aclose()
+        return outputs
+
+    first, second, broken = asyncio.run(calls())
+    assert first == "__main__ doc True ['x'] v1"
+    assert second == "__main__ doc True ['x'] v2"
+    assert broken.startswith("exited with code 1: SyntaxError"), broken
+
+
 def test_bad_limits_are_refused_naming_the_fix():
     with pytest.raises(ConfigError, match="time limit must be > 0"):
         Sandbox(time_limit_s=0)
