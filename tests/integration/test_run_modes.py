@@ -167,7 +167,11 @@ def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     trainers[0].kill()  # kill -9 of the trainer rank
     proc.communicate(timeout=120)
     assert proc.returncode not in (0, None)
-    resumed = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = len(_rows(out / "metrics.jsonl"))  # each of them checkpointed (save_interval=1)
+    assert 2 <= done < 30
+    # resumed with the same command but for its length: two steps past the killed one
+    resumed = subprocess.run([*args[:3], f"run.num_rollout={done + 2}", *args[4:]], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [row["step"] for row in _rows(out / "metrics.jsonl")]
-    assert steps == list(range(30))  # nothing trained twice or skipped
+    assert steps == list(range(done + 2))  # nothing trained twice or skipped
