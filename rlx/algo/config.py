@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, TIS_LEVELS, TIS_MODES
+from rlx.algo.options import KL_ESTIMATOR_NAMES, LOSS_AGGREGATIONS, TIS_LEVELS, TIS_MODES
 from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, Rule, one_of
 
 
@@ -63,8 +63,8 @@ class AlgoConfig:
     critic_warmup_steps: int = 0  # first rollout steps on which only the critic trains (the policy waits)
 
     RULES: ClassVar[dict[str, Rule]] = {
-        "kl_in_reward_type": one_of(KL_ESTIMATORS),
-        "kl_loss_type": one_of(KL_ESTIMATORS),
+        "kl_in_reward_type": one_of(KL_ESTIMATOR_NAMES),
+        "kl_loss_type": one_of(KL_ESTIMATOR_NAMES),
         "loss_agg": one_of(LOSS_AGGREGATIONS),
         "loss_norm_len": AT_LEAST_1,
         "eps_clip": POSITIVE,

@@ -20,12 +20,10 @@ fill padding with finite numbers (0) so that no NaN can appear in the backward p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, get_args
 
 import torch
 
-LossAgg = Literal["token_mean", "sample_mean", "seq_mean_token_sum_norm"]
-LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAgg)
+from rlx.algo.options import LOSS_AGGREGATIONS, TIS_LEVELS, TIS_MODES, LossAgg  # noqa: F401  (re-exported)
 
 # exp() of a log-ratio beyond this overflows float32 soon after; clamping before exp keeps
 # both the value and the backward pass finite (verl clamps at the same bound).
@@ -267,10 +265,6 @@ def clipped_policy_loss(
         loss_BT = torch.where(dual_BT, cap_BT, loss_BT)
         dual_clipfrac_BT = dual_BT.to(ratio_BT.dtype).detach()
     return loss_BT, clipfrac_BT, dual_clipfrac_BT
-
-
-TIS_LEVELS = ("token", "sequence", "geometric")  # algo.tis_level
-TIS_MODES = ("truncate", "mask")  # algo.tis_mode
 
 
 def truncated_is_weight(

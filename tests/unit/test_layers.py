@@ -41,6 +41,27 @@ def test_a_trainer_rank_imports_no_composition_validation_data_or_reward_code():
     assert loaded.stdout.strip() == "[]"
 
 
+def test_a_typo_on_the_command_line_fails_before_torch_is_imported():
+    # launch.py imports rlx.config.store before Hydra composes: an override Hydra rejects must
+    # fail in Hydra's time (1-2 s), not after torch's import too (the algorithm's option names
+    # live in the torch-free rlx.algo.options; the loss functions check the same names)
+    probe = (
+        "import sys, rlx.config.store\n"
+        "from rlx.config.compose import compose\n"
+        "try:\n"
+        "    compose(['rollout.batch_szie=4'])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, 'batch_szie' in str(e), 'torch' in sys.modules)\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
+    )
+    assert loaded.stdout.split()[1:] == ["True", "False"], loaded.stdout + loaded.stderr[-2000:]
+    from rlx.algo import losses, options
+
+    assert sorted(losses.KL_ESTIMATORS) == sorted(options.KL_ESTIMATOR_NAMES)
+
+
 def test_a_config_error_is_reported_before_the_driver_loads_megatron():
     # the driver reaches validation through launch.py -> rlx.launcher.job -> rlx.runtime; Megatron
     # (seconds to import) loads only once a trainer starts, so a typo fails in about 2 s, not 6
