@@ -44,9 +44,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
 
 def run_on_nodes(cfg: DictConfig) -> nodes.NodeRole:
     """Run `cfg` as this node's part of the job: alone, as the Ray head and driver, or as a worker."""
-    from rlx.runtime import run
-
     validate(cfg)  # on every node, so a bad config never leaves workers waiting for a head
+    from rlx.runtime import run  # ray, torch, transformers: seconds, after validation
+
     role = nodes.node_role(os.environ)
     nodes.check_allocation(role, cfg.cluster, os.environ)
     timeout_s = cfg.cluster.ray_join_timeout_s

@@ -78,3 +78,22 @@ def test_a_config_error_is_reported_before_the_driver_loads_megatron():
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
     )
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
+
+
+def test_launch_py_validates_before_it_imports_the_runtime():
+    # launch.py's job validates the config before importing rlx.runtime (Ray, transformers and the
+    # loop's modules: 2 s more for every config error)
+    probe = (
+        "import sys\n"
+        "from rlx.config.compose import compose\n"
+        "from rlx.errors import ConfigError\n"
+        "from rlx.launcher.job import run_on_nodes\n"
+        "try:\n"
+        "    run_on_nodes(compose(['train.global_batch_size=100']))\n"
+        "except ConfigError:\n"
+        "    print(sorted(m for m in ('ray', 'rlx.runtime', 'transformers') if m in sys.modules))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr[-2000:]
