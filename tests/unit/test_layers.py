@@ -25,6 +25,13 @@ def _imports(package: str) -> dict[str, set[str]]:
     return out
 
 
+def _probe(code: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter in the repository: what it imports is its own."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=RLX.parent, timeout=120
+    )
+
+
 def test_model_families_import_no_task_data_or_rollout_code():
     forbidden = ("rlx.data", "rlx.reward", "rlx.rollout", "rlx.trainer", "rlx.algo", "rlx.runtime")
     bad = {f: sorted(m for m in mods if m.startswith(forbidden)) for f, mods in _imports("models").items()}
@@ -53,9 +60,7 @@ def test_a_typo_on_the_command_line_fails_before_torch_is_imported():
         "except Exception as e:\n"
         "    print(type(e).__name__, 'batch_szie' in str(e), 'torch' in sys.modules)\n"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
-    )
+    loaded = _probe(probe)
     assert loaded.stdout.split()[1:] == ["True", "False"], loaded.stdout + loaded.stderr[-2000:]
     from rlx.algo import losses, options
 
@@ -74,9 +79,7 @@ def test_a_config_error_is_reported_before_the_driver_loads_megatron():
         "except ConfigError:\n"
         "    print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(('megatron', 'transformer_engine'))}))\n"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
-    )
+    loaded = _probe(probe)
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
 
 
@@ -93,7 +96,5 @@ def test_launch_py_validates_before_it_imports_the_runtime():
         "except ConfigError:\n"
         "    print(sorted(m for m in ('ray', 'rlx.runtime', 'transformers') if m in sys.modules))\n"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=RLX.parent, timeout=120
-    )
+    loaded = _probe(probe)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr[-2000:]
