@@ -92,7 +92,11 @@ class Router(ChildService):
         answer = http.get(f"{self.url}/workers", headers=self._headers)
         if answer.status_code != 200:
             return False
-        healthy = {w["url"].rstrip("/") for w in answer.json()["workers"] if w.get("is_healthy")}
+        try:
+            workers = answer.json()["workers"]
+        except (ValueError, KeyError, TypeError):  # not its answer yet (a suite run once got 200, empty)
+            return False
+        healthy = {w["url"].rstrip("/") for w in workers if w.get("is_healthy")}
         self._missing = [url for url in self.worker_urls if url.rstrip("/") not in healthy]
         return not self._missing
 

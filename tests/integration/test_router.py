@@ -104,3 +104,24 @@ def test_extra_router_args_become_flags(engines):
         Router([engines[0].url], extra_args={"worker_urls": ["x"]})
     manual = Router([engines[0].url], extra_args={"policy": "manual"})  # rollout.router_args.policy
     assert manual.cmd[manual.cmd.index("--policy") + 1] == "manual"
+
+
+def test_the_readiness_probe_waits_through_answers_that_are_not_the_worker_list():
+    """In a run of the suite the router answered /workers with 200 and an empty body: the probe
+    must keep waiting (not raise), and be done once every worker is listed healthy."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    bodies = iter(
+        [b"", b"<html>", b'{"other": 1}', b'{"workers": [{"url": "http://127.0.0.1:1", "is_healthy": true}]}']
+    )
+    listed = b'{"workers": [{"url": "http://127.0.0.1:1/", "is_healthy": true}, {"url": "http://127.0.0.1:2", "is_healthy": true}]}'
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(200, content=next(bodies, listed))
+
+    router = Router(urls)
+    with httpx.Client(transport=httpx.MockTransport(answer)) as http:
+        waits = [router._all_registered(http) for _ in range(5)]
+    assert waits == [False, False, False, False, True]
+    assert router._missing == []
