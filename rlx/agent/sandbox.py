@@ -6,9 +6,9 @@
 A tool is a command line (`argv`). Each call runs in a process of its own, forked by one of the
 sandbox's fork servers (`rlx.agent.forkserver`, at most `max_concurrency` per event loop, started
 on first use); one whose first word ends in `.py` is run by that fresh process's interpreter
-(`python -I -S`: no site packages; its code compiled once by the fork server), any other is `exec`ed. Each call gets a
-fresh empty working directory (removed afterwards), stdin as given, and an environment of only
-PATH, LANG and HOME (the working directory).
+(`python -I -S`: no site packages; its code compiled once by the fork server), any other is
+`exec`ed. Each call gets a fresh empty working directory (removed afterwards), stdin as given, and
+an environment of only PATH, LANG and HOME (the working directory).
 
 What is guaranteed, by layer (`Sandbox.network` says which one a sandbox has):
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlx.algo.options import LOSS_AGGREGATIONS, TIS_LEVELS, TIS_MODES, LossAgg  # noqa: F401  (re-exported)
+from rlx.algo.options import LOSS_AGGREGATIONS, LossAgg
 
 # exp() of a log-ratio beyond this overflows float32 soon after; clamping before exp keeps
 # both the value and the backward pass finite (verl clamps at the same bound).

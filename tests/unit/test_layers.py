@@ -44,8 +44,8 @@ def test_a_trainer_rank_imports_no_composition_validation_data_or_reward_code():
         "heavy = ('rlx.config.compose', 'rlx.config.validate', 'rlx.data', 'rlx.reward', 'hydra')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "[]"
+    loaded = _probe(probe)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr[-2000:]
 
 
 def test_a_typo_on_the_command_line_fails_before_torch_is_imported():

@@ -98,16 +98,20 @@ DEFAULT_ROPE_PARTIAL = {"llama": False, "qwen3": False, "qwen3_moe": False, "dee
                         "glm4": True, "glm4_moe": True}  # fmt: skip
 
 
+def family_rotary(hf_config) -> nn.Module:
+    """The family's own transformers rotary module (imports its modeling module: seconds)."""
+    model_type = hf_config.model_type
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
+    return cls(config=hf_config)
+
+
 def rotary_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
     """inv_freq and attention scaling as the family's transformers rotary module computes them,
     so every rope type (llama3, yarn, partial rotary) matches transformers."""
     partial = DEFAULT_ROPE_PARTIAL.get(hf_config.model_type)
     if partial is None:  # a family not checked against the formula: its own module computes it
-        module = importlib.import_module(
-            f"transformers.models.{hf_config.model_type}.modeling_{hf_config.model_type}"
-        )
-        cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
-        rotary = cls(config=hf_config)
+        rotary = family_rotary(hf_config)
         return rotary.inv_freq.float().cpu(), float(rotary.attention_scaling)
     rope = hf_config.rope_parameters
     if rope["rope_type"] != "default":
