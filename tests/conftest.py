@@ -65,10 +65,23 @@ def ray_session():
     yield
 
 
+@pytest.fixture(scope="session")
+def kept_trainer_ranks():
+    """Trainer rank processes outlive their runs within this pytest worker and the next run sets
+    them up again (`rlx.trainer.group.keep_ranks`): a new rank spends seconds of CPU importing
+    Megatron, most of a short run's."""
+    from rlx.trainer.group import keep_ranks
+
+    with keep_ranks():
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _integration_tests_share_ray(request):
-    """Every integration test finds this process's Ray up (`ray_session`): its runs use it."""
+    """Every integration test finds this process's Ray up (`ray_session`): its runs use it, and
+    they keep their trainer ranks for the next run (`kept_trainer_ranks`)."""
     if "integration" in request.node.path.parts:
+        request.getfixturevalue("kept_trainer_ranks")
         request.getfixturevalue("ray_session")
 
 

@@ -9,11 +9,7 @@ weight moves by about lr * gradient, so comparing weights compares gradients).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -57,42 +53,6 @@ def random_samples(
     return samples
 
 
-_kept: list | None = None  # rank processes handed back between runs (inside `kept_ranks`)
-
-
-@contextlib.contextmanager
-def kept_ranks() -> Iterator[None]:
-    """Within the block, a parity run's trainer group hands its rank processes back when it is
-    done and the next run sets them up again (`TrainerGroup.release`, `actors=`): a new rank
-    process spends seconds importing Megatron, most of a small parity run. Ended after."""
-    global _kept
-    _kept = []
-    try:
-        yield
-    finally:
-        for actor in _kept:
-            ray.kill(actor)
-        _kept = None
-
-
-def trainer_group(cfg) -> TrainerGroup:
-    """A started TrainerGroup for `cfg`, on kept rank processes where there are some."""
-    global _kept
-    if _kept is None:
-        return TrainerGroup(cfg)
-    num = cfg.cluster.num_trainer_procs
-    actors, _kept = _kept[:num], _kept[num:]
-    return TrainerGroup(cfg, actors=actors)
-
-
-def done_with(group: TrainerGroup) -> None:
-    """End `group`, keeping its rank processes inside `kept_ranks`."""
-    if _kept is None:
-        group.shutdown()
-    else:
-        _kept.extend(group.release())
-
-
 def config(tmp_path, num_samples: int, *overrides):
     """`num_samples` per rollout: two optimizer steps of half of them, micro-batches of 4;
     adam_eps=1 makes the update ~lr * gradient."""
@@ -112,7 +72,7 @@ def train(
     `<name>_ckpt` is written after rollout k."""
     cfg = config(tmp_path, shape[0], *overrides)
     samples = random_samples(Qwen3(cfg.model).checkpoint_dir(), *shape)
-    group = trainer_group(cfg)
+    group = TrainerGroup(cfg)
     history, exports = [], []
     try:
         if load:
@@ -125,7 +85,7 @@ def train(
             if save_after == k:
                 group.save(str(tmp_path / f"{name}_ckpt"))
     finally:
-        done_with(group)
+        group.shutdown()
     return history, exports
 
 

@@ -7,8 +7,10 @@ a silent stall. After one, the group is broken and `shutdown` only kills what is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import ray
@@ -21,6 +23,57 @@ from rlx.trainer.parallel import rendezvous_store
 
 SHUTDOWN_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its peers' collectives fail
+
+
+_kept: list[tuple[str, dict, object]] | None = None  # (Ray node id, Ray options, rank actor): `keep_ranks`
+
+
+@contextlib.contextmanager
+def keep_ranks() -> Iterator[None]:
+    """Within the block, a trainer group that shuts down cleanly hands its rank processes back
+    instead of ending them, and a later group of this process set up with the same Ray options
+    takes them and sets them up again: a new rank process spends seconds of CPU importing
+    Megatron, more than a short CPU run. For a process that runs jobs one after another on one
+    Ray (a test session, a notebook). Only ranks placed without GPUs or placement groups are
+    kept; those left over are ended when the block ends."""
+    global _kept
+    outer, _kept = _kept, []
+    try:
+        yield
+    finally:
+        left, _kept = _kept, outer
+        if ray.is_initialized():  # else they ended with their Ray
+            node = ray.get_runtime_context().get_node_id()
+            for _, _, actor in (k for k in left if k[0] == node):
+                _kill_quietly(actor)
+
+
+def _keepable(options: dict) -> bool:
+    return "scheduling_strategy" not in options and not options.get("num_gpus")
+
+
+def _take_kept(options: list[dict]) -> list:
+    """Kept rank processes for the first ranks, while they match `options` (same Ray, same Ray
+    options); the rest of the ranks start new processes."""
+    if not _kept:
+        return []
+    node = ray.get_runtime_context().get_node_id()
+    _kept[:] = [k for k in _kept if k[0] == node]  # a Ray started again since: its actors are gone
+    taken = []
+    for o in options:
+        match = next((k for k in _kept if _keepable(o) and k[1] == o), None)
+        if match is None:
+            break
+        _kept.remove(match)
+        taken.append(match[2])
+    return taken
+
+
+def _kill_quietly(actor) -> None:
+    try:
+        ray.kill(actor)
+    except (RayActorError, GetTimeoutError, ValueError):
+        pass  # already gone
 
 
 class TrainerRankError(RuntimeError):
@@ -71,13 +124,14 @@ class TrainerGroup:
         earlier group handed back (`release()`), taken for the first ranks as they are (their Ray
         options stay theirs), new ones started for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
+        self.options = options
         self.cfg = cfg
         self.call_timeout_s = cfg.cluster.trainer_call_timeout_s
         self.profile_steps = set(cfg.debug.profile_train_steps) if profile_dir is not None else set()
         self.profile_dir = profile_dir
         self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        kept = list(actors or [])[: len(options)]
+        kept = list(actors or [])[: len(options)] if actors is not None else _take_kept(options)
         self.actors = kept + [actor_cls.options(**o).remote() for o in options[len(kept) :]]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
@@ -210,7 +264,12 @@ class TrainerGroup:
         self._call("load", ckpt_dir)
 
     def shutdown(self) -> None:
-        """Leave the process groups cleanly (a broken group is only killed), then end the actors."""
+        """Leave the process groups cleanly (a broken group is only killed), then end the actors;
+        inside `keep_ranks`, hand the ones placed without GPUs back instead."""
+        if _kept is not None and all(_keepable(o) for o in self.options):
+            node = ray.get_runtime_context().get_node_id()
+            _kept.extend((node, o, a) for o, a in zip(self.options, self.release(), strict=False))
+            return
         try:
             self._leave_groups()
         finally:
@@ -241,7 +300,4 @@ class TrainerGroup:
 
     def _kill(self) -> None:
         for a in self.actors:
-            try:
-                ray.kill(a)
-            except (RayActorError, GetTimeoutError, ValueError):
-                pass  # already gone
+            _kill_quietly(a)

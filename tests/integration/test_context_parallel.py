@@ -40,12 +40,6 @@ def test_cp2_matches_one_rank_and_its_checkpoint_loads_on_one_rank(ray_session, 
     assert_same_run("cp2 -> one rank", resumed, ([cp2[0][2]], [cp2[1][2]]))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _rank_processes_kept_between_runs(ray_session):
-    with trainer_runs.kept_ranks():
-        yield
-
-
 @pytest.fixture(scope="module")
 def packed_one_rank(ray_session, tmp_path_factory):
     """GRPO on one rank with packed micro-batches: the reference of the packed layouts."""

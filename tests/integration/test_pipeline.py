@@ -29,12 +29,6 @@ TP2_PP2 = [
 train = functools.partial(trainer_runs.train, shape=(32, (3, 6), (1, 7)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _rank_processes_kept_between_runs(ray_session):
-    with trainer_runs.kept_ranks():
-        yield
-
-
 @pytest.fixture(scope="module")
 def one_rank(ray_session, tmp_path_factory):
     """GRPO on one rank, three rollouts: the reference of every layout."""

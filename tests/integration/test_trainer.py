@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import trainer_runs  # tests/ is on sys.path (conftest)
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlx.config.compose import compose, to_object
 from rlx.models.qwen3 import Qwen3
 from rlx.sample import Sample
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _rank_processes_kept_between_runs(ray_session):
-    with trainer_runs.kept_ranks():
-        yield
+from rlx.trainer.group import TrainerGroup
 
 
 def _batch(hf_dir) -> list[Sample]:
@@ -43,12 +37,12 @@ def _train_once(tmp_path, name, *overrides):
     # With eps = 1 the update is ~lr * g, and comparing weights compares gradients.
     cfg = to_object(compose([f"run.output_dir={tmp_path}", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
                              "train.micro_batch_size=16", "train.adam_eps=1.0", "train.lr=0.1", *overrides]))  # fmt: skip
-    group = trainer_runs.trainer_group(cfg)
+    group = TrainerGroup(cfg)
     try:
         metrics = group.train(_batch(Qwen3(cfg.model).checkpoint_dir()))
         group.export_weights(str(tmp_path / name))
     finally:
-        trainer_runs.done_with(group)
+        group.shutdown()
     return metrics, load_file(tmp_path / name / "model-00001.safetensors")
 
 
