@@ -26,6 +26,7 @@ DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its pe
 
 
 _kept: list[tuple[str, dict, object]] | None = None  # (Ray node id, Ray options, rank actor): `keep_ranks`
+MAX_KEPT = 4
 
 
 @contextlib.contextmanager
@@ -34,8 +35,9 @@ def keep_ranks() -> Iterator[None]:
     instead of ending them, and a later group of this process set up with the same Ray options
     takes them and sets them up again: a new rank process spends seconds of CPU importing
     Megatron, more than a short CPU run. For a process that runs jobs one after another on one
-    Ray (a test session, a notebook). Only ranks placed without GPUs or placement groups are
-    kept; those left over are ended when the block ends."""
+    Ray (a test session, a notebook). Only ranks placed without GPUs, placement groups or an
+    environment of their run's are kept, at most `MAX_KEPT` (an idle rank costs a few % of a
+    core); those left over are ended when the block ends."""
     global _kept
     outer, _kept = _kept, []
     try:
@@ -49,7 +51,8 @@ def keep_ranks() -> Iterator[None]:
 
 
 def _keepable(options: dict) -> bool:
-    return "scheduling_strategy" not in options and not options.get("num_gpus")
+    """Placed without GPUs, placement groups or a run's own environment (a multi-node run's key)."""
+    return not ({"scheduling_strategy", "runtime_env"} & options.keys() or options.get("num_gpus"))
 
 
 def _take_kept(options: list[dict]) -> list:
@@ -269,6 +272,8 @@ class TrainerGroup:
         if _kept is not None and all(_keepable(o) for o in self.options):
             node = ray.get_runtime_context().get_node_id()
             _kept.extend((node, o, a) for o, a in zip(self.options, self.release(), strict=False))
+            while len(_kept) > MAX_KEPT:
+                _kill_quietly(_kept.pop(0)[2])
             return
         try:
             self._leave_groups()
