@@ -8,6 +8,7 @@ a silent stall. After one, the group is broken and `shutdown` only kills what is
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -96,6 +97,15 @@ class TrainerRank(MegatronTrainer):
         MegatronTrainer.__init__(self, *args, store=self.__dict__.pop("_store", None), **kwargs)
         if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
             freeze_startup_objects()
+
+    def shutdown(self) -> None:
+        """Leave the process groups, then let go of the models, optimizers and what else holds
+        them: a rank kept for another group (`keep_ranks`) idles without them (each gloo group's
+        threads poll until the group is freed)."""
+        super().shutdown()
+        self.__dict__.clear()
+        gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
+        gc.collect()
 
     def host_rendezvous(self) -> int:
         """Rank 0: start hosting the group's rendezvous on this node; its port."""
