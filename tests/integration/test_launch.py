@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16"]
@@ -76,6 +77,7 @@ def _stray_processes(since: float, session: int, pids: set[int]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_everything(tmp_path):
     started = time.time()
     proc = subprocess.Popen(

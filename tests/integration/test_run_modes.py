@@ -86,6 +86,7 @@ def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(t
     assert [len(_rows(rollouts / "rollouts" / f"step_{k:06d}.jsonl")) for k in (0, 1)] == [16, 16]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=50", "run.save=true",
@@ -149,6 +150,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_in_force(tmp_path):
     assert checkpoint.find_latest("auto", tmp_path / "fresh") is None  # nothing there: start fresh
 
 
+@pytest.mark.slow
 def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     import psutil
 
