@@ -35,16 +35,6 @@ def write_tiny_qwen3(path: Path, seed: int = 0) -> Path:
     return write_tiny_checkpoint(tiny_qwen3_config(), path, seed=seed)
 
 
-def pytest_collection_modifyitems(items):
-    """Modules with a `slow` test first: `-n 2 --dist loadfile` hands out whole modules in this
-    order, so the minute-long runs start early and the short modules fill in at the end, instead
-    of one worker finishing a long module alone. (The SLURM sweep is left where it was: its two
-    jobs each start a Ray, and at the very start, beside the other worker's first runs, a job's
-    Ray timed out starting on 2 cores.)"""
-    slow = {item.module for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module not in slow)
-
-
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen3 HF checkpoint (config.json, model.safetensors, tokenizer.json), seed 0."""

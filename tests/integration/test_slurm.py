@@ -211,6 +211,7 @@ def slurm():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_sweep_runs_through_sbatch(slurm, tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = subprocess.run(
