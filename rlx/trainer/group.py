@@ -65,7 +65,7 @@ def _take_kept(options: list[dict]) -> list:
     _kept[:] = [k for k in _kept if k[0] == node]  # a Ray started again since: its actors are gone
     taken = []
     for o in options:
-        match = next((k for k in _kept if _keepable(o) and k[1] == o), None)
+        match = next((k for k in _kept if k[1] == o), None)  # only keepable options are kept
         if match is None:
             break
         _kept.remove(match)
@@ -128,14 +128,12 @@ class TrainerGroup:
         profile_dir: Path | None = None,
         *,
         start: bool = True,
-        actors: list | None = None,
     ):
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
         `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
         `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
-        caller starts the engines, say); `start()` then sets them up. `actors`: rank processes an
-        earlier group handed back (`release()`), taken for the first ranks as they are (their Ray
-        options stay theirs), new ones started for the rest."""
+        caller starts the engines, say); `start()` then sets them up. Inside `keep_ranks`, the
+        first ranks take rank processes an earlier group handed back, new ones start for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         self.options = options
         self.cfg = cfg
@@ -144,7 +142,7 @@ class TrainerGroup:
         self.profile_dir = profile_dir
         self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        kept = list(actors or [])[: len(options)] if actors is not None else _take_kept(options)
+        kept = _take_kept(options)
         self.actors = kept + [actor_cls.options(**o).remote() for o in options[len(kept) :]]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
@@ -292,7 +290,7 @@ class TrainerGroup:
 
     def release(self) -> list:
         """Like `shutdown`, every rank leaves its process groups, but the rank processes are handed
-        back, for another group (`actors=`) to set up again without starting processes (seconds
+        back, for another group (`keep_ranks`) to set up again without starting processes (seconds
         each: the Megatron import); a group that broke or never set up ends them and hands back none."""
         if not self._started or self._broken:
             self._kill()
