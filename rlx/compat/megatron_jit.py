@@ -1,0 +1,67 @@
+"""megatron-core's torch.compile'd helpers, left uncompiled on a machine without a GPU.
+
+megatron-core wraps about twenty small functions (bias + SwiGLU/GeLU fusions, the MoE router's
+expert-bias update, ...) in `megatron.core.jit.jit_fuser`, which is `torch.compile`. Making those
+wrappers imports inductor while megatron loads: about 2.6 s of CPU in every process that imports
+megatron (7.2 s with it, 4.6 s without). On a CPU they buy nothing: rlx turns megatron's fusions
+off without CUDA (rlx.models.kernels), and the one that still runs there, the MoE router's
+expert-bias update on a vector of a few experts, is compiled anew in every trainer process, a
+few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu).
+
+So, without CUDA, megatron takes its own `noop_decorator` (`megatron.core.jit.disable_jit_fuser`)
+as `megatron.core.jit` loads, before the modules that use `jit_fuser` import it; the functions
+then run eagerly. With a GPU nothing changes. `install()` runs when `rlx` is imported (rlx's
+modules import megatron only after that); in a process that imported megatron before rlx it is
+too late, and megatron stays as it was.
+
+No torch at import time: `import rlx` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+JIT_MODULE = "megatron.core.jit"
+
+
+class _JitFinder(importlib.abc.MetaPathFinder):
+    """Finds `megatron.core.jit` through the normal path finder and runs `_after_load` on it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != JIT_MODULE:
+            return None
+        uninstall()  # once is enough; find the real spec without this finder in the way
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_adjust(module):
+            exec_module(module)
+            _after_load(module)
+
+        spec.loader.exec_module = exec_then_adjust
+        return spec
+
+
+_finder = _JitFinder()
+
+
+def _after_load(jit_module) -> None:
+    import torch  # loaded by megatron.core.jit itself
+
+    if not torch.cuda.is_available():
+        jit_module.disable_jit_fuser()
+
+
+def install() -> None:
+    """Have megatron load without torch.compile'd helpers when there is no CUDA (idempotent)."""
+    if JIT_MODULE not in sys.modules and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)

@@ -1,0 +1,44 @@
+"""Without CUDA, megatron's torch.compile'd helpers load as plain functions once rlx is imported
+(rlx.compat.megatron_jit); each case imports in a fresh interpreter, as a new process would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHECK = """
+import sys, torch
+{before}
+import megatron.core.jit as jit
+from megatron.core.fusions import fused_bias_swiglu
+from megatron.core.transformer.moe import router
+print(jit.jit_fuser is jit.noop_decorator, jit.jit_fuser is torch.compile,
+      hasattr(fused_bias_swiglu.swiglu, "_torchdynamo_orig_callable"),
+      hasattr(router.TopKRouter._apply_expert_bias, "_torchdynamo_orig_callable"),
+      "torch._inductor.compile_fx" in sys.modules)
+"""
+
+
+def _imports(before: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", CHECK.format(before=before)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "before, expected",
+    [
+        # rlx first, no CUDA: megatron's own no-op decorator, and inductor is never loaded
+        ("import rlx", ["True", "False", "False", "False", "False"]),
+        # megatron first: too late to change it, megatron compiles as it always did
+        ("import megatron.core; import rlx", ["False", "True", "True", "True", "True"]),
+        # a GPU present: nothing changes
+        ("torch.cuda.is_available = lambda: True; import rlx", ["False", "True", "True", "True", "True"]),
+    ],
+    ids=["rlx first", "megatron first", "with CUDA"],
+)
+def test_megatron_helpers_are_compiled_only_with_cuda(before, expected):
+    assert _imports(before) == expected
