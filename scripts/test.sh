@@ -11,5 +11,6 @@ if [[ $(id -u) -eq 0 ]]; then
   bash scripts/slurm-local.sh || echo "warning: scripts/slurm-local.sh failed; the SLURM tests will say why" >&2
 fi
 # two test files at a time (most of a test's time is processes starting and waiting on each other);
-# tests of one file stay together, so a module's fixtures are built once
-python -m pytest -q -n 2 --dist loadfile "$@"
+# tests of one file stay together, so a module's fixtures are built once; files are handed out in
+# the order tests/conftest.py sorts them (longest first), not by their number of tests
+python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"

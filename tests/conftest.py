@@ -52,6 +52,23 @@ def tiny_qwen3_factory(tmp_path_factory):
     return make
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest test files first: modules with `slow` tests (most of them first), then the
+    other integration modules, then the rest. With `-n 2 --dist loadfile --no-loadscope-reorder`
+    (scripts/test.sh) pytest-xdist hands whole files to its workers in this order, so the two
+    workers end together on short files instead of one waiting while the other runs a long
+    one. The order within a file is kept."""
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+
+    def rank(item) -> tuple[int, int]:
+        n = slow[item.path]
+        return (0 if n else 1 if "integration" in item.path.parts else 2, -n)
+
+    items.sort(key=rank)  # stable: collection order within a rank
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """This test process's Ray, shared by its tests: started by the first module that needs it and

@@ -217,6 +217,9 @@ def test_sweep_runs_through_sbatch(slurm, tmp_path):
     result = subprocess.run(
         [sys.executable, "launch.py", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}",
          "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
+         # one job at a time: two Rays starting at once beside the other test worker, on 2 cores,
+         # once took longer than Ray's 30 s start-up limit
+         "hydra.launcher.array_parallelism=1",
          "run.num_rollout=2", "algo=grpo,gspo", *SHORT],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
