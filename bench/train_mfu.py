@@ -39,7 +39,8 @@ FLOPs (model FLOPs: what the model needs, not what the kernels do), per trained 
 MFU = model FLOPs/s over 989.4 TFLOP/s, the H100/H200 SXM dense bf16 datasheet peak (override
 with --peak-tflops). The share of the bf16 matmul rate measured on the H200 machine (about
 790 TFLOP/s, the device README) is printed as well. Dense models only (MoE and MLA would need
-active-parameter and latent-attention counts). Measured figures: docs/benchmarks.md.
+active-parameter and latent-attention counts). Measured figures: docs/benchmarks.md;
+`bench/plain_mfu.py` is the yardstick (the same shape in plain torch under torch.compile).
 """
 
 from __future__ import annotations
