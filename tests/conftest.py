@@ -83,22 +83,22 @@ def ray_session():
 
 
 @pytest.fixture(scope="session")
-def kept_trainer_ranks():
-    """Trainer rank processes outlive their runs within this pytest worker and the next run sets
-    them up again (`rlx.trainer.group.keep_ranks`): a new rank spends seconds of CPU importing
-    Megatron, most of a short run's."""
-    from rlx.trainer.group import keep_ranks
+def kept_actors():
+    """Trainer rank and engine processes outlive their runs within this pytest worker and the next
+    run sets them up again (`rlx.kept.keep_actors`): a new one spends seconds of CPU on its
+    imports (Megatron; torch and the engine's HTTP stack), most of a short run's."""
+    from rlx.kept import keep_actors
 
-    with keep_ranks():
+    with keep_actors():
         yield
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _integration_tests_share_ray(request):
     """Every integration test finds this process's Ray up (`ray_session`): its runs use it, and
-    they keep their trainer ranks for the next run (`kept_trainer_ranks`)."""
+    they keep their trainer ranks and engines for the next run (`kept_actors`)."""
     if "integration" in request.node.path.parts:
-        request.getfixturevalue("kept_trainer_ranks")
+        request.getfixturevalue("kept_actors")
         request.getfixturevalue("ray_session")
 
 

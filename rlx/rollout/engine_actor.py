@@ -7,6 +7,8 @@ requires come from this process's environment (`rlx.ports`; set per run by `rlx.
 
 from __future__ import annotations
 
+import gc
+
 from hydra.utils import get_class
 
 from rlx import ports
@@ -15,16 +17,37 @@ from rlx.rollout.config import RolloutConfig
 
 
 class EngineActor:
-    """Starts the configured engine server in this (actor) process; tests use it in-process."""
+    """Starts the configured engine server in this (actor) process; tests use it in-process. A
+    process whose server was shut down may be set up again (`setup`) for another run's engine
+    (`rlx.kept.keep_actors`)."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, *, seed: int):
+    def __init__(self, cfg: RolloutConfig | None = None, model_path: str | None = None, *, seed: int = 0):
+        self.server = self._setup_error = None
+        if cfg is not None:
+            self.setup(cfg, model_path, seed=seed)
+
+    def setup(self, cfg: RolloutConfig, model_path: str, *, seed: int) -> None:
+        self._setup_error = None
         launcher = get_class(cfg._target_)
-        self.server = launcher(cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key())
+        try:
+            self.server = launcher(
+                cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key()
+            )
+        except BaseException as e:  # `url` raises it: the caller of a set-up again waits on `url`
+            self._setup_error = e
+            raise
         if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
             freeze_startup_objects()
 
     def url(self) -> str:
+        if self.server is None and self._setup_error is not None:
+            raise self._setup_error
         return self.server.url
 
     def shutdown(self) -> None:
+        """Stop the server and let go of its model: a process kept for another run idles without it."""
         self.server.shutdown()
+        self.server = self._setup_error = None
+        if in_ray_actor():
+            gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
+            gc.collect()

@@ -20,6 +20,7 @@ import time
 
 import ray
 
+from rlx import kept
 from rlx.engine.engine import MEMORY_TAGS
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
@@ -72,11 +73,15 @@ class RolloutPool:
             self.engine_urls = ray.get(
                 [a.url.remote() for a in self.actors], timeout=cfg.engine_start_timeout_s
             )
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the rollout engines did not serve within rollout.engine_start_timeout_s="
-                f"{cfg.engine_start_timeout_s:g} s (each engine's log is in Ray's session logs)"
-            ) from None
+        except BaseException as e:
+            for a in self.actors:  # none of them serves this pool; a kept one would idle on
+                ray.kill(a)
+            if isinstance(e, ray.exceptions.GetTimeoutError):
+                raise RuntimeError(
+                    f"the rollout engines did not serve within rollout.engine_start_timeout_s="
+                    f"{cfg.engine_start_timeout_s:g} s (each engine's log is in Ray's session logs)"
+                ) from None
+            raise
         if len(self.engine_urls) >= 2:
             self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args))
             self.router.start()
@@ -97,8 +102,12 @@ class RolloutPool:
             self.health.start()
 
     def launch_engine(self, i: int):
-        """A new actor for engine `i` (its Ray options and seed); its server starts in the background."""
+        """An actor for engine `i` (its Ray options and seed), its server starting in the
+        background: a new process, or inside `rlx.kept.keep_actors` one an earlier pool handed back."""
         options = self.actor_options[i]
+        for actor in kept.take("engine", [options]):
+            actor.setup.remote(self.cfg, self.model_path, seed=self.seed + i)  # runs before any later call
+            return actor
         return (
             ray.remote(EngineActor).options(**options).remote(self.cfg, self.model_path, seed=self.seed + i)
         )
@@ -441,6 +450,9 @@ class RolloutPool:
         return results
 
     def shutdown(self) -> None:
+        """Stop the engines and end their processes (inside `rlx.kept.keep_actors`, hand them back
+        when every server stopped cleanly and none was ever replaced: no fault tolerance)."""
+        stopped = []
         try:
             if self.health is not None:
                 self.run(self.health.stop())
@@ -452,11 +464,15 @@ class RolloutPool:
             stops = [a.shutdown.remote() for a in self.actors]
             if self.health is None:
                 ray.get(stops, timeout=30)
+                stopped = self.actors  # each process is idle now, for another pool to set up again
             else:  # an engine that died meanwhile has nothing to stop
                 ray.wait(stops, num_returns=len(stops), timeout=30)
         finally:
-            for a in self.actors:
-                ray.kill(a)
+            if stopped and kept.keeping(self.actor_options):
+                kept.hand_back("engine", self.actor_options, stopped)
+            else:
+                for a in self.actors:
+                    ray.kill(a)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()

@@ -7,77 +7,21 @@ a silent stall. After one, the group is broken and `shutdown` only kills what is
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
-from rlx import ports
+from rlx import kept, ports
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.trainer.megatron import MegatronTrainer
 from rlx.trainer.parallel import rendezvous_store
 
 SHUTDOWN_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its peers' collectives fail
-
-
-_kept: list[tuple[str, dict, object]] | None = None  # (Ray node id, Ray options, rank actor): `keep_ranks`
-MAX_KEPT = 4
-
-
-@contextlib.contextmanager
-def keep_ranks() -> Iterator[None]:
-    """Within the block, a trainer group that shuts down cleanly hands its rank processes back
-    instead of ending them, and a later group of this process set up with the same Ray options
-    takes them and sets them up again: a new rank process spends seconds of CPU importing
-    Megatron, more than a short CPU run. For a process that runs jobs one after another on one
-    Ray (a test session, a notebook). Only ranks placed without GPUs, placement groups or an
-    environment of their run's are kept, at most `MAX_KEPT` (an idle rank costs a few % of a
-    core); those left over are ended when the block ends."""
-    global _kept
-    outer, _kept = _kept, []
-    try:
-        yield
-    finally:
-        left, _kept = _kept, outer
-        if ray.is_initialized():  # else they ended with their Ray
-            node = ray.get_runtime_context().get_node_id()
-            for _, _, actor in (k for k in left if k[0] == node):
-                _kill_quietly(actor)
-
-
-def _keepable(options: dict) -> bool:
-    """Placed without GPUs, placement groups or a run's own environment (a multi-node run's key)."""
-    return not ({"scheduling_strategy", "runtime_env"} & options.keys() or options.get("num_gpus"))
-
-
-def _take_kept(options: list[dict]) -> list:
-    """Kept rank processes for the first ranks, while they match `options` (same Ray, same Ray
-    options); the rest of the ranks start new processes."""
-    if not _kept:
-        return []
-    node = ray.get_runtime_context().get_node_id()
-    _kept[:] = [k for k in _kept if k[0] == node]  # a Ray started again since: its actors are gone
-    taken = []
-    for o in options:
-        match = next((k for k in _kept if k[1] == o), None)  # only keepable options are kept
-        if match is None:
-            break
-        _kept.remove(match)
-        taken.append(match[2])
-    return taken
-
-
-def _kill_quietly(actor) -> None:
-    try:
-        ray.kill(actor)
-    except (RayActorError, GetTimeoutError, ValueError):
-        pass  # already gone
 
 
 class TrainerRankError(RuntimeError):
@@ -100,7 +44,7 @@ class TrainerRank(MegatronTrainer):
 
     def shutdown(self) -> None:
         """Leave the process groups, then let go of the models, optimizers and what else holds
-        them: a rank kept for another group (`keep_ranks`) idles without them (each gloo group's
+        them: a rank kept for another group (`rlx.kept.keep_actors`) idles without them (each gloo group's
         threads poll until the group is freed)."""
         super().shutdown()
         self.__dict__.clear()
@@ -132,7 +76,7 @@ class TrainerGroup:
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
         `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
         `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
-        caller starts the engines, say); `start()` then sets them up. Inside `keep_ranks`, the
+        caller starts the engines, say); `start()` then sets them up. Inside `rlx.kept.keep_actors`, the
         first ranks take rank processes an earlier group handed back, new ones start for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         self.options = options
@@ -142,8 +86,8 @@ class TrainerGroup:
         self.profile_dir = profile_dir
         self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        kept = _take_kept(options)
-        self.actors = kept + [actor_cls.options(**o).remote() for o in options[len(kept) :]]
+        taken = kept.take("trainer", options)
+        self.actors = taken + [actor_cls.options(**o).remote() for o in options[len(taken) :]]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
             self.start()
@@ -276,12 +220,10 @@ class TrainerGroup:
 
     def shutdown(self) -> None:
         """Leave the process groups cleanly (a broken group is only killed), then end the actors;
-        inside `keep_ranks`, hand the ones placed without GPUs back instead."""
-        if _kept is not None and all(_keepable(o) for o in self.options):
-            node = ray.get_runtime_context().get_node_id()
-            _kept.extend((node, o, a) for o, a in zip(self.options, self.release(), strict=False))
-            while len(_kept) > MAX_KEPT:
-                _kill_quietly(_kept.pop(0)[2])
+        inside `rlx.kept.keep_actors`, hand the ones placed without GPUs back instead."""
+        if kept.keeping(self.options):
+            actors = self.release()
+            kept.hand_back("trainer", self.options[: len(actors)], actors)
             return
         try:
             self._leave_groups()
@@ -290,7 +232,7 @@ class TrainerGroup:
 
     def release(self) -> list:
         """Like `shutdown`, every rank leaves its process groups, but the rank processes are handed
-        back, for another group (`keep_ranks`) to set up again without starting processes (seconds
+        back, for another group (`rlx.kept.keep_actors`) to set up again without starting processes (seconds
         each: the Megatron import); a group that broke or never set up ends them and hands back none."""
         if not self._started or self._broken:
             self._kill()
@@ -313,4 +255,4 @@ class TrainerGroup:
 
     def _kill(self) -> None:
         for a in self.actors:
-            _kill_quietly(a)
+            kept.kill_quietly(a)

@@ -8,6 +8,7 @@ import pytest
 from conftest import write_tiny_qwen3
 from transformers import AutoTokenizer
 
+import rlx.kept
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.pool import RolloutPool
@@ -65,3 +66,34 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
         assert {s.version for s in samples} == {1}
     finally:
         pool.shutdown()
+
+
+def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwen3_factory):
+    """keep_actors: the next pool sets the first pool's engine process up again (the same actor),
+    and after it served another model with another seed, it generates for the first model what a
+    new process generated, token for token and log-prob for log-prob: nothing of the server
+    before is left."""
+    first, second = tiny_qwen3_factory(0), tiny_qwen3_factory(1)
+    tokenizer = AutoTokenizer.from_pretrained(str(first))
+    cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=6)
+    prompts = [
+        Sample(prompt=f"{d} 3 {d} =", prompt_ids=tokenizer(f"{d} 3 {d} =")["input_ids"], label=f"{d} 3 {d}")
+        for d in range(4)
+    ]
+
+    def rollout(model_dir, seed: int) -> list:
+        pool = RolloutPool(cfg, str(model_dir), tokenizer, seed=seed)
+        try:
+            samples, _ = pool.generate(prompts, version=0)
+        finally:
+            pool.shutdown()
+        return [(s.response_ids, s.rollout_logprobs) for s in samples]
+
+    with rlx.kept.keep_actors():  # a pool of its own, empty: the first pool starts a new process
+        fresh = rollout(first, seed=0)
+        (kept,) = rlx.kept._kept["engine"]
+        other = rollout(second, seed=7)
+        again = rollout(first, seed=0)
+        assert rlx.kept._kept["engine"] == [kept]  # the same process each time, handed back after
+    assert other != fresh  # the second set-up really served something else
+    assert again == fresh
