@@ -97,3 +97,22 @@ def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwe
         assert rlx.kept._kept["engine"] == [kept]  # the same process each time, handed back after
     assert other != fresh  # the second set-up really served something else
     assert again == fresh
+
+
+def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_session, tiny_qwen3_dir, tmp_path):
+    """A kept engine process set up again with a model that is not there: the pool raises the
+    set-up's own error (not a missing server's) and ends the process instead of keeping it idle."""
+    import ray
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=4)
+    missing = tmp_path / "no_model_here"
+    with rlx.kept.keep_actors():
+        RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0).shutdown()
+        ((_, _, engine),) = rlx.kept._kept["engine"]
+        with pytest.raises(Exception, match="no_model_here") as failed:
+            RolloutPool(cfg, str(missing), tokenizer, seed=0)
+        assert "NoneType" not in str(failed.value)
+        assert rlx.kept._kept["engine"] == []  # taken, and not handed back
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(engine.url.remote(), timeout=60)
