@@ -75,7 +75,7 @@ class RolloutPool:
             )
         except BaseException as e:
             for a in self.actors:  # none of them serves this pool; a kept one would idle on
-                ray.kill(a)
+                kept.kill_quietly(a)
             if isinstance(e, ray.exceptions.GetTimeoutError):
                 raise RuntimeError(
                     f"the rollout engines did not serve within rollout.engine_start_timeout_s="
@@ -105,9 +105,10 @@ class RolloutPool:
         """An actor for engine `i` (its Ray options and seed), its server starting in the
         background: a new process, or inside `rlx.kept.keep_actors` one an earlier pool handed back."""
         options = self.actor_options[i]
-        for actor in kept.take("engine", [options]):
-            actor.setup.remote(self.cfg, self.model_path, seed=self.seed + i)  # runs before any later call
-            return actor
+        taken = kept.take("engine", [options])
+        if taken:  # its `setup` runs before any later call on it (`url` raises a set-up's error)
+            taken[0].setup.remote(self.cfg, self.model_path, seed=self.seed + i)
+            return taken[0]
         return (
             ray.remote(EngineActor).options(**options).remote(self.cfg, self.model_path, seed=self.seed + i)
         )
