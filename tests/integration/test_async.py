@@ -40,12 +40,22 @@ def test_async_with_staleness_0_reproduces_the_synchronous_run(tmp_path):
         "train/grad_norm",
         "train/entropy",
     ]
+    # Equal up to float noise only: on CPU the engine's log-probs move in the last bit with the
+    # requests that share a batch (2.4e-7 measured), and which ones do depends on when they
+    # reach the engine; the tokens, and so the rewards, do not (each sample has its own seed).
     for a, b in zip(_rows(sync / "metrics.jsonl"), _rows(paced / "metrics.jsonl"), strict=True):
-        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
+        assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-7), a[
+            "step"
+        ]
+        assert b["rollout/reward_mean"] == a["rollout/reward_mean"]
         assert b["rollout/staleness_max"] == 0
     for step in range(3):  # the very same samples
         name = f"rollouts/step_{step:06d}.jsonl"
-        assert _rows(sync / name) == _rows(paced / name)
+        sync_rows, paced_rows = _rows(sync / name), _rows(paced / name)
+        sync_lps, paced_lps = ([r.pop("rollout_logprobs") for r in rows] for rows in (sync_rows, paced_rows))
+        assert sync_rows == paced_rows  # every other field exactly
+        for a, b in zip(sync_lps, paced_lps, strict=True):
+            assert b == pytest.approx(a, abs=1e-6)
 
 
 @pytest.mark.parametrize("cap,policy", [(1, "drop"), (2, "pace")])

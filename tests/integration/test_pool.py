@@ -71,8 +71,8 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
 def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwen3_factory):
     """keep_actors: the next pool sets the first pool's engine process up again (the same actor),
     and after it served another model with another seed, it generates for the first model what a
-    new process generated, token for token and log-prob for log-prob: nothing of the server
-    before is left."""
+    new process generated, token for token and log-prob for log-prob (to float noise): nothing
+    of the server before is left."""
     first, second = tiny_qwen3_factory(0), tiny_qwen3_factory(1)
     tokenizer = AutoTokenizer.from_pretrained(str(first))
     cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=6)
@@ -96,7 +96,11 @@ def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwe
         again = rollout(first, seed=0)
         assert rlx.kept._kept["engine"] == [kept]  # the same process each time, handed back after
     assert other != fresh  # the second set-up really served something else
-    assert again == fresh
+    # the same tokens; log-probs equal but for the last bit, which on CPU moves with the requests
+    # that happen to share a batch (timing)
+    assert [ids for ids, _ in again] == [ids for ids, _ in fresh]
+    for (_, a), (_, b) in zip(again, fresh, strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
 
 
 def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_session, tiny_qwen3_dir, tmp_path):
