@@ -35,9 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_mfu import H200_BF16_DENSE_PEAK_TFLOPS, QWEN3_1P7B  # noqa: E402
-
-MEASURED_MATMUL_TFLOPS = 790.0  # bf16 GEMM rate on the device machine (train_mfu.py, device README)
+from train_mfu import H200_BF16_DENSE_PEAK_TFLOPS, H200_BF16_MEASURED_TFLOPS, QWEN3_1P7B  # noqa: E402
 
 
 class Layer(nn.Module):
@@ -207,7 +205,7 @@ def main(argv: list[str]) -> dict:
         "model_tflops_per_s": round(tflops, 1),
         "mfu": round(tflops / args.peak_tflops, 4),
         "mfu_palm": round(palm_flops * tokens_per_step / mean_s / 1e12 / args.peak_tflops, 4),
-        "of_measured_matmul_rate": round(tflops / MEASURED_MATMUL_TFLOPS, 4),
+        "of_measured_matmul_rate": round(tflops / H200_BF16_MEASURED_TFLOPS, 4),
         "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         "device": torch.cuda.get_device_name(),
     }
