@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlx.config import store  # noqa: F401  (registers the schemas and resolvers)
+from rlx.config.from_checkpoint import apply_checkpoint
 from rlx.config.keys import CONF_DIR, explain_override_error
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import validate
@@ -33,7 +34,8 @@ def compose(
     overrides: Sequence[str] = (), config_dir: str | Path = CONF_DIR, config_name: str = "config"
 ) -> DictConfig:
     """Compose `conf/config.yaml` (or `config_dir/config_name.yaml`: a run directory's recorded
-    config, say) with Hydra command-line style overrides, then `validate` it.
+    config, say) with Hydra command-line style overrides, take the model from `model.hf_checkpoint`
+    (`rlx.config.from_checkpoint`), then `validate` it.
 
     Works inside a running Hydra app too: the global Hydra state is saved and restored.
     Raises ConfigError (naming the key and the fix) for unknown keys, wrong types, unknown
@@ -48,6 +50,7 @@ def compose(
         raise ConfigError(_explain(e)) from e
     finally:
         restore_gh_from_backup(backup)
+    apply_checkpoint(cfg, overrides)
     validate(cfg)
     return cfg
 

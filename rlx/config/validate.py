@@ -9,10 +9,8 @@ ConfigError lists them all, each naming the keys, their values and the fix.
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 
 from hydra._internal.utils import _locate  # what hydra.utils.get_class uses, minus its error logging
-from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -327,17 +325,9 @@ def _checkpoint(cfg: RlxConfig, classes: Classes) -> list[str]:
         return [
             "model.hf_checkpoint is not set and model.tiny=false; set model.hf_checkpoint=/path/to/hf_model_dir"
         ]
-    where = Path(to_absolute_path(str(Path(path).expanduser())))
-    if not where.is_dir():
-        return [
-            f"model.hf_checkpoint={path!r} is not a directory ({where}); point it at an HF model directory"
-        ]
-    if not (where / "config.json").is_file():
-        return [
-            f"model.hf_checkpoint={path!r} has no config.json ({where}); point it at an HF model "
-            "directory (config.json, *.safetensors, tokenizer files)"
-        ]
-    return []
+    from rlx.models.hf_checkpoint import local_errors, local_path  # repo ids: resolved by compose
+
+    return local_errors(path, local_path(path))
 
 
 def max_prompt_len(context: int, response: int) -> int:

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from rlx.config.from_checkpoint import apply_checkpoint
 from rlx.config.validate import validate
 from rlx.errors import UserError
 from rlx.launcher import nodes
@@ -31,19 +32,22 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     hydra_cfg = HydraConfig.get()
     if cfg.run.output_dir is None:
         cfg.run.output_dir = hydra_cfg.runtime.output_dir
+    overrides = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        run_on_nodes(cfg)
+        run_on_nodes(cfg, overrides)
         return None
     try:
-        role = run_on_nodes(cfg)
+        role = run_on_nodes(cfg, overrides)
     except Exception as e:  # every failure is this job's outcome, not the sweep's
         log.error("job failed: %s", e if isinstance(e, UserError) else traceback.format_exc())
         return {"status": FAILED, "error": f"{type(e).__name__}: {e}"}
     return {"status": COMPLETED if role.writes_results else "worker"}
 
 
-def run_on_nodes(cfg: DictConfig) -> nodes.NodeRole:
-    """Run `cfg` as this node's part of the job: alone, as the Ray head and driver, or as a worker."""
+def run_on_nodes(cfg: DictConfig, overrides: list[str] | None = None) -> nodes.NodeRole:
+    """Run `cfg` as this node's part of the job: alone, as the Ray head and driver, or as a worker.
+    `overrides`: the job's command-line overrides (which model keys the user set)."""
+    apply_checkpoint(cfg, overrides or [])  # the model from model.hf_checkpoint's config.json
     validate(cfg)  # on every node, so a bad config never leaves workers waiting for a head
     from rlx.runtime import run  # ray, torch, transformers: seconds, after validation
 

@@ -33,6 +33,9 @@ class ModelFamily:
     """Base class of model families; constructed as `Family(cfg)` from `cfg._target_`."""
 
     hf_model_type: str = ""  # config.json's model_type
+    hf_architecture: str = ""  # config.json's architectures[0]: the transformers class
+    # config.json RoPE types the family implements ("default": unscaled; llama3: model.rope_scaling_*)
+    rope_types: tuple[str, ...] = ("default", "llama3")
     # `ModelConfig` keys whose value the family's HF architecture fixes (e.g. Llama has no
     # qk-norm): another value could not be loaded from or exported to its checkpoints.
     pinned: dict[str, Any] = {}
@@ -48,7 +51,7 @@ class ModelFamily:
         wrong = [
             f"model.{key}={_yaml(getattr(cfg, key))}: {type(self).__name__} models need model.{key}={_yaml(value)}"
             for key, value in self.pinned.items()
-            if not _same(getattr(cfg, key), value)
+            if not same_value(getattr(cfg, key), value)
         ]
         if wrong:
             raise ConfigError(f"model._target_={cfg._target_}:\n  " + "\n  ".join(wrong))
@@ -96,7 +99,8 @@ class ModelFamily:
         if self.hf_model_type and hf.get("model_type") != self.hf_model_type:
             theirs = family_for(hf.get("model_type"))
             fix = (
-                f"set model._target_={theirs} and the checkpoint's shape (a conf/model option of that family does both)"
+                f"drop the model option: model.hf_checkpoint alone reads the family ({theirs}) and the shape "
+                "from config.json"
                 if theirs
                 else f"rlx has no family for it; point model.hf_checkpoint at a {self.hf_model_type} checkpoint"
             )
@@ -108,10 +112,10 @@ class ModelFamily:
             ours, theirs = getattr(self.cfg, key), field.read(hf)
             if theirs is MISSING:
                 problems.append(f"model.{key}={ours} but config.json has no {' or '.join(field.paths)}")
-            elif not _same(ours, theirs):
+            elif not same_value(ours, theirs):
                 problems.append(f"model.{key}={ours} but config.json has {theirs}")
         for key, value in self.hf_constants.items():
-            if key in hf and not _same(hf[key], value):
+            if key in hf and not same_value(hf[key], value):
                 problems.append(
                     f"config.json has {key}={hf[key]} but {type(self).__name__} implements only {value}"
                 )
@@ -314,19 +318,9 @@ class ModelFamily:
 def family_for(model_type: str | None) -> str | None:
     """The `_target_` of the family (a package `rlx.models.<name>`) whose checkpoints have
     config.json's `model_type`, or None."""
-    import importlib
-    import pkgutil
+    from rlx.models.hf_checkpoint import families
 
-    import rlx.models
-
-    for info in pkgutil.iter_modules(rlx.models.__path__):
-        if not info.ispkg:
-            continue
-        module = importlib.import_module(f"rlx.models.{info.name}")
-        for cls in vars(module).values():
-            if isinstance(cls, type) and issubclass(cls, ModelFamily) and cls.hf_model_type == model_type:
-                return f"{cls.__module__}.{cls.__name__}"
-    return None
+    return next((f"{c.__module__}.{c.__name__}" for c in families() if c.hf_model_type == model_type), None)
 
 
 def _yaml(value: Any) -> str:
@@ -336,7 +330,8 @@ def _yaml(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _same(ours: Any, theirs: Any) -> bool:
+def same_value(ours: Any, theirs: Any) -> bool:
+    """Whether a `model.*` value and a config.json value agree (floats to 1e-9: 1e5 == 100000)."""
     if isinstance(ours, float) or isinstance(theirs, float):
         try:
             return math.isclose(float(ours), float(theirs), rel_tol=1e-9)

@@ -172,17 +172,20 @@ def test_intact_checkpoints_pass(tiny_dirs):
         _check(hf_dir, model)
 
 
-def _fails(hf_dir, fragments, error=CheckpointError):
+def _fails(hf_dir, fragments, error=CheckpointError, model="tiny_qwen3"):
     with pytest.raises(error) as e:
-        _check(hf_dir)
+        _check(hf_dir, model)
     for fragment in fragments:
         assert fragment in str(e.value)
 
 
 def test_checkpoint_of_another_family(tiny_dirs):
+    """A named full-size option states its family; a checkpoint of another is refused (a tiny option
+    would take the checkpoint's family: tests/config/test_from_checkpoint.py)."""
     llama = tiny_dirs["tiny_llama3"]
     _fails(llama, [f"{llama}/config.json", "expects model_type=qwen3 but config.json has llama",
-                   "set model._target_=rlx.models.llama3.Llama3"], error=ConfigError)  # fmt: skip
+                   "model.hf_checkpoint alone reads the family (rlx.models.llama3.Llama3)"], error=ConfigError,
+           model="qwen3_4b")  # fmt: skip
 
 
 def test_checkpoint_tensor_of_another_shape(qwen3_copy):

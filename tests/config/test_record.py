@@ -9,14 +9,15 @@ from importlib import metadata
 
 import yaml
 
+from rlx.config import build
 from rlx.config.compose import compose, to_object
 from rlx.config.record import RLX_ROOT, git_state, write_run_config
 
 
-def _checkpoint(tmp_path):
+def _checkpoint(tmp_path, model="tiny_llama3"):
+    """The config.json a run of the tiny `model` records as its checkpoint (no weights needed here)."""
     hf_dir = tmp_path / "model"
-    hf_dir.mkdir()
-    (hf_dir / "config.json").write_text("{}")
+    build(to_object(compose([f"model={model}"])).model).hf_config().save_pretrained(hf_dir)
     return hf_dir
 
 

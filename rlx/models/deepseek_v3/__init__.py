@@ -18,6 +18,8 @@ class DeepseekV3(MoEFamily):
     """DeepSeek-V3 / V3.1 / R1 (671B) and the tiny test shape, without the multi-token-prediction layer."""
 
     hf_model_type = "deepseek_v3"
+    hf_architecture = "DeepseekV3ForCausalLM"
+    rope_types = ("default", "yarn")  # YaRN: model.yarn_*
     router_dtype = "fp32"  # HF's DeepseekV3TopkRouter computes its logits in fp32
     pinned = {
         "qk_layernorm": True,  # q_a_layernorm / kv_a_layernorm on the compressed latents

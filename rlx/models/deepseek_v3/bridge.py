@@ -29,6 +29,10 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
         "ffn_hidden_size": HFField(("intermediate_size",)),
         "num_attention_heads": HFField(("num_attention_heads",)),
         "num_query_groups": HFField(("num_key_value_heads",), derive=lambda hf: hf["num_attention_heads"]),
+        # Megatron's bookkeeping head size: MLA's query/key head, its non-rotary part plus the rotary one
+        "kv_channels": HFField(
+            (), derive=lambda hf: hf.get("qk_nope_head_dim", 128) + hf.get("qk_rope_head_dim", 64)
+        ),
         "vocab_size": HFField(("vocab_size",)),
         "max_position_embeddings": HFField(("max_position_embeddings",)),
         "rotary_base": HFField(("rope_parameters.rope_theta", "rope_theta"), default=10000.0),

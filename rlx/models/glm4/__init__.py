@@ -11,6 +11,7 @@ class Glm4(ModelFamily):
     """GLM-4-0414 models (GLM-4-9B-0414, GLM-4-32B-0414) as `Glm4ForCausalLM`, and the tiny shape."""
 
     hf_model_type = "glm4"
+    hf_architecture = "Glm4ForCausalLM"
     # Glm4DecoderLayer always has the post-attention / post-MLP norms and no qk-norm.
     pinned = {"qk_layernorm": False, "post_sublayer_norms": True}
     hf_constants = {"hidden_act": "silu"}

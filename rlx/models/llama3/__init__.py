@@ -10,6 +10,7 @@ class Llama3(ModelFamily):
     """Llama 3 / 3.1 / 3.2 / 3.3 models as transformers' `LlamaForCausalLM`, and the tiny test shape."""
 
     hf_model_type = "llama"
+    hf_architecture = "LlamaForCausalLM"
     # LlamaForCausalLM has no qk-norm, no post-sublayer norms and rotates whole heads; its
     # attention_bias would bias o_proj too, which Megatron's add_qkv_bias does not.
     pinned = {

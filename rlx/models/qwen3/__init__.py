@@ -10,6 +10,7 @@ class Qwen3(ModelFamily):
     """Qwen3 dense models (Qwen3-0.6B ... 32B, and the tiny test shape)."""
 
     hf_model_type = "qwen3"
+    hf_architecture = "Qwen3ForCausalLM"
     # Qwen3's decoder layer always has q/k norms; its attention_bias would bias o_proj too.
     pinned = {
         "qk_layernorm": True,

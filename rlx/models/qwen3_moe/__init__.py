@@ -13,6 +13,7 @@ class Qwen3Moe(MoEFamily):
     """Qwen3-MoE models (Qwen3-30B-A3B, Qwen3-235B-A22B, and the tiny test shape)."""
 
     hf_model_type = "qwen3_moe"
+    hf_architecture = "Qwen3MoeForCausalLM"
     pinned = {
         "qk_layernorm": True,
         "add_qkv_bias": False,
