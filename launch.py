@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 import rlx.config.store  # noqa: F401  (registers the config schemas)
+from rlx.config.keys import moved_overrides
 from rlx.errors import Stopped, UserError
 
 
@@ -29,4 +30,6 @@ def main(cfg: DictConfig) -> dict | None:
 
 
 if __name__ == "__main__":
+    if moved := moved_overrides(sys.argv[1:]):  # Hydra itself would say only "Could not override"
+        sys.exit("error: " + "\n".join(moved))
     main()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# No test reaches the network: a Hugging Face repo id resolves from the local cache or fails at once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY_QWEN3 = dict(
     vocab_size=16,

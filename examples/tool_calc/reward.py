@@ -1,4 +1,4 @@
-"""The reward (`rollout.reward_fn=examples.tool_calc.reward.answer_reward`)."""
+"""The reward (`reward.fn=examples.tool_calc.reward.answer_reward`)."""
 
 from __future__ import annotations
 

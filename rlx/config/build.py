@@ -30,7 +30,7 @@ def locate(path: str) -> Any:
 
 
 def load_function(key: str, path: str, fix: str) -> Any:
-    """The callable `path` names, for config key `key` (rollout.reward_fn, say); a ConfigError naming
+    """The callable `path` names, for config key `key` (reward.fn, say); a ConfigError naming
     the key, the path and the problem, followed by `fix`, when it does not import or is no function."""
     from hydra._internal.utils import _locate  # hydra's get_method, minus its error logging
 

@@ -20,6 +20,14 @@ from rlx.config.schema import RlxConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the shipped config groups
 LISTS_EVERY_KEY = "`python launch.py --cfg job` prints every key"
+# keys that moved: old name -> (new name, why); the old name is answered with the new one, on the
+# command line (with or without +), in a YAML file and in launch.py's arguments (`moved_overrides`)
+MOVED_KEYS: dict[str, tuple[str, str]] = {
+    "rollout.reward_fn": (
+        "reward.fn",
+        "the task names its reward beside its prompts: data=math, data=toy_copy set it",
+    ),
+}
 
 
 def schema_keys(schema: type = RlxConfig, prefix: str = "") -> dict[str, Any]:
@@ -45,6 +53,9 @@ def unknown_key_errors(cfg: DictConfig) -> list[str]:
     to typed nodes), pass-through maps excepted."""
     errors = []
     for key in _extra_keys(cfg, ""):
+        if message := moved(key):
+            errors.append(message)
+            continue
         if "." not in key:  # `+name=...` at the top: Hydra adds a key when conf/name/ is no group
             errors.append(
                 f"{key} is neither a config group (no {CONF_DIR / key}/) nor a key; remove +{key}=..."
@@ -80,6 +91,20 @@ def _typed_child_keys(node: DictConfig, name: Any, prefix: str) -> list[str]:
     return []
 
 
+def moved(key: str) -> str | None:
+    """The message for a key of `MOVED_KEYS` (None for any other key)."""
+    if key not in MOVED_KEYS:
+        return None
+    new, why = MOVED_KEYS[key]
+    return f"{key} has moved to {new} ({why}); set {new}=... instead of {key}=..."
+
+
+def moved_overrides(overrides: list[str]) -> list[str]:
+    """The `moved` message of each command-line override that sets a moved key (`+`, `++`, `~` too)."""
+    keys = (arg.split("=", 1)[0].lstrip("+~") for arg in overrides if not arg.startswith("-"))
+    return [message for key in keys if (message := moved(key))]
+
+
 def suggest(key: str, schema: type | None = None) -> str:
     """'did you mean KEY2? set KEY2=...' for the closest real key (difflib), or where keys are listed.
     `schema`: the dataclass of `key`'s parent node, when it is not reachable from the root's
@@ -98,19 +123,25 @@ def suggest(key: str, schema: type | None = None) -> str:
 
 _NO_KEY = re.compile(r"Could not (?:override|append to) '([^']+)'")
 _MERGE = re.compile(r"Error merging override ([^=\s]+)=(.*)")
+_YAML_KEY = re.compile(r"Key '[^']+' not in '\w+'\n\s+full_key: (\S+)")  # a config file's unknown key
 _CONVERT = re.compile(r"could not be converted to (\w+)|is not a valid (bool)")
 _TYPE_NAMES = {"Float": "a number", "Integer": "an integer", "bool": "true or false", "String": "a string"}
 
 
 def explain_override_error(text: str, cause: BaseException | None) -> str | None:
     """A clear message for Hydra's 'Could not override' (no such key) and 'Error merging
-    override' (wrong type) errors: the key, what is wrong, the fix. None for other errors."""
+    override' (wrong type) errors, and for a moved key (`MOVED_KEYS`) on the command line or in a
+    config file: the key, what is wrong, the fix. None for other errors."""
     if match := _NO_KEY.search(text):
         key = match.group(1)
+        if message := moved(key):
+            return message
         parent = key.rsplit(".", 1)[0]
         if parent in pass_through_maps():
             return f"{key} is a new key of the pass-through map {parent}; add it with a leading +: +{key}=..."
         return f"{key} does not exist; {suggest(key)}"
+    if (match := _YAML_KEY.search(text)) and (message := moved(match.group(1))):
+        return message  # the old key in a config file
     if cause is not None and (full_key := getattr(cause, "full_key", None)) and "not in '" in str(cause):
         schema = getattr(cause, "object_type", None)  # e.g. `+data.eval={a:{pth:...}}`
         return f"{full_key} does not exist; {suggest(full_key, schema if is_dataclass(schema) else None)}"

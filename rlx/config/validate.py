@@ -29,13 +29,16 @@ from rlx.config.layout import (
 from rlx.config.rules import field_errors
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
-from rlx.reward import load_reward_fn
+from rlx.reward import config_errors as reward_errors
 from rlx.rollout.filters import load_filter
 from rlx.rollout.generate import load_generate_fn
 from rlx.rollout.mode_rules import mode_errors
 from rlx.rollout.replay import rollouts_dir
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
+# the data options that name their task's reward (reward.fn); the message for a run without one
+# lists them (tests/config/test_tasks.py checks that it is every such option)
+TASK_PRESETS = ("data=math", "data=toy_copy", "data=toy_reverse")
 DEFAULT_MIN_GROUP_SIZE = 2  # group normalisation needs >= 2 samples; an algo class may say otherwise
 
 # Keys that take effect only when a switch key is on (set, not false/None/0): one set with its
@@ -116,10 +119,15 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _rollout_mode, _debug, _evaluation, _group_size, _lengths, _checkpoint):
+    for rule in (*rules, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths, _checkpoint):
         errors += rule(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
+
+
+def _reward(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """reward.fn or reward.url scores the samples (rlx.reward.config_errors)."""
+    return reward_errors(cfg.reward, cfg.rollout.generate_fn, TASK_PRESETS)
 
 
 def _rollout_mode(cfg: RlxConfig, classes: Classes) -> list[str]:
@@ -191,7 +199,7 @@ def _listing(errors: list[str]) -> str:
 
 
 def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
-    """Every `_target_` imports and is a class; the reward fn imports; components' own checks."""
+    """Every `_target_` imports and is a class; components' own checks."""
     errors = []
     for group in TARGET_KEYS:
         target = getattr(cfg, group)._target_
@@ -205,10 +213,6 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
             errors.append(f"{group}._target_={target!r} is a {type(cls).__name__}, not a class; {fix}")
             continue
         classes[group] = cls
-    try:
-        load_reward_fn(cfg.rollout.reward_fn)
-    except ConfigError as e:
-        errors.append(str(e))
     # A component may own rules about its own section (e.g. JsonlSource needs data.prompt_path,
     # an algorithm that KL is penalised in the loss or in the reward, not both).
     for group, cls in classes.items():

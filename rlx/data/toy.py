@@ -83,8 +83,9 @@ def _unread_keys(cfg: DataConfig) -> list[str]:
     if cfg.prompt_path:
         errors.append(
             f"data.prompt_path={cfg.prompt_path!r} is set, but {toy} and reads no file; to train on the "
-            f"file choose the file source: data=jsonl data.prompt_path={cfg.prompt_path} (it reads .jsonl, "
-            ".json and .parquet), or drop data.prompt_path"
+            f"file choose a file source and its task's reward: data=math data.prompt_path={cfg.prompt_path}, "
+            f"or data=jsonl data.prompt_path={cfg.prompt_path} reward.fn=... (both read .jsonl, .json and "
+            ".parquet), or drop data.prompt_path"
         )
     for name, what in (("filter", "row filter"), ("metadata_key", "metadata key")):
         if getattr(cfg, name):

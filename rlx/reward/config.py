@@ -1,7 +1,9 @@
-"""The `reward` section's schema: how rewards are computed, bounded in time, and what a failure does.
+"""The `reward` section's schema: which function (or server) scores, how it is called, bounded in
+time, and what a failure does (`rlx.reward.load_scorer`).
 
-Which function scores is `rollout.reward_fn`; this section says how it is called
-(`rlx.reward.load_scorer`) and, with `url`, replaces it by a remote reward model.
+The task names its reward: a data preset sets `reward.fn` (and `rollout.max_response_len`) beside
+its prompts (`data=math`, `data=toy_copy`, `conf/data/`); the schema's default is none, so a run
+without one is refused at compose time rather than scored by another task's reward.
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ URL_RULE = Rule("http://... or https://...", lambda v: v.startswith(("http://", 
 
 @dataclass
 class RewardConfig:
-    """How rewards are computed: time limits, concurrency, failures, an optional remote reward model."""
+    """Which reward scores the samples, its time limits, concurrency and failures."""
 
-    # sample: rollout.reward_fn scores one sample per call; group: one call scores a whole group and
+    # the reward function: the dotted path of a callable in one of the forms rlx.reward lists, e.g.
+    # rlx.reward.math.math_answer (slime's --custom-rm-path). null: none; then reward.url must be set,
+    # or a rollout.generate_fn sets sample.reward itself (a sample it leaves without one fails, reason
+    # no_reward, and is not trained). Task presets set it: data=math, data=toy_copy, data=toy_reverse
+    fn: str | None = None
+    # sample: reward.fn scores one sample per call; group: one call scores a whole group and
     # returns one reward per sample (functions decorated with @rlx.reward.group_reward need no setting)
     scope: str = "sample"
     timeout_s: float = 60.0  # time limit of one reward call (one HTTP attempt for reward.url)
@@ -29,7 +36,7 @@ class RewardConfig:
     # failed and gets reward 0; exclude: it is not trained on (loss mask zeroed); zero: it is trained
     on_failure: str = "exclude"
     reward_key: str | None = None  # a function (or server) returning a dict: the key holding the reward
-    # a remote reward model: POST url scores the samples (rollout.reward_fn must then be left at its default)
+    # a remote reward model: POST url scores the samples (reward.fn must then be null)
     url: str | None = None
     batch_size: int = 32  # url: samples per request (from one or several groups)
     batch_wait_s: float = 0.05  # url: how long a partial batch waits for more finished groups

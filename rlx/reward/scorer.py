@@ -34,7 +34,9 @@ FAILURE_REASONS = (
     "wrong_count",  # a group function (or the server) returned a different number of rewards
     "remote_error",  # the reward server refused the request (4xx) or answered something unreadable
     "unavailable",  # the reward server did not answer after reward.max_retries retries
+    "no_reward",  # no reward.fn or reward.url, and the generate_fn left sample.reward unset
 )
+NEVER_TRAINED = ("no_reward",)  # not the model's fault: excluded even with reward.on_failure=zero
 
 
 class RewardFailure(Exception):
@@ -133,12 +135,12 @@ class BaseScorer:
             self._counts["scored"] += 1
 
     def _fail(self, s: Sample, failure: RewardFailure) -> None:
-        """Reward 0, status FAILED with the reason; `exclude` also zeroes the loss mask."""
+        """Reward 0, status FAILED with the reason; `exclude` (or `NEVER_TRAINED`) zeroes the loss mask."""
         s.reward = 0.0
         s.status = Status.FAILED
         s.status_reason = f"reward {failure.reason}: {failure}"
         s.metadata["reward_failed"] = failure.reason
-        if self.cfg.on_failure == "exclude":
+        if self.cfg.on_failure == "exclude" or failure.reason in NEVER_TRAINED:
             s.loss_mask = [0] * s.response_len
         self._counts[failure.reason] += 1
 
@@ -160,7 +162,7 @@ class SlimeArgs(SimpleNamespace):
 def slime_args(path: str, cfg: RewardConfig, rollout: Any = None, *, group: bool = False) -> SlimeArgs:
     """slime's argument names for the composed config values they mean in rlx."""
     values: dict[str, Any] = {
-        "custom_rm_path": path,  # rollout.reward_fn
+        "custom_rm_path": path,  # reward.fn
         "rm_url": cfg.url,  # reward.url
         "reward_key": cfg.reward_key,  # reward.reward_key
         "group_rm": group,  # reward.scope == group (or @group_reward)
@@ -269,7 +271,7 @@ def _arity(fn: Callable, path: str) -> int:
         if not required and (positional or takes_varargs):
             return 1
     raise ConfigError(
-        f"rollout.reward_fn={path!r} has the signature {sig}; a reward function takes (sample), "
+        f"reward.fn={path!r} has the signature {sig}; a reward function takes (sample), "
         "slime's (args, sample), or for a group reward (samples) / (args, samples)\n"
         "fix: change the function's parameters to one of these"
     )

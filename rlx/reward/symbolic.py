@@ -11,7 +11,7 @@ from __future__ import annotations
 
 try:
     from math_verify import parse, verify
-except ImportError as e:  # load_reward_fn turns this into a ConfigError naming rollout.reward_fn
+except ImportError as e:  # load_reward_fn turns this into a ConfigError naming reward.fn
     raise ImportError(
         "rlx.reward.symbolic needs the math-verify package: pip install math-verify (or rlx[math])"
     ) from e

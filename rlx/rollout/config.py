@@ -14,7 +14,7 @@ STALENESS_POLICIES = ("pace", "drop")  # rollout.staleness_policy
 
 @dataclass
 class RolloutConfig:
-    """Rollout engines, sampling, batch and group sizes, reward."""
+    """Rollout engines, sampling, batch and group sizes (the reward is the task's: `reward.fn`)."""
 
     _target_: str = "rlx.rollout.servers.LocalServer"  # engine launcher run by each engine actor
     num_engines: int = 1  # >= 2 puts the engines behind sglang-router
@@ -22,13 +22,13 @@ class RolloutConfig:
     gpus_per_engine: int = 1
     batch_size: int = 32  # prompts per rollout step
     n_samples_per_prompt: int = 8  # group size
-    max_response_len: int = 4  # max new tokens per sample
+    # max new tokens per sample; a task preset sets its own (conf/data/: the toy tasks 4, data=math 1024)
+    max_response_len: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # besides the tokenizer's EOS
     ignore_eos: bool = False  # generate max_response_len tokens whatever is sampled (benchmarks)
-    reward_fn: str = "rlx.reward.toy.position_match"  # _target_ path: (sample) -> float (rlx.reward)
     # _target_ path of an async (ctx, sample, sampling_params) -> Sample | list[Sample] that generates
     # each sample itself (multi-turn, tools; rlx.rollout.generate); null: one request per group
     generate_fn: str | None = None

@@ -50,18 +50,18 @@ class RolloutPool:
         tokenizer,
         *,
         seed: int,
+        reward: RewardConfig,
         actor_options: list[dict] | None = None,
-        reward: RewardConfig | None = None,
     ):
-        """`actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU.
-        `reward`: the `reward` section (how rewards are computed; see `rlx.reward`)."""
+        """`reward`: the `reward` section (which function or server scores, and how; `rlx.reward`).
+        `actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU."""
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
         self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         # before any engine starts: a reward function that does not import, or a reward server that
         # does not answer, fails here
-        self.scorer = load_scorer(cfg.reward_fn, reward or RewardConfig(), rollout=cfg, tokenizer=tokenizer)
+        self.scorer = load_scorer(reward, rollout=cfg, tokenizer=tokenizer)
         self.model_path = model_path
         self.actor_options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self._loop = asyncio.new_event_loop()

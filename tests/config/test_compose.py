@@ -34,7 +34,15 @@ CLUSTER_NEEDS = {
 def needs(group: str, option: str, prompts) -> list[str]:
     """Overrides an option cannot do without (the values it leaves ??? or null by design)."""
     if (group, option) == ("data", "jsonl"):
-        return [f"data.prompt_path={prompts}"]
+        # a file source of no particular task: its reward, and a length the tiny model's 64 positions hold
+        return [
+            f"data.prompt_path={prompts}",
+            "reward.fn=rlx.reward.toy.exact_match",
+            "rollout.max_response_len=4",
+        ]
+    if (group, option) == ("data", "math"):
+        # 1024-token answers need a real model's context (its checkpoint, as for the full-size models)
+        return [f"data.prompt_path={prompts}", "model=qwen3_4b", *needs("model", "qwen3_4b", prompts)]
     if group == "model" and not option.startswith("tiny_"):
         # Full-size models need the user's downloaded checkpoint; validation wants a config.json.
         checkpoint = prompts.parent / "hf_checkpoint"
@@ -206,9 +214,9 @@ FAILURES = {
         ["data._target_=rlx.reward.toy.exact_match"],
         ["data._target_=", "not a class", "set data._target_ to an importable class"],
     ),
-    "reward_fn does not import": (
-        ["rollout.reward_fn=rlx.reward.toy.nope"],
-        ["rollout.reward_fn='rlx.reward.toy.nope'", "fix: give the dotted path of a function"],
+    "reward fn does not import": (
+        ["reward.fn=rlx.reward.toy.nope"],
+        ["reward.fn='rlx.reward.toy.nope'", "fix: give the dotted path of a function"],
     ),
     "jsonl without prompt_path": (["data=jsonl"], ["data.prompt_path is not set", "set data.prompt_path="]),
     "jsonl prompt_path missing": (

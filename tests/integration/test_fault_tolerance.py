@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from rlx.config.compose import compose
+from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineError, EngineTimeout
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.health import is_engine_failure
@@ -29,6 +30,8 @@ from rlx.sample import Sample, Status
 from rlx.sync import WeightPublisher
 from rlx.trainer.group import TrainerGroup
 from rlx.trainer.weights import write_weight_shards
+
+TOY_REWARD = RewardConfig(fn="rlx.reward.toy.position_match")  # the prompts are toy digits
 
 NUM_GROUPS, GROUP_SIZE, MAX_LEN = 16, 4, 40
 
@@ -110,7 +113,7 @@ def _check_batch(samples: list[Sample]) -> None:
 
 def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir, weights_v1):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
-    pool = RolloutPool(_cfg(2), str(tiny_qwen3_dir), tokenizer, seed=0)
+    pool = RolloutPool(_cfg(2), str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     try:
         pool.update_weights(weights_v1, version=1)
         assert pool.metrics() == {"rollout/engine_restarts": 0.0, "rollout/request_retries": 0.0}
@@ -179,7 +182,7 @@ def _push(pool: RolloutPool, path: str, version: int) -> None:
 
 def test_one_engine_hung_mid_rollout_is_restarted(ray_session, tiny_qwen3_dir, weights_v1):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
-    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0)
+    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     pid = None
     try:
         pool.update_weights(weights_v1, version=1)
@@ -234,7 +237,7 @@ def split_run(ray_session, tmp_path, monkeypatch):
     cfg.weight_sync = "distributed"
     cfg.health_check_interval_s = 30.0  # the push, not the monitor, finds the second engine dead
     trainer = TrainerGroup(job.cfg)
-    pool = RolloutPool(cfg, str(engines_dir), job.tokenizer, seed=0)
+    pool = RolloutPool(cfg, str(engines_dir), job.tokenizer, seed=0, reward=TOY_REWARD)
     publish = WeightPublisher(
         trainer,
         pool,
@@ -298,7 +301,7 @@ def test_engines_half_resumed_between_colocated_turns_are_not_probed(ray_session
     until every released tag is back the monitor must not ping (an engine without its KV cache, or
     with weights not loaded yet, cannot generate, and two failed pings would restart it)."""
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
-    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0)
+    pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     try:
         url = pool.engine_urls[0]
         pool.release_memory()

@@ -40,7 +40,8 @@ def test_bad_input_fails_fast_with_a_clean_message(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1 2 3 =", "label": "1 2 3"}\n{"prompt": "4 5\n')
-    malformed = launch(tmp_path, "data=jsonl", f"data.prompt_path={bad}")
+    toy_file = ("reward.fn=rlx.reward.toy.position_match", "rollout.max_response_len=4")  # the file's task
+    malformed = launch(tmp_path, "data=jsonl", f"data.prompt_path={bad}", *toy_file)
     assert malformed.returncode != 0
     assert f"{bad}:2" in malformed.stderr and "Traceback" not in malformed.stderr
 

@@ -9,11 +9,14 @@ from conftest import write_tiny_qwen3
 from transformers import AutoTokenizer
 
 import rlx.kept
+from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample, Status
 from rlx.trainer.weights import write_weight_shards
+
+TOY_REWARD = RewardConfig(fn="rlx.reward.toy.position_match")  # the prompts are toy digits
 
 
 def _requests_served(url: str) -> int:
@@ -30,7 +33,7 @@ def _requests_served(url: str) -> int:
 def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
     cfg = RolloutConfig(num_engines=2, batch_size=8, n_samples_per_prompt=4, max_response_len=4)
-    pool = RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0)
+    pool = RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     try:
         assert pool.router is not None and pool.url == pool.router.url
         prompts = [
@@ -82,7 +85,7 @@ def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwe
     ]
 
     def rollout(model_dir, seed: int) -> list:
-        pool = RolloutPool(cfg, str(model_dir), tokenizer, seed=seed)
+        pool = RolloutPool(cfg, str(model_dir), tokenizer, seed=seed, reward=TOY_REWARD)
         try:
             samples, _ = pool.generate(prompts, version=0)
         finally:
@@ -112,10 +115,10 @@ def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_sessio
     cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=4)
     missing = tmp_path / "no_model_here"
     with rlx.kept.keep_actors():
-        RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0).shutdown()
+        RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD).shutdown()
         ((_, _, engine),) = rlx.kept._kept["engine"]
         with pytest.raises(Exception, match="no_model_here") as failed:
-            RolloutPool(cfg, str(missing), tokenizer, seed=0)
+            RolloutPool(cfg, str(missing), tokenizer, seed=0, reward=TOY_REWARD)
         assert "NoneType" not in str(failed.value)
         assert rlx.kept._kept["engine"] == []  # taken, and not handed back
         with pytest.raises(ray.exceptions.RayActorError):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from rlx.reward.config import RewardConfig
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.pool import RolloutPool, expand
 from rlx.rollout.producer import Producer, _mask_old_tokens
 from rlx.sample import Sample, Status
+
+TOY_REWARD = "rlx.reward.toy.position_match"  # the prompts are toy digits
 
 
 def parity_reward(sample: Sample) -> float:
@@ -40,11 +43,11 @@ def tokenizer(tiny_qwen3_dir):
     return AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
 
 
-def _pool(tiny_qwen3_dir, tokenizer, **overrides) -> RolloutPool:
+def _pool(tiny_qwen3_dir, tokenizer, reward_fn: str = TOY_REWARD, **overrides) -> RolloutPool:
     cfg = RolloutConfig(
         **({"n_samples_per_prompt": 2, "max_response_len": 12, "ignore_eos": True} | overrides)
     )
-    return RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0)
+    return RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=RewardConfig(fn=reward_fn))
 
 
 def test_a_partial_sample_continues_with_its_tokens_and_logprobs_intact(

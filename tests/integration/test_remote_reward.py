@@ -127,7 +127,7 @@ class PromptTokenizer:
 
 
 def test_groups_are_batched_and_scored(server):
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url), tokenizer=PromptTokenizer())
+    scorer = load_scorer(cfg_for(server.url), tokenizer=PromptTokenizer())
     g0, g1 = group_of(0, "3", "4", "it is 3"), group_of(1, "5", "3", "x")
     metrics = run(scorer, g0, g1)
     assert [s.reward for s in g0 + g1] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
@@ -153,7 +153,7 @@ def test_groups_are_batched_and_scored(server):
 
 def test_slow_answer_times_out_and_the_retry_succeeds(server):
     server.script = ["slow"]
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url, timeout_s=1.0))
+    scorer = load_scorer(cfg_for(server.url, timeout_s=1.0))
     g = group_of(0, "3", "4")
     metrics = run(scorer, g)
     assert [s.reward for s in g] == [1.0, 0.0]
@@ -162,7 +162,7 @@ def test_slow_answer_times_out_and_the_retry_succeeds(server):
 
 def test_failing_then_recovering_is_retried(server):
     server.script = [503, 500]  # two failures, max_retries=2: the third attempt answers
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url))
+    scorer = load_scorer(cfg_for(server.url))
     g = group_of(0, "3")
     metrics = run(scorer, g)
     assert g[0].reward == 1.0 and g[0].status is Status.COMPLETED
@@ -176,7 +176,7 @@ def test_failing_then_recovering_is_retried(server):
 def test_a_server_that_keeps_timing_out_fails_the_samples(server):
     server.script = ["slow"] * 3
     server.slow_s = 0.6
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url, timeout_s=0.2))
+    scorer = load_scorer(cfg_for(server.url, timeout_s=0.2))
     g = group_of(0, "3", "4")
     metrics = run(scorer, g)
     assert all(s.metadata["reward_failed"] == "unavailable" for s in g)
@@ -195,7 +195,7 @@ def test_a_server_that_keeps_timing_out_fails_the_samples(server):
 )
 def test_refusals_and_bad_answers_fail_at_once(server, answer, reason, text):
     server.script = [answer]
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url))
+    scorer = load_scorer(cfg_for(server.url))
     g = group_of(0, "3")
     metrics = run(scorer, g)
     assert g[0].status is Status.FAILED and g[0].metadata["reward_failed"] == reason
@@ -204,7 +204,7 @@ def test_refusals_and_bad_answers_fail_at_once(server, answer, reason, text):
 
 
 def test_server_down_mid_run_fails_samples_as_configured(server):
-    scorer = load_scorer("rlx.reward.toy.position_match", cfg_for(server.url, on_failure="zero"))
+    scorer = load_scorer(cfg_for(server.url, on_failure="zero"))
     server.stop()  # it answered the start check, then went away
     g = group_of(0, "3", "4")
     metrics = run(scorer, g)
@@ -222,7 +222,7 @@ def test_server_down_at_start_is_a_config_error():
     with pytest.raises(
         ConfigError, match=rf"reward.url='http://127.0.0.1:{port}/get_reward' does not answer"
     ):
-        load_scorer("rlx.reward.toy.position_match", cfg)
+        load_scorer(cfg)
 
 
 def test_rewards_as_objects_with_reward_key(server):

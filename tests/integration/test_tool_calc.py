@@ -21,7 +21,7 @@ def test_both_experiments_compose_and_validate():
     for rc in (cpu, gpu):
         validate(rc)
         assert rc.rollout.generate_fn == "examples.tool_calc.generate.generate"
-        assert rc.rollout.reward_fn == "examples.tool_calc.reward.answer_reward"
+        assert rc.reward.fn == "examples.tool_calc.reward.answer_reward"
         assert rc.data._target_ == "examples.tool_calc.data.CalcSource"
         # room for three turns of n + 2 tokens: call, calculator output, answer
         assert rc.rollout.max_response_len == 3 * (rc.data.toy_num_digits + 2)

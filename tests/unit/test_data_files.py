@@ -301,8 +301,17 @@ def test_prompt_path_with_the_toy_source_names_the_key_and_the_fix(tmp_path):
         compose([f"data.prompt_path={path}"])
     message = str(e.value)
     assert f"data.prompt_path='{path}' is set, but data._target_=rlx.data.toy.ToySource" in message
-    assert f"data=jsonl data.prompt_path={path}" in message
-    compose(["data=jsonl", f"data.prompt_path={path}"])  # the fix composes
+    assert f"data=math data.prompt_path={path}," in message
+    assert f"data=jsonl data.prompt_path={path} reward.fn=..." in message
+    # the fix composes (with a response length the tiny model's 64 positions hold)
+    compose(
+        [
+            "data=jsonl",
+            f"data.prompt_path={path}",
+            "reward.fn=rlx.reward.toy.exact_match",
+            "rollout.max_response_len=4",
+        ]
+    )
 
 
 def test_toy_source_refuses_filter_and_metadata_key(tokenizer):

@@ -45,9 +45,7 @@ def test_a_missing_label_is_an_error():
 
 def test_load_reward_fn():
     assert load_reward_fn("rlx.reward.toy.exact_match") is exact_match
-    with pytest.raises(ConfigError, match=r"rollout\.reward_fn='rlx\.reward\.toy\.nope' cannot be imported"):
+    with pytest.raises(ConfigError, match=r"reward\.fn='rlx\.reward\.toy\.nope' cannot be imported"):
         load_reward_fn("rlx.reward.toy.nope")
-    with pytest.raises(
-        ConfigError, match=r"rollout\.reward_fn='rlx\.reward\.toy' is a module, not a function"
-    ):
+    with pytest.raises(ConfigError, match=r"reward\.fn='rlx\.reward\.toy' is a module, not a function"):
         load_reward_fn("rlx.reward.toy")

@@ -141,8 +141,8 @@ def test_group_reward_may_return_an_array():
 
 
 def test_load_scorer_finds_the_form_by_path():
-    group = load_scorer("rlx.reward.group.majority_vote", CFG)
-    single = load_scorer("rlx.reward.math.math_answer", CFG)
+    group = load_scorer(replace(CFG, fn="rlx.reward.group.majority_vote"))
+    single = load_scorer(replace(CFG, fn="rlx.reward.math.math_answer"))
     assert group.group and not single.group and not single.is_async
     samples = group_of(r"\boxed{3}", "it is 3", r"\boxed{4}")
     asyncio.run(group.score_group(samples))
@@ -154,7 +154,7 @@ def test_every_builtin_reward_loads_and_scores(path):
     if path.startswith("rlx.reward.symbolic"):
         pytest.importorskip("math_verify")
     samples = group_of("3", r"\boxed{4}")  # label "3": right, then wrong, for every built-in
-    scorer = load_scorer(path, CFG)
+    scorer = load_scorer(replace(CFG, fn=path))
     asyncio.run(scorer.score_group(samples))
     assert [s.reward for s in samples] == [1.0, 0.0]
     assert scorer.metrics()["reward/num_failed"] == 0
@@ -414,7 +414,7 @@ def test_signatures_no_form_fits_are_config_errors():
         return 1.0
 
     with pytest.raises(
-        ConfigError, match=r"rollout.reward_fn='tests.reward_fn' has the signature \(args, sample, extra\)"
+        ConfigError, match=r"reward.fn='tests.reward_fn' has the signature \(args, sample, extra\)"
     ):
         FunctionScorer(three, "tests.reward_fn", CFG)
     with pytest.raises(ConfigError, match="has the signature"):
@@ -423,13 +423,45 @@ def test_signatures_no_form_fits_are_config_errors():
 
 
 def test_url_and_a_reward_fn_together_are_a_config_error():
-    cfg = replace(CFG, url="http://127.0.0.1:9/score")
+    cfg = replace(CFG, fn="rlx.reward.math.math_answer", url="http://127.0.0.1:9/score")
     with pytest.raises(
-        ConfigError, match="reward.url=.* and rollout.reward_fn='rlx.reward.math.math_answer' are both set"
+        ConfigError, match="reward.url=.* and reward.fn='rlx.reward.math.math_answer' are both set"
     ):
-        load_scorer("rlx.reward.math.math_answer", cfg)
-    with pytest.raises(ConfigError, match="rollout.reward_fn='rlx.reward.mathx.f' cannot be imported"):
-        load_scorer("rlx.reward.mathx.f", CFG)
+        load_scorer(cfg)
+    with pytest.raises(ConfigError, match="reward.fn='rlx.reward.mathx.f' cannot be imported"):
+        load_scorer(replace(CFG, fn="rlx.reward.mathx.f"))
+
+
+def test_no_reward_fn_and_no_url_is_a_config_error_without_a_generate_fn():
+    with pytest.raises(ConfigError, match="reward.fn is not set and neither is reward.url"):
+        load_scorer(CFG)
+    with pytest.raises(ConfigError, match="reward.fn is not set"):
+        load_scorer(CFG, rollout=RolloutConfig())
+
+
+@pytest.mark.parametrize("on_failure", ["exclude", "zero"])
+def test_a_generate_fn_without_reward_fn_fails_the_samples_it_left_unscored(on_failure):
+    """The generate_fn set a reward on sample 0 only: sample 1 fails naming reward.fn, and is not
+    trained even with reward.on_failure=zero (a forgotten reward is no penalty for the model)."""
+    scorer = load_scorer(
+        replace(CFG, on_failure=on_failure), rollout=RolloutConfig(generate_fn="my_env.play")
+    )
+    samples = group_of("3", "4")
+    samples[0].reward = 0.75
+    asyncio.run(scorer.score_group(samples))
+    assert (samples[0].reward, samples[0].status, samples[0].loss_mask) == (0.75, Status.COMPLETED, [1, 1, 1])
+    assert (samples[1].reward, samples[1].status, samples[1].loss_mask) == (0.0, Status.FAILED, [0, 0, 0])
+    assert samples[1].metadata["reward_failed"] == "no_reward"
+    assert samples[1].status_reason == (
+        "reward no_reward: rollout.generate_fn=my_env.play left sample.reward unset and no reward.fn "
+        "(or reward.url) is set to score it; set reward.fn=..., or have the generate_fn set sample.reward"
+    )
+    metrics = scorer.metrics()
+    assert (
+        metrics["reward/num_preset"],
+        metrics["reward/failed_no_reward"],
+        metrics["reward/num_failed"],
+    ) == (1, 1, 1)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ def test_missing_package_is_a_config_error_naming_the_fix(monkeypatch):
     monkeypatch.delattr(rlx.reward, "symbolic", raising=False)
     with pytest.raises(
         ConfigError,
-        match=r"(?s)rollout.reward_fn='rlx.reward.symbolic.math_verify' cannot be imported.*pip install math-verify",
+        match=r"(?s)reward.fn='rlx.reward.symbolic.math_verify' cannot be imported.*pip install math-verify",
     ):
         load_reward_fn("rlx.reward.symbolic.math_verify")
 
@@ -47,7 +47,7 @@ def test_symbolic_answers_in_worker_threads():
         for i, (r, label, _) in enumerate(cases)
     ]
     # math-verify's own timeouts use signal.alarm, which raises outside the main thread: they are off
-    scorer = load_scorer("rlx.reward.symbolic.math_verify", RewardConfig(timeout_s=30.0, num_workers=2))
+    scorer = load_scorer(RewardConfig(fn="rlx.reward.symbolic.math_verify", timeout_s=30.0, num_workers=2))
     asyncio.run(scorer.score_group(samples))
     assert [s.status_reason for s in samples] == [""] * len(cases)
     assert [s.reward for s in samples] == [expected for *_, expected in cases]
