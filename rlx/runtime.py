@@ -178,7 +178,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     if "rollout" in state:
         parts.producer.load_state_dict(state["rollout"])
     parts.evaluator = Evaluator(
-        parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval, before=parts.sync.wait
+        parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval, before=parts.sync.wait, set_configs=rc.data.eval
     )
     return state["step"] + 1, state["version"]
 

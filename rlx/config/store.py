@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from rlx.algo.config import AlgoConfig
+from rlx.cache import cache_dir
 from rlx.cluster import ClusterConfig
 from rlx.config.schema import RlxConfig
 from rlx.data.config import DataConfig
@@ -41,6 +42,10 @@ def register() -> None:
     # rollout.batch_size or rollout.n_samples_per_prompt; OmegaConf has no arithmetic of its own.
     if not OmegaConf.has_resolver("rlx.mul"):
         OmegaConf.register_new_resolver("rlx.mul", lambda *xs: reduce(operator.mul, xs, 1))
+    # `${rlx.cache:SmolLM2-135M-Instruct}`: a path in rlx's cache (RLX_CACHE), where experiments
+    # find the example model and generated task files
+    if not OmegaConf.has_resolver("rlx.cache"):
+        OmegaConf.register_new_resolver("rlx.cache", lambda sub="": str(cache_dir() / sub))
 
 
 register()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from rlx.config.rules import AT_LEAST_1, Rule, one_of
+from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, Rule, one_of
 
 ON_BAD_SAMPLE = ("error", "skip")  # what a source does with a bad row (rlx.data.source)
 FILE_SOURCE = "rlx.data.source.FileSource"  # reads data.prompt_path and every data.eval set
@@ -28,8 +28,15 @@ class EvalSetConfig:
     apply_chat_template: bool | None = None  # null: data.apply_chat_template
     on_bad_sample: str | None = None  # null: data.on_bad_sample
     filter: str | None = None  # this set's row filter; data.filter (a training filter) is not applied
+    # how this set is sampled (rlx.eval.runner), so one file can be read greedily and with k samples:
+    n_samples_per_prompt: int | None = None  # responses per prompt; null: rollout.n_samples_per_eval_prompt
+    temperature: float | None = None  # 0: greedy; null: rollout.eval_temperature, else rollout.temperature
 
-    RULES: ClassVar[dict[str, Rule]] = {"on_bad_sample": one_of(ON_BAD_SAMPLE)}
+    RULES: ClassVar[dict[str, Rule]] = {
+        "on_bad_sample": one_of(ON_BAD_SAMPLE),
+        "n_samples_per_prompt": AT_LEAST_1,
+        "temperature": NON_NEGATIVE,
+    }
 
 
 @dataclass

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from rlx.cache import cache_dir
+
 PAD = "<pad>"
 EOS = "<eos>"
 # The tiny models' word-level vocabulary: two special tokens, the digits and a few symbols, so a
 # random tiny model can learn a digit task on CPU in minutes.
 VOCAB: list[str] = [PAD, EOS, *(str(d) for d in range(10)), "=", "+", "-", "?"]
-
-
-def cache_dir() -> Path:
-    """Where tiny checkpoints are written on first use (`RLX_CACHE`, default ~/.cache/rlx)."""
-    return Path(os.environ.get("RLX_CACHE", Path.home() / ".cache" / "rlx"))
 
 
 def write_word_tokenizer(path: Path, vocab: list[str] = VOCAB) -> None:

@@ -1,0 +1,108 @@
+"""Re-check a run's evaluation outside rlx: plain transformers, greedy, on one of its eval sets.
+
+    python -m rlx.tools.hf_eval RUN_DIR                        # RUN_DIR/hf (run.save_hf=true), every greedy set
+    python -m rlx.tools.hf_eval RUN_DIR --model DIR --set test_greedy --batch-size 64
+
+An independent check of the whole chain (trainer -> weight export -> HF checkpoint -> generation):
+the model is loaded by `transformers.AutoModelForCausalLM` alone (no rlx engine, no Megatron) and
+decoded greedily, in its own dtype on a GPU and in fp32 on CPU, on the prompts of the run's
+`data.eval` sets, rendered and scored exactly as the run did (its recorded `config.yaml`: keys,
+chat template, system prompt, `reward.fn` with its time limit and failure rules, the eval response
+length). Only sets the run evaluated greedily (`temperature: 0`, or `rollout.eval_temperature=0`)
+are re-checked: sampling would not give the same answers. Prints one JSON object per set:
+`pass@1` here, the run's last `eval/SET/pass@1` from metrics.jsonl, and the prompts counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from rlx.sample import Sample, Status
+
+
+def generate_greedy(model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int) -> None:
+    """Fill each sample's response (ids, text, status) with transformers' greedy decoding."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    device = next(model.parameters()).device
+    for start in range(0, len(samples), batch_size):
+        batch = samples[start : start + batch_size]
+        width = max(len(s.prompt_ids) for s in batch)
+        ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + list(s.prompt_ids) for s in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch], device=device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                eos_token_id=sorted(eos_ids), pad_token_id=pad,
+            )  # fmt: skip
+        for sample, row in zip(batch, out[:, width:].tolist(), strict=True):
+            end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+            sample.response_ids = row if end is None else row[: end + 1]
+            sample.response_text = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+            sample.status = Status.TRUNCATED if end is None else Status.COMPLETED
+
+
+def recheck(run_dir: Path, model_dir: Path | None = None, sets: list[str] | None = None, batch_size: int = 64):
+    """{set: {"pass@1": here, "pass@1_run": the run's last, "num_prompts": n}} for the run's greedy eval sets."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.config.compose import compose, to_object
+    from rlx.config.validate import run_max_prompt_len
+    from rlx.eval import build_eval_sets, summarise
+    from rlx.eval.runner import eval_sampling
+    from rlx.reward import load_scorer
+
+    rc = to_object(compose([], config_dir=run_dir, config_name="config"))
+    greedy = [n for n in rc.data.eval if eval_sampling(rc.rollout, rc.data.eval[n])[1].get("temperature", rc.rollout.temperature) == 0]
+    chosen = sets or greedy
+    if unknown := [n for n in chosen if n not in greedy]:
+        raise SystemExit(f"error: {unknown} not among the run's greedy eval sets {greedy}")
+    model_dir = model_dir or run_dir / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    cuda = torch.cuda.is_available()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto" if cuda else torch.float32)
+    model = model.to("cuda" if cuda else "cpu").eval()
+    eval_sets = build_eval_sets(rc.data, tokenizer, run_max_prompt_len(rc))
+    scorer = load_scorer(rc.reward, rollout=rc.rollout, tokenizer=tokenizer)
+    max_new_tokens = rc.rollout.eval_max_response_len or rc.rollout.max_response_len
+    run_metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    results = {}
+    for name in chosen:
+        samples = eval_sets[name]
+        generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size)
+        asyncio.run(_score(scorer, samples))
+        key = f"eval/{name}/pass@1"
+        results[name] = {
+            "pass@1": summarise(name, samples)[key],
+            "pass@1_run": next((m[key] for m in reversed(run_metrics) if key in m), None),
+            "num_prompts": len(samples),
+        }
+    return results
+
+
+async def _score(scorer, samples: list[Sample]) -> None:
+    await asyncio.gather(*(scorer.score_group([s]) for s in samples))
+    await scorer.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a run directory (config.yaml, metrics.jsonl)")
+    parser.add_argument("--model", type=Path, default=None, help="HF directory (default: RUN_DIR/hf)")
+    parser.add_argument("--set", action="append", dest="sets", help="an eval set (default: every greedy one)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    for name, result in recheck(args.run_dir, args.model, args.sets, args.batch_size).items():
+        print(json.dumps({"set": name, "model": str(args.model or args.run_dir / "hf"), **result}))
+
+
+if __name__ == "__main__":
+    main()
