@@ -34,11 +34,12 @@ tokenizer 1-1.5 s, writing 2 s (the CLI, with Python's start, 18-22 s). Threads 
 difference. Left: transformers still converts the metadata values three times (about 0.5 s
 each), and gguf's numpy dequantisation.
 
-transformers refuses a GGUF without accelerate (`from_pretrained` checks that it is installed
-and raises) although its GGUF path never imports it; rlx[example] brings it. The GPU machine's
-image has neither gguf nor accelerate: build its wheels with
-`RLX_DEVICE_EXTRA_WHEELS="accelerate==1.15.0" bash ../shared/device/prepare` (gguf is always
-carried); docs/gpu.md says how to carry the GGUF there and convert it.
+accelerate: transformers' `from_pretrained` refuses a GGUF when accelerate is not installed
+(an explicit check, in 5.17 and 5.24), although its GGUF path never imports it (loaded with the
+check bypassed and accelerate made unimportable, the model loads); rlx[example] brings it. The GPU
+machine's image has accelerate 1.15.0 (and psutil) and transformers 5.17.0 (seen 2026-11-27);
+gguf, which it lacks, is among the wheels `../shared/device/prepare` builds, so no
+RLX_DEVICE_EXTRA_WHEELS line is needed. docs/gpu.md says how to carry the GGUF there and convert it.
 """
 
 from __future__ import annotations
