@@ -21,18 +21,18 @@ half a checkpoint, and a later call returns the directory at once. The path is t
 stdout (progress goes to stderr). From Python: `example_model_dir(dtype=...)`.
 
 Where the time goes (2-core CPU shared with other jobs, 2026-11-27; runs vary by a third).
-transformers' own path took 45-47 s: 4-6 s of imports; the tokenizer 5-7 s, most of it parsing
-the GGUF for the config AutoTokenizer looks up; the model 32-34 s: the file parsed twice more
-(about 5 s each: gguf's reader walks the 49k vocabulary and 49k merge strings through
-numpy.memmap slicing, whose subclass bookkeeping is most of the cost), 6 s building gguf's
-tensor-name map once per module (397 times), 3 s dequantising Q4_1 with gguf's numpy code, the
-rest Llama's imports and the per-value conversion of the metadata; writing took 2 s.
-`rlx.compat.gguf_reading.read_once` parses the file once, on a plain ndarray view of the same
-map (1.6 s instead of 4.4 s), and builds the name map once; the model is loaded first, the
-tokenizer second. Now 12-17 s in all: imports 3-6 s, model 6-9 s (of which dequantising 3 s),
-tokenizer 1-1.5 s, writing 2 s (the CLI, with Python's start, 18-22 s). Threads make no
-difference. Left: transformers still converts the metadata values three times (about 0.5 s
-each), and gguf's numpy dequantisation.
+transformers' own path took 35-38 s (45-47 s under heavier load): 4-6 s of imports; the
+tokenizer 5-7 s, most of it parsing the GGUF for the config AutoTokenizer looks up; the model
+24-34 s: the file parsed twice more (about 5 s each: gguf's reader walks the 49k vocabulary and
+49k merge strings through numpy.memmap slicing, whose subclass bookkeeping is most of the cost),
+6 s building gguf's tensor-name map once per module (397 times), 3 s dequantising Q4_1 with
+gguf's numpy code, the rest Llama's imports and the per-value conversion of the metadata;
+writing took 2 s. `rlx.compat.gguf_reading.read_once` parses the file once, on a plain ndarray
+view of the same map (1.6 s instead of 4.4 s), and builds the name map once; the model is loaded
+first, the tokenizer second. Now 12-17 s in all: imports 3-6 s, model 6-9 s (of which
+dequantising 3 s), tokenizer 1-1.5 s, writing 1-2 s (the command, with Python's start, 16-22 s).
+One torch thread or two makes no difference. Left: transformers still converts the metadata
+values three times (about 0.5 s each), and gguf's numpy dequantisation.
 
 accelerate: transformers' `from_pretrained` refuses a GGUF when accelerate is not installed
 (an explicit check, in 5.17 and 5.24), although its GGUF path never imports it (loaded with the
