@@ -11,7 +11,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# what rlx's tools write into the cache, by the first part of the path: the command that writes it
+WRITERS = {
+    "SmolLM2-135M-Instruct": "python -m rlx.tools.example_model",
+    "arithmetic": "python -m rlx.data.arithmetic",
+}
+
 
 def cache_dir() -> Path:
     """`RLX_CACHE`, default ~/.cache/rlx."""
     return Path(os.environ.get("RLX_CACHE", Path.home() / ".cache" / "rlx"))
+
+
+def writer_hint(path: Path) -> str:
+    """'; python -m ... writes it' when `path` (missing) is one a tool of rlx writes into the cache, else ''."""
+    try:
+        first = Path(path).relative_to(cache_dir()).parts[0]
+    except (ValueError, IndexError):
+        return ""
+    return f"; `{WRITERS[first]}` writes it" if first in WRITERS else ""

@@ -92,3 +92,11 @@ def assert_same_tensors(exported: dict[str, torch.Tensor], expected: dict[str, t
     for name, tensor in expected.items():
         assert exported[name].dtype == tensor.dtype, name
         assert torch.equal(exported[name], tensor), name
+
+
+def digit_share(sample) -> float:
+    """A dense reward for tests on a real model (`reward.fn=helpers.digit_share`): the share of the
+    response's characters that are digits, so that a group's samples almost surely differ and the
+    policy gets a gradient even where no answer is right yet."""
+    text = sample.response_text
+    return sum(c.isdigit() for c in text) / max(len(text), 1)

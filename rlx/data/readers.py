@@ -16,6 +16,7 @@ from typing import Any
 
 from hydra.utils import to_absolute_path
 
+from rlx.cache import writer_hint
 from rlx.errors import DataError
 
 _PARQUET_BATCH_ROWS = 4096  # rows decoded at a time: bounded memory for large files
@@ -48,7 +49,7 @@ def path_errors(key: str, path: str | None) -> list[str]:
             f"{sorted(READERS)} (JSON lines, a JSON array, Parquet)"
         ]
     if not where.is_file():
-        return [f"{key}={path!r}: no such file ({where}); point {key} at a prompt file"]
+        return [f"{key}={path!r}: no such file ({where}); point {key} at a prompt file{writer_hint(where)}"]
     return []
 
 

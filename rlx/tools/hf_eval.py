@@ -10,7 +10,8 @@ decoded greedily, in its own dtype on a GPU and in fp32 on CPU, on the prompts o
 chat template, system prompt, `reward.fn` with its time limit and failure rules, the eval response
 length). Only sets the run evaluated greedily (`temperature: 0`, or `rollout.eval_temperature=0`)
 are re-checked: sampling would not give the same answers. Prints one JSON object per set:
-`pass@1` here, the run's last `eval/SET/pass@1` from metrics.jsonl, and the prompts counted.
+`pass@1` and `reward_mean` here, the run's last `eval/SET/...` of each from metrics.jsonl, and the
+prompts counted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 from rlx.sample import Sample, Status
 
 
-def generate_greedy(model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int) -> None:
+def generate_greedy(
+    model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int
+) -> None:
     """Fill each sample's response (ids, text, status) with transformers' greedy decoding."""
     import torch
 
@@ -35,8 +38,12 @@ def generate_greedy(model: Any, tokenizer: Any, samples: list[Sample], max_new_t
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
         width = max(len(s.prompt_ids) for s in batch)
-        ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + list(s.prompt_ids) for s in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch], device=device)
+        ids = torch.tensor(
+            [[pad] * (width - len(s.prompt_ids)) + list(s.prompt_ids) for s in batch], device=device
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch], device=device
+        )
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
@@ -49,8 +56,11 @@ def generate_greedy(model: Any, tokenizer: Any, samples: list[Sample], max_new_t
             sample.status = Status.TRUNCATED if end is None else Status.COMPLETED
 
 
-def recheck(run_dir: Path, model_dir: Path | None = None, sets: list[str] | None = None, batch_size: int = 64):
-    """{set: {"pass@1": here, "pass@1_run": the run's last, "num_prompts": n}} for the run's greedy eval sets."""
+def recheck(
+    run_dir: Path, model_dir: Path | None = None, sets: list[str] | None = None, batch_size: int = 64
+):
+    """{set: {"pass@1": here, "pass@1_run": the run's last, "reward_mean"..., "num_prompts": n}} for
+    the run's greedy eval sets."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -61,7 +71,11 @@ def recheck(run_dir: Path, model_dir: Path | None = None, sets: list[str] | None
     from rlx.reward import load_scorer
 
     rc = to_object(compose([], config_dir=run_dir, config_name="config"))
-    greedy = [n for n in rc.data.eval if eval_sampling(rc.rollout, rc.data.eval[n])[1].get("temperature", rc.rollout.temperature) == 0]
+    greedy = [
+        n
+        for n in rc.data.eval
+        if eval_sampling(rc.rollout, rc.data.eval[n])[1].get("temperature", rc.rollout.temperature) == 0
+    ]
     chosen = sets or greedy
     if unknown := [n for n in chosen if n not in greedy]:
         raise SystemExit(f"error: {unknown} not among the run's greedy eval sets {greedy}")
@@ -79,12 +93,13 @@ def recheck(run_dir: Path, model_dir: Path | None = None, sets: list[str] | None
         samples = eval_sets[name]
         generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size)
         asyncio.run(_score(scorer, samples))
-        key = f"eval/{name}/pass@1"
-        results[name] = {
-            "pass@1": summarise(name, samples)[key],
-            "pass@1_run": next((m[key] for m in reversed(run_metrics) if key in m), None),
-            "num_prompts": len(samples),
-        }
+        ours, results[name] = summarise(name, samples), {"num_prompts": len(samples)}
+        for metric in ("pass@1", "reward_mean"):
+            key = f"eval/{name}/{metric}"
+            results[name] |= {
+                metric: ours[key],
+                f"{metric}_run": next((m[key] for m in reversed(run_metrics) if key in m), None),
+            }
     return results
 
 
