@@ -5,13 +5,15 @@
     python bench/grpo_step.py --shape 1.7b --split              # 2 GPUs: 1 trainer + 1 engine, NCCL sync
     python bench/grpo_step.py --shape 0.6b -- rollout.weight_sync=disk   # any config override after --
     python bench/grpo_step.py --shape 1.7b --output-dir prof -- debug.profile_train_steps=[2]
+    python bench/grpo_step.py --model ~/.cache/rlx/SmolLM2-135M-Instruct \
+        --prompt-file ~/.cache/rlx/arithmetic/train.jsonl --prompts 64 --response-len 96 --micro-batch 128
 
-A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE),
-bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
+A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE), or
+a real checkpoint by path (`--model`; its family and shape from config.json), bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
 (`rollout.ignore_eos`; the prompts are the toy task's few tokens). Runs `--steps` steps and
 reports the median of all but the first (CUDA graph capture, kernel compilation, allocator
-warm-up), as one JSON line: seconds per phase, tokens/s per GPU (NeMo-RL's: prompt + response
-tokens of the step / step time / GPUs), the trainer's peak memory and, colocated, the memory
+warm-up), as one JSON line: seconds per phase, tokens/s per GPU counted both ways (NeMo-RL's:
+prompt + response tokens of the step / step time / GPUs; and response tokens alone), the trainer's peak memory and, colocated, the memory
 each side leaves behind. Record the figures with machine and date in docs/benchmarks.md.
 """
 
@@ -43,6 +45,13 @@ PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync
 
 def overrides_for(args: argparse.Namespace) -> list[str]:
     shape = {f"model.{k}": v for k, v in (SHAPES[args.shape] | COMMON).items()}
+    model = (
+        [f"model.hf_checkpoint={args.model}"]  # family and shape from its config.json
+        if args.model
+        else [f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()),
+              "+rollout.engine_args.dtype=bfloat16"]  # the random checkpoint is written in fp32
+    )  # fmt: skip
+    data = ["data=math", f"data.prompt_path={args.prompt_file}"] if args.prompt_file else []
     placement = (
         ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1"]
         if args.split
@@ -50,11 +59,9 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
     )
     batch = args.prompts * args.n
     return [
-        f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()), *placement,
-        "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
+        *model, *data, *placement, "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
         f"rollout.batch_size={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_response_len={args.response_len}", "rollout.ignore_eos=true", "rollout.temperature=1.0",
-        "+rollout.engine_args.dtype=bfloat16",  # the random checkpoint is written in fp32
         f"run.num_rollout={args.steps}", "run.progress=false", "run.tensorboard=false", "run.dump_rollouts=false",
     ]  # fmt: skip
 
@@ -63,6 +70,8 @@ def main(argv: list[str]) -> None:
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
+    parser.add_argument("--model", help="an HF checkpoint directory instead of a random --shape")
+    parser.add_argument("--prompt-file", help="prompts of a file (data=math) instead of the toy task's")
     parser.add_argument("--split", action="store_true", help="trainer and engine on GPUs of their own")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
@@ -85,17 +94,17 @@ def main(argv: list[str]) -> None:
     timed = history[1:] or history
     median = lambda key: statistics.median(h[key] for h in timed if key in h)  # noqa: E731
     num_gpus = 2 if args.split else 1
-    tokens = median("rollout/num_tokens")
-    prompt_tokens = args.prompts * args.n * 4  # the toy prompts: "d d d =" (4 tokens)
+    tokens, prompt_tokens = median("rollout/num_tokens"), median("rollout/num_prompt_tokens")
     result = {
         "bench": "grpo_step", "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "shape": args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
+        "shape": args.model or args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
         "wall_s": round(wall, 1),
         # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);
         # time/colocate_*: absent when split
         **{k.split("/", 1)[1].replace("/", "_"): round(median(k), 3) for k in PHASES if k in timed[-1]},
         "tokens_per_s_per_gpu": round((tokens + prompt_tokens) / median("time/step_s") / num_gpus),
+        "response_tokens_per_s_per_gpu": round(tokens / median("time/step_s") / num_gpus),
         "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
         "trainer_peak_mem_gib": round(median("perf/trainer_peak_mem_gib"), 2),
         "overrides": extra,

@@ -516,6 +516,7 @@ def rollout_metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
         "rollout/truncated_frac": count[Status.TRUNCATED] / n,
         "rollout/failed_frac": (count[Status.FAILED] + count[Status.ABORTED]) / n,
         "rollout/num_tokens": float(num_tokens),
+        "rollout/num_prompt_tokens": float(sum(len(s.prompt_ids) for s in samples)),
         "time/rollout_s": elapsed,
         "perf/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
     }
