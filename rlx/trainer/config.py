@@ -44,7 +44,9 @@ class TrainConfig:
     # sample (for train/logprob_abs_diff): the training forward's log-probs, detached, are then
     # the old policy's, and the pass (a third of a trainer call) is saved.
     old_logprobs: str = "auto"
-    lr: float = 2e-3  # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule)
+    # peak learning rate (PPO's critic uses algo.critic_lr on the same schedule); the default suits a
+    # pretrained model (verl's and slime's); the toy tasks' random tiny models take 2e-3 (conf/data/toy_*)
+    lr: float = 1e-6
     # learning-rate schedule over the run's optimizer steps (run.num_rollout x num_steps_per_rollout):
     lr_warmup_steps: int = 0  # linear warmup: optimizer step k (from 0) uses lr * (k + 1) / lr_warmup_steps
     lr_decay: str = "constant"  # after warmup: constant at lr, or cosine from lr down to min_lr at the end

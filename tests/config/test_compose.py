@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_from_checkpoint import SMOLLM2
 
 from rlx.algo.config import AlgoConfig
 from rlx.config import build
@@ -49,6 +50,13 @@ def needs(group: str, option: str, prompts) -> list[str]:
         checkpoint.mkdir(exist_ok=True)
         (checkpoint / "config.json").write_text("{}")
         return [f"model.hf_checkpoint={checkpoint}"]
+    if (group, option) == ("experiment", "smollm2_arithmetic"):
+        # its model and task live in rlx's cache once their tools wrote them; here: stand-ins
+        checkpoint = prompts.parent / "smollm2"
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "config.json").write_text(json.dumps(SMOLLM2))
+        return [f"model.hf_checkpoint={checkpoint}", f"data.prompt_path={prompts}",
+                f"data.eval.test_greedy.path={prompts}", f"data.eval.test.path={prompts}"]  # fmt: skip
     if group == "cluster":
         # A GPU cluster's engines fill its rollout GPUs (rollout.num_engines is the rollout
         # group's key), and its data-parallel size must divide the default batch of 256.
@@ -67,8 +75,17 @@ def test_default_composes_to_the_embedded_job():
     assert (rc.model.name, rc.model.num_layers, rc.model.hidden_size) == ("tiny_qwen3", 2, 64)
     assert rc.algo._target_ == "rlx.algo.grpo.GRPO"
     assert (rc.rollout.batch_size, rc.rollout.n_samples_per_prompt, rc.rollout.max_response_len) == (32, 8, 4)
-    assert (rc.train.global_batch_size, rc.train.micro_batch_size, rc.train.lr) == (256, 64, 2e-3)
+    assert (rc.train.global_batch_size, rc.train.micro_batch_size, rc.train.lr) == (
+        256,
+        64,
+        2e-3,
+    )  # the toy task's
     assert rc.data._target_ == "rlx.data.toy.ToySource"
+
+
+def test_a_file_task_trains_at_a_pretrained_models_learning_rate(prompts):
+    rc = to_object(compose(["data=math", f"data.prompt_path={prompts}", "rollout.max_response_len=8"]))
+    assert rc.train.lr == 1e-6  # not the toy task's 2e-3, which would wreck a pretrained model
 
 
 def test_every_group_has_options():
