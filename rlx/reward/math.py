@@ -163,7 +163,12 @@ def _labels(sample: Sample) -> list[str]:
     if sample.label is None:
         raise ValueError("this reward needs a label; set data.label_key to the key that holds it")
     labels = sample.label if isinstance(sample.label, list | tuple) else [sample.label]
-    return [_gsm8k_answer(str(label)) for label in labels]
+    answers = [_gsm8k_answer(str(label)) for label in labels]
+    if not any(normalize(answer) for answer in answers):  # a sample that fails, counted, not a 0 silently
+        raise ValueError(
+            f"the label {sample.label!r} holds no answer to compare with; fix the row's data.label_key value"
+        )
+    return answers
 
 
 def _gsm8k_answer(label: str) -> str:

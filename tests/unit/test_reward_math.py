@@ -100,6 +100,12 @@ def test_a_missing_label_is_an_error():
         math_answer(sample(r"\boxed{1}", None))
 
 
+@pytest.mark.parametrize("label", ["", "  ", "#### ", "$$", []])
+def test_a_label_with_no_answer_in_it_is_an_error(label):
+    with pytest.raises(ValueError, match=r"holds no answer to compare with; fix the row's data.label_key"):
+        math_answer(sample(r"\boxed{1}", label))
+
+
 @pytest.mark.parametrize(
     "response, label, expected",
     [

@@ -216,6 +216,16 @@ def test_failures_are_marked_with_the_reason(returned, reason, text):
     assert scorer.metrics()["reward/num_failed"] == 0  # counts are per step: read once, then reset
 
 
+def test_a_label_math_answer_cannot_use_fails_its_sample_counted():
+    from rlx.reward.math import math_answer
+
+    samples = group_of("the answer is 3", "3", label="")
+    scorer = score(math_answer, samples)
+    assert all(s.status is Status.FAILED and s.metadata["reward_failed"] == "raised" for s in samples)
+    assert "the label '' holds no answer to compare with" in samples[0].status_reason
+    assert scorer.metrics()["reward/failed_raised"] == 2
+
+
 def test_on_failure_zero_keeps_the_sample_trained():
     samples = group_of("3")
     score(lambda s: math.nan, samples, cfg=replace(CFG, on_failure="zero"))
