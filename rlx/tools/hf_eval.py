@@ -26,14 +26,15 @@ from rlx.sample import Sample, Status
 
 
 def generate_greedy(
-    model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int
+    model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int, stop_ids=()
 ) -> None:
-    """Fill each sample's response (ids, text, status) with transformers' greedy decoding."""
+    """Fill each sample's response (ids, text, status) with transformers' greedy decoding, ended by
+    EOS or one of `stop_ids` (the run's rollout.stop_token_ids), as the engines end it."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(stop_ids)
     device = next(model.parameters()).device
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
@@ -91,7 +92,7 @@ def recheck(
     results = {}
     for name in chosen:
         samples = eval_sets[name]
-        generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size)
+        generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size, rc.rollout.stop_token_ids)
         asyncio.run(_score(scorer, samples))
         ours, results[name] = summarise(name, samples), {"num_prompts": len(samples)}
         for metric in ("pass@1", "reward_mean"):
