@@ -161,7 +161,7 @@ def test_abort_needs_the_run_key(engine):
 
 
 def test_child_servers_and_the_router_take_the_key_from_their_environment_not_their_command_line(
-    tiny_qwen3_dir,
+    tiny_qwen3_dir, monkeypatch
 ):
     """rollout=sglang's path (SGLang's CLI, rlx's engine as the module) and sglang-router: a command
     line is every local user's to read (`ps`), so the key must not be on it."""
@@ -179,6 +179,7 @@ def test_child_servers_and_the_router_take_the_key_from_their_environment_not_th
         for url in (server.url, router.url):
             assert httpx.post(url + "/generate", json=generate, timeout=60).status_code == 401
             assert httpx.post(url + "/generate", json=generate, headers=keyed, timeout=60).status_code == 200
+    monkeypatch.delenv(ports.API_KEY_ENV, raising=False)  # the launcher takes the key out of its own
     with pytest.raises(
         SystemExit, match="RLX_ENGINE_API_KEY is not set, no key to hand to sglang.launch_server"
     ):
