@@ -51,7 +51,7 @@ def keeping(options: list[dict]) -> bool:
 
 
 def keepable(options: dict) -> bool:
-    """Placed without GPUs, placement groups or a run's own environment (a multi-node run's key)."""
+    """Placed without GPUs, placement groups or a run's own environment (a multi-node run's)."""
     return not ({"scheduling_strategy", "runtime_env"} & options.keys() or options.get("num_gpus"))
 
 

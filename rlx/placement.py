@@ -7,10 +7,12 @@ Split placement gives the trainer `cluster.num_trainer_procs` GPUs and the engin
 a trainer rank and an engine on each, half a GPU apiece in Ray's accounting (the two take turns:
 the engine releases its memory while the trainer works and the reverse).
 
-Across nodes (`cluster.num_nodes > 1`) every trainer rank and engine also gets the run's network
-environment (`rlx.ports.network_env`: engines bind their node's address and require a fresh API
-key) through Ray's `runtime_env`, and the driver gets the key for its own clients (the router's,
-the pool's) until `Placement.remove`.
+Every run gets a fresh API key (`rlx.ports.new_api_key`) that its engines and the router require,
+on one node too: the driver's environment holds it for its own clients (the router's, the pool's,
+the trainer group's, which hands it to the ranks) until `Placement.remove`. Across nodes
+(`cluster.num_nodes > 1`) every trainer rank and engine also gets the run's network environment
+(`rlx.ports.network_env`: engines bind their node's address) through Ray's `runtime_env`. The key
+stays out of `runtime_env`, which Ray's dashboard and state API show to whoever reaches them.
 """
 
 from __future__ import annotations
@@ -36,16 +38,16 @@ class Placement:
     bundles: list[dict[str, float]] = field(default_factory=list)  # the placement group's; [] on CPU
     group: Any = None  # the Ray placement group (None on CPU)
     env: dict[str, str] = field(default_factory=dict)  # `rlx.ports.network_env`; {} on one node
-
-    @property
-    def api_key(self) -> str | None:
-        """The run's API key (None on one node)."""
-        return self.env.get(ports.API_KEY_ENV)
+    api_key: str | None = None  # the run's (`plan` makes one); in the driver's environment until `remove`
+    _key_before: str | None = None  # the driver's API_KEY_ENV before `plan`, given back by `remove`
 
     def remove(self) -> None:
         """Give the reserved GPUs back to Ray, and the driver's environment back as it was."""
-        if self.env:
-            os.environ.pop(ports.API_KEY_ENV, None)
+        if self.api_key is not None and os.environ.get(ports.API_KEY_ENV) == self.api_key:
+            if self._key_before is None:
+                os.environ.pop(ports.API_KEY_ENV, None)
+            else:
+                os.environ[ports.API_KEY_ENV] = self._key_before
         if self.group is not None:
             from ray.util import remove_placement_group
 
@@ -76,7 +78,8 @@ def plan(cluster: ClusterConfig, rollout: RolloutConfig) -> Placement:
     if placement.env:
         for options in [*placement.trainer, *placement.engines]:
             options["runtime_env"] = {"env_vars": dict(placement.env)}
-        os.environ[ports.API_KEY_ENV] = placement.env[ports.API_KEY_ENV]  # the driver's own clients
+    placement.api_key, placement._key_before = ports.new_api_key(), os.environ.get(ports.API_KEY_ENV)
+    os.environ[ports.API_KEY_ENV] = placement.api_key  # the driver's own clients
     return placement
 
 

@@ -1,9 +1,13 @@
 """Addresses, ports and the API key of the processes rlx starts (trainer rendezvous, engines, router).
 
-On one node everything binds loopback. Across nodes (`cluster.num_nodes > 1`) the engines bind
-their node's address and require the run's API key (`Authorization: Bearer KEY`, SGLang's
-`--api-key`); `rlx.placement.plan` hands both to every engine and trainer rank through these two
-environment variables (Ray's `runtime_env`), and to the driver's own clients.
+On one node everything binds loopback; across nodes (`cluster.num_nodes > 1`) the engines bind
+their node's address (HOST_ENV, through Ray's `runtime_env`). Either way every run has an API key
+of its own (`new_api_key`) that its engines and the router require (`Authorization: Bearer KEY`,
+SGLang's `--api-key`): on loopback too, where any process of any user on the machine could
+otherwise reload the weights or abort the run's requests. `rlx.placement.plan` makes it and puts
+it in the driver's environment (API_KEY_ENV) for the driver's own clients; the engines and trainer
+ranks get it as an argument of their set-up, and child servers through their environment
+(`rlx.rollout.keyed_launch`), never on a command line, which every user of the machine can read.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import secrets
 import socket
 
 LOOPBACK = "127.0.0.1"
-API_KEY_ENV = "RLX_ENGINE_API_KEY"  # the run's key; unset: engines take requests without one
+API_KEY_ENV = "RLX_ENGINE_API_KEY"  # the run's key, in the driver (and a child server) while it runs
 HOST_ENV = "RLX_ENGINE_HOST"  # "node": engines bind their Ray node's address; unset: loopback
 
 
@@ -67,9 +71,12 @@ def auth_headers(key: str | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def new_api_key() -> str:
+    """A fresh API key for one run: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
 def network_env(num_nodes: int) -> dict[str, str]:
     """The environment every engine and trainer rank of a run gets: {} on one node; across nodes,
-    bind the node's address and a fresh per-run API key."""
-    if num_nodes <= 1:
-        return {}
-    return {HOST_ENV: "node", API_KEY_ENV: secrets.token_urlsafe(32)}
+    bind the node's address."""
+    return {HOST_ENV: "node"} if num_nodes > 1 else {}

@@ -224,6 +224,7 @@ def _prepare(cfg: DictConfig) -> _Job:
     rc = to_object(cfg)
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
+    resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's
     family = build(rc.model)
     hf_dir = family.checkpoint_dir()
     tokenizer = _load_tokenizer(hf_dir)
@@ -233,10 +234,18 @@ def _prepare(cfg: DictConfig) -> _Job:
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
     eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here
+    return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
+
+
+def _find_resume(rc: RlxConfig, out: Path) -> Path | None:
+    """The checkpoint `run.resume_from` names (None: a fresh start). Refused when no rlx run wrote
+    it (a checkpoint is unpickled: `rlx.checkpoint`) and when it was saved with another model shape."""
     resume = checkpoint.find_latest(rc.run.resume_from, out) if rc.run.resume_from else None
     if resume is not None:
+        what = f"run.resume_from={rc.run.resume_from} (the checkpoint {resume})"
+        checkpoint.check_written_by_rlx(checkpoint.run_dir_of(resume), what)
         _check_resumable(rc, checkpoint.load_state(resume), resume)
-    return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
+    return resume
 
 
 def _shape(rc: RlxConfig) -> dict[str, Any]:

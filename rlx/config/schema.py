@@ -27,8 +27,10 @@ class RunConfig:
     save: bool = False
     save_interval: int = 0  # with save: checkpoint every N steps as well as at the end (0: end only)
     keep_checkpoints: int = 0  # keep the newest N checkpoints, delete older ones (0: keep all)
-    # a run directory (or its checkpoints/): continue from its latest checkpoint; auto: this run's
-    # own directory (run.output_dir) if it has one, else start fresh (jobs that SLURM requeues)
+    # a run directory (or its checkpoints/): continue from its latest checkpoint, or one checkpoint
+    # (RUN/checkpoints/step_NNNNNN); auto: this run's own directory (run.output_dir) if it has one,
+    # else start fresh (jobs that SLURM requeues). A checkpoint is unpickled, so code: rlx loads one
+    # only from a directory with rlx's run record (config.yaml, run_info.json); load only your own
     resume_from: str | None = None
     save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
     # evaluate the data.eval sets every N steps, before the first and after the last (0: never)

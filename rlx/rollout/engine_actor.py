@@ -1,8 +1,9 @@
 """Thin Ray-actor shell around one rollout engine server (local or SGLang).
 
 `rollout._target_` names a launcher class (contract: `rlx.rollout.servers`) that starts an engine
-serving SGLang's HTTP API and exposes `url` and `shutdown()`. Where it binds and which API key it
-requires come from this process's environment (`rlx.ports`; set per run by `rlx.placement.plan`).
+serving SGLang's HTTP API and exposes `url` and `shutdown()`. Where it binds comes from this
+process's environment (`rlx.ports.engine_host`: loopback, or its node's address across nodes); the
+API key it requires is the run's, given to `setup` (a kept process serves each run with that run's).
 """
 
 from __future__ import annotations
@@ -21,18 +22,24 @@ class EngineActor:
     process whose server was shut down may be set up again (`setup`) for another run's engine
     (`rlx.kept.keep_actors`)."""
 
-    def __init__(self, cfg: RolloutConfig | None = None, model_path: str | None = None, *, seed: int = 0):
+    def __init__(
+        self,
+        cfg: RolloutConfig | None = None,
+        model_path: str | None = None,
+        *,
+        seed: int = 0,
+        api_key: str | None = None,
+    ):
         self.server = self._setup_error = None
         if cfg is not None:
-            self.setup(cfg, model_path, seed=seed)
+            self.setup(cfg, model_path, seed=seed, api_key=api_key)
 
-    def setup(self, cfg: RolloutConfig, model_path: str, *, seed: int) -> None:
+    def setup(self, cfg: RolloutConfig, model_path: str, *, seed: int, api_key: str | None = None) -> None:
+        """Start the server; `api_key`: the run's, required on every route but /health (None: none)."""
         self._setup_error = None
         launcher = get_class(cfg._target_)
         try:
-            self.server = launcher(
-                cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key()
-            )
+            self.server = launcher(cfg, model_path, seed=seed, host=ports.engine_host(), api_key=api_key)
         except BaseException as e:  # `url` raises it: the caller of a set-up again waits on `url`
             self._setup_error = e
             raise

@@ -136,7 +136,9 @@ class HealthMonitor:
 
     async def _start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_s)
-        self._session = aiohttp.ClientSession(timeout=timeout, headers=ports.auth_headers(), trust_env=False)
+        self._session = aiohttp.ClientSession(
+            timeout=timeout, headers=ports.auth_headers(self.pool.api_key), trust_env=False
+        )
         self._weights_lock, self._probe_lock, self._changed = asyncio.Lock(), asyncio.Lock(), asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -276,7 +278,7 @@ class HealthMonitor:
 
     async def _restart_once(self, i: int) -> None:
         actor, url = await asyncio.to_thread(self._replace_actor, i)
-        client = EngineClient(url, timeout=self.pool.cfg.request_timeout_s)
+        client = self.pool.new_client(url)
         try:
             await self._bring_back(i, actor, client)
         except BaseException:  # not installed: the next attempt starts another

@@ -11,9 +11,18 @@ finished, so no request ever sees half-loaded weights or a released cache.
 
 (Over 400 lines: scheduler, endpoints and CLI share private state; Scheduler could move to its own module.)
 
-With an API key (SGLang's `--api-key`) every route but `GET /health` answers 401 unless the request
-carries `Authorization: Bearer KEY`; /health stays open, as in SGLang, because sglang-router's
-liveness probe sends no key.
+With an API key (SGLang's `--api-key`; every rlx run gives its engines one, `rlx.ports`) every route
+but `GET /health` answers 401 unless the request carries `Authorization: Bearer KEY`, whatever the
+bind address, loopback included. That covers every route that changes the engine or reads files:
+the weight updates (`/update_weights_from_disk` loads any directory it names;
+`/update_weights_from_tensor`; `/init_weights_update_group` joins a process group at any address,
+then `/update_weights_from_distributed` takes its tensors; `/destroy_weights_update_group`),
+`/update_weight_version`, `/release_memory_occupation`, `/resume_memory_occupation`,
+`/abort_request`, `/flush_cache`, and the routes that run the model (`/generate`,
+`/health_generate`). The read-only ones (`/get_model_info`, `/get_server_info`, `/get_load`,
+`/get_weight_version`, FastAPI's `/docs`) want it too: SGLang's key covers them, sglang-router
+sends it on all of them, and their answers name the model's path. /health stays open, as in
+SGLang, because sglang-router's liveness probe sends no key.
 
 Run as a child process with sglang.launch_server's flag names:
     python -m rlx.rollout.http_server --model-path DIR --host 127.0.0.1 --port 30000 --random-seed 0
@@ -612,7 +621,10 @@ def arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name")
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all routes but /health)")
+    parser.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` (all routes but /health); see rlx.rollout.keyed_launch",
+    )
     return parser
 
 

@@ -20,7 +20,7 @@ import time
 
 import ray
 
-from rlx import kept
+from rlx import kept, ports
 from rlx.engine.engine import MEMORY_TAGS
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
@@ -63,6 +63,7 @@ class RolloutPool:
         # does not answer, fails here
         self.scorer = load_scorer(reward, rollout=cfg, tokenizer=tokenizer)
         self.model_path = model_path
+        self.api_key = ports.api_key()  # the run's (`rlx.placement.plan`): engines and router require it
         self.actor_options = actor_options or [{"num_cpus": 0}] * cfg.num_engines
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlx-rollout", daemon=True)
@@ -83,11 +84,11 @@ class RolloutPool:
                 ) from None
             raise
         if len(self.engine_urls) >= 2:
-            self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args))
+            self.router = Router(self.engine_urls, extra_args=dict(cfg.router_args), api_key=self.api_key)
             self.router.start()
         self.url = self.router.url if self.router else self.engine_urls[0]
-        self.client = EngineClient(self.url, timeout=cfg.request_timeout_s)
-        self.engine_clients = [EngineClient(u, timeout=cfg.request_timeout_s) for u in self.engine_urls]
+        self.client = self.new_client(self.url)
+        self.engine_clients = [self.new_client(u) for u in self.engine_urls]
         self.sampling_params = cfg.sampling_params()
         self._semaphore: asyncio.Semaphore | None = None
         self._queued: set[str] = set()  # request ids waiting for a concurrency slot
@@ -106,12 +107,16 @@ class RolloutPool:
         background: a new process, or inside `rlx.kept.keep_actors` one an earlier pool handed back."""
         options = self.actor_options[i]
         taken = kept.take("engine", [options])
+        args = (self.cfg, self.model_path)
         if taken:  # its `setup` runs before any later call on it (`url` raises a set-up's error)
-            taken[0].setup.remote(self.cfg, self.model_path, seed=self.seed + i)
+            taken[0].setup.remote(*args, seed=self.seed + i, api_key=self.api_key)
             return taken[0]
-        return (
-            ray.remote(EngineActor).options(**options).remote(self.cfg, self.model_path, seed=self.seed + i)
-        )
+        actor_cls = ray.remote(EngineActor).options(**options)
+        return actor_cls.remote(*args, seed=self.seed + i, api_key=self.api_key)
+
+    def new_client(self, url: str) -> EngineClient:
+        """A client of the engine or router at `url`, sending the run's key."""
+        return EngineClient(url, timeout=self.cfg.request_timeout_s, api_key=self.api_key)
 
     def install_engine(self, i: int, actor, client: EngineClient, *, serving: bool) -> None:
         """Engine `i` is now `actor`, reached through `client` (a restart: rlx.rollout.health).
@@ -123,10 +128,7 @@ class RolloutPool:
             self.actors[i], self.engine_urls[i], self.engine_clients[i] = actor, client.base_url, client
         if serving and self.router is None:
             self._retired.append(self.client)
-            self.url, self.client = (
-                client.base_url,
-                EngineClient(client.base_url, timeout=self.cfg.request_timeout_s),
-            )
+            self.url, self.client = client.base_url, self.new_client(client.base_url)
 
     def metrics(self) -> dict[str, float]:
         """`rollout/engine_restarts` and `rollout/request_retries` since the last call ({} without

@@ -4,23 +4,23 @@ It spreads /generate over the engines' URLs; rlx's local engines and SGLang serv
 same API, so the router cannot tell them apart. `rollout.router_args` become its `--flags`
 unchanged (see `python -m sglang_router.launch_router --help`).
 
-With an API key (across nodes: the run's, `rlx.ports`), sglang-router 0.3.2's `--api-key` makes it
+With an API key (in a run, always the run's: `rlx.ports`), sglang-router 0.3.2's `--api-key` makes it
 send `Authorization: Bearer KEY` to the workers and require the same from its own clients on the
-routes that drive them (/generate, /flush_cache, ...; /health stays open). It binds loopback
-even across nodes (its Prometheus metrics too): only the driver, beside it, talks to it.
+routes that drive them (/generate, /flush_cache, ...; /health stays open); the key reaches it in
+its environment, not on its command line (`rlx.rollout.keyed_launch`). It binds loopback even
+across nodes (its Prometheus metrics too): only the driver, beside it, talks to it.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import httpx
 
 from rlx import ports
 from rlx.ports import LOOPBACK, free_port
-from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags
+from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags, key_env, module_cmd
 
 log = logging.getLogger(__name__)
 PORT_ATTEMPTS = 3
@@ -64,9 +64,9 @@ class Router(ChildService):
         # the network and taken by the first router on the machine
         self._own_metrics_port = "prometheus_port" not in extra
         metrics = {"prometheus_host": host, "prometheus_port": free_port(host)}
-        key = {"api_key": api_key} if api_key else {}
-        self._args = {"log_level": "warn", **metrics, **extra, **key}
-        for name in ("host", "port", "worker_urls"):  # owned by this class
+        self._args = {"log_level": "warn", **metrics, **extra}
+        self._api_key = api_key
+        for name in ("host", "port", "worker_urls", "api_key"):  # owned by this class
             if name in self._args:
                 raise ValueError(f"router arg {name!r} is set by Router's own parameters")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -75,13 +75,14 @@ class Router(ChildService):
         self._missing: list[str] | None = None  # None: /workers has not answered yet
 
     def _new_child(self) -> ChildProcess:
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
-               "--worker-urls", *self.worker_urls, "--policy", self._policy, *cli_flags(self._args)]  # fmt: skip
+        flags = ["--host", self.host, "--port", str(self.port), "--worker-urls", *self.worker_urls,
+                 "--policy", self._policy, *cli_flags(self._args)]  # fmt: skip
         return ChildProcess(
-            cmd,
+            module_cmd("sglang_router.launch_router", flags, keyed=bool(self._api_key)),
             self.url,
             name="sglang-router",
             startup_timeout_s=self._startup_timeout_s,
+            env=key_env(self._api_key),
             ready=self._all_registered,
         )
 

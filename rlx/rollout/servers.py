@@ -2,8 +2,9 @@
 
 Contract (what `EngineActor` relies on): `Launcher(cfg: RolloutConfig, model_path: str, *, seed: int,
 host: str, api_key: str | None)` starts the server bound to `host` (loopback on one node, the node's
-address across nodes) requiring `Authorization: Bearer api_key` when a key is given, and returns
-once it answers `/health`; `url` (the address others reach it by); `shutdown()`.
+address across nodes) requiring `Authorization: Bearer api_key` on every route but `/health` when a
+key is given (a run always gives its own), and returns once it answers `/health`; `url` (the
+address others reach it by); `shutdown()`.
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ class SGLangServer:
 
         # an engine over several GPUs is SGLang's tensor parallelism (the actor holds them all)
         spread = {"tp_size": cfg.gpus_per_engine} if cfg.gpus_per_engine > 1 else {}
-        key = {"api_key": api_key} if api_key else {}  # SGLang's --api-key
-        args = {"random_seed": seed, **spread, **dict(cfg.engine_args), **key}
-        self._process = ServerProcess(model_path, engine_args=args, module=cfg.server_module, host=host)
+        args = {"random_seed": seed, **spread, **dict(cfg.engine_args)}
+        self._process = ServerProcess(
+            model_path, engine_args=args, module=cfg.server_module, host=host, api_key=api_key
+        )  # SGLang's --api-key, handed over in its environment
         self._process.start()
 
     @property

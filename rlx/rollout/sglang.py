@@ -3,7 +3,8 @@
 Servers (SGLang's, or rlx's own, which takes the same flags) start as child processes; engine
 args from the config (`rollout.engine_args`) become `--flags` unchanged, so rlx never mirrors
 SGLang's option list, and `module="rlx.rollout.http_server"` starts rlx's local engine through
-the identical path. `parse_generate` / `build_response` are SGLang's GenerateReqInput and its
+the identical path. A child's API key (SGLang's and sglang-router's `--api-key`) travels in its
+environment, never on its command line (`rlx.rollout.keyed_launch`). `parse_generate` / `build_response` are SGLang's GenerateReqInput and its
 response as sglang 0.5.4 shapes them (`sglang/srt/managers/io_struct.py`,
 `tokenizer_manager.py::_handle_batch_output`, `detokenizer_manager.py::trim_matched_stop`).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from rlx.ports import free_port
+from rlx.ports import API_KEY_ENV, free_port
 from rlx.rollout.local import GenerateOutput, GenerateRequest, LocalEngine, SamplingParams
 
 
@@ -50,27 +51,33 @@ def cli_flags(args: dict[str, Any] | None) -> list[str]:
     return flags
 
 
+def module_cmd(module: str, flags: list[str], *, keyed: bool = False) -> list[str]:
+    """`python -m module flags...`; `keyed`: through `rlx.rollout.keyed_launch`, which adds
+    `--api-key` from the child's environment (`key_env`)."""
+    return [sys.executable, "-m", *(["rlx.rollout.keyed_launch"] if keyed else []), module, *flags]
+
+
+def key_env(api_key: str | None) -> dict[str, str]:
+    """The environment that hands `api_key` to a `keyed` child ({} without a key)."""
+    return {API_KEY_ENV: api_key} if api_key else {}
+
+
 def launch_server_cmd(
     model_path: str,
     port: int,
     engine_args: dict[str, Any] | None,
     module: str = "sglang.launch_server",
     host: str = "127.0.0.1",
+    *,
+    keyed: bool = False,
 ) -> list[str]:
-    """The command line that starts `module` (sglang.launch_server's flags) serving `model_path`."""
+    """The command line that starts `module` (sglang.launch_server's flags) serving `model_path`;
+    `keyed`: see `module_cmd`."""
     args = {"host": host, **(engine_args or {})}
     args.pop("model_path", None)
     args.pop("port", None)
-    return [
-        sys.executable,
-        "-m",
-        module,
-        "--model-path",
-        str(model_path),
-        "--port",
-        str(port),
-        *cli_flags(args),
-    ]
+    flags = ["--model-path", str(model_path), "--port", str(port), *cli_flags(args)]
+    return module_cmd(module, flags, keyed=keyed)
 
 
 class ChildProcess:
@@ -208,7 +215,8 @@ class ChildService:
 
 
 class ServerProcess(ChildService):
-    """An SGLang-API server child process (`sglang.launch_server` or `rlx.rollout.http_server`)."""
+    """An SGLang-API server child process (`sglang.launch_server` or `rlx.rollout.http_server`);
+    with `api_key`, it requires `Authorization: Bearer api_key` on every route but /health."""
 
     def __init__(
         self,
@@ -220,13 +228,17 @@ class ServerProcess(ChildService):
         host: str = "127.0.0.1",
         startup_timeout_s: float = 600.0,
         env: dict[str, str] | None = None,
+        api_key: str | None = None,
     ):
         self.host = host
         self.port = port or free_port(host)
-        cmd = launch_server_cmd(model_path, self.port, engine_args, module=module, host=host)
-        self._child = ChildProcess(
-            cmd, self.url, name=module.replace(".", "-"), startup_timeout_s=startup_timeout_s, env=env
+        cmd = launch_server_cmd(
+            model_path, self.port, engine_args, module=module, host=host, keyed=bool(api_key)
         )
+        self._child = ChildProcess(
+            cmd, self.url, name=module.replace(".", "-"), startup_timeout_s=startup_timeout_s,
+            env={**(env or {}), **key_env(api_key)},
+        )  # fmt: skip
 
     @property
     def pid(self) -> int | None:

@@ -6,6 +6,10 @@
 The checkpoint may have been written under any tensor/pipeline layout: this process loads it
 as one rank (Megatron's distributed checkpointing reshards), so it needs the memory of one
 model copy, not of its optimizer.
+
+A checkpoint is code: loading it unpickles its metadata (`rlx.checkpoint`), and the run's
+config.yaml names the classes built (`_target_`). Export only run directories your own runs wrote;
+one without rlx's run record (config.yaml and run_info.json) is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     from rlx.trainer.parallel import destroy_distributed, init_distributed
 
     run_dir = Path(run_dir).resolve()
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    # before anything of it is read: config.yaml names classes to build, the checkpoint is unpickled
+    checkpoint.check_written_by_rlx(run_dir, f"python -m rlx.tools.export {run_dir}")
     ckpt = checkpoint.step_dir(run_dir, step) if step is not None else checkpoint.find_latest(str(run_dir))
     if not (ckpt / "megatron").is_dir():
         raise ConfigError(

@@ -107,7 +107,7 @@ class TrainerGroup:
             kwargs = dict(
                 world_size=num_procs, master_addr=self.master_addr, master_port=master_port,
                 seed=cfg.run.seed, total_steps=cfg.run.num_rollout * cfg.train.num_steps_per_rollout,
-                temperature=cfg.rollout.temperature,
+                temperature=cfg.rollout.temperature, api_key=ports.api_key(),  # the run's: weight pushes
             )  # fmt: skip
             model_cfgs = (cfg.model, cfg.algo, cfg.train, cfg.cluster)
             setups = [a.setup.remote(*model_cfgs, rank=rank, **kwargs) for rank, a in enumerate(self.actors)]

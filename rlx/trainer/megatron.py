@@ -65,14 +65,16 @@ class MegatronTrainer:
         total_steps: int,
         temperature: float = 1.0,
         store=None,
+        api_key: str | None = None,
     ):
         """`total_steps`: the run's optimizer steps (run.num_rollout x train.num_steps_per_rollout),
         over which the learning-rate schedule runs. `store`: the rendezvous store rank 0 already
         hosts (`rlx.trainer.parallel.rendezvous_store`); without one, rank 0 hosts it at
-        `master_addr:master_port` and the others join it there."""
+        `master_addr:master_port` and the others join it there. `api_key`: the run's, which the
+        engines require of the weights pushed to them (`rlx.ports`)."""
         torch.set_num_threads(max(1, cluster_cfg.torch_threads))
         self.rank, self._world_size = rank, world_size
-        self._pusher = WeightPusher()  # the fast weight paths (no connection until first used)
+        self._pusher = WeightPusher(api_key)  # the fast weight paths (no connection until first used)
         self.temperature = temperature
         self.device = init_distributed(
             rank, world_size, master_addr, master_port,

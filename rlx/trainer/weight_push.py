@@ -32,9 +32,10 @@ HTTP_TIMEOUT_S = 600.0  # a bucket of a large model over a slow link; a hang sti
 class WeightPusher:
     """One per trainer rank; each send's `bucket_bytes` bounds the memory a bucket holds on either side."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_key: str | None = None) -> None:
+        """`api_key`: the run's, sent with every request (`Authorization: Bearer KEY`)."""
         self.sender = WeightSender()
-        self.http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers())  # the run's API key, if any
+        self.http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers(api_key))
         self._posts = ThreadPoolExecutor(max_workers=16)  # announcements go out while we broadcast
 
     def post(self, url: str, path: str, body: dict[str, Any]) -> None:

@@ -1,17 +1,23 @@
-"""Checkpoints: a resumed run serves exactly the saved policy and continues the data exactly."""
+"""Checkpoints: a resumed run serves exactly the saved policy and continues the data exactly; a
+checkpoint rlx did not write is refused before anything in it is unpickled."""
 
 from __future__ import annotations
 
 import json
+import pathlib
+import pickle
+import re
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config.compose import compose
+from rlx.config.compose import compose, to_object
+from rlx.config.record import run_info
 from rlx.errors import ConfigError
-from rlx.runtime import run
+from rlx.runtime import _find_resume, run
+from rlx.tools import export as export_tool
 from rlx.tools.export import export
 
 SHORT = [
@@ -103,3 +109,74 @@ def test_groups_carried_over_at_a_checkpoint_continue_after_resume(tmp_path):
                 assert match[0]["response_ids"][: len(row["response_ids"])] == row["response_ids"]
                 assert match[0]["rollout_logprobs"][: len(row["response_ids"])] == row["rollout_logprobs"]
     assert found > 0
+
+
+class _RunsCode:
+    """Unpickling it creates `path`: what a checkpoint's pickled metadata could do instead."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def _looks_like_a_checkpoint(run_dir, unpickled) -> pathlib.Path:
+    """RUN/checkpoints/step_000001 as rlx.checkpoint.save lays it out, its metadata a pickle that
+    creates `unpickled` when loaded; no run record beside it."""
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    (ckpt / "megatron").mkdir(parents=True)
+    (ckpt / "megatron" / ".metadata").write_bytes(pickle.dumps(_RunsCode(unpickled)))
+    (ckpt / "megatron" / "common.pt").write_bytes(pickle.dumps(_RunsCode(unpickled)))
+    (ckpt / "state.json").write_text(json.dumps({"step": 1, "version": 2, "data": {}}))
+    (run_dir / "checkpoints" / "latest").write_text(ckpt.name)
+    return ckpt
+
+
+NOT_RLX = (
+    r"refused: .* has no (config.yaml and no )?run_info.json \(the run record rlx writes into every run "
+    r"directory, beside checkpoints/\), so rlx did not write this checkpoint. A checkpoint is loaded "
+    r"with pickle .* load only checkpoints your own rlx runs wrote"
+)
+
+
+def test_a_checkpoint_without_rlx_s_run_record_is_refused_before_anything_is_unpickled(tmp_path, capsys):
+    foreign, unpickled = tmp_path / "downloaded", tmp_path / "unpickled"
+    ckpt = _looks_like_a_checkpoint(foreign, unpickled)
+    for resume_from in (foreign, foreign / "checkpoints", ckpt):
+        cfg = compose([f"run.output_dir={tmp_path / 'out'}", f"run.resume_from={resume_from}", *SHORT])
+        with pytest.raises(
+            ConfigError,
+            match=rf"run.resume_from={re.escape(str(resume_from))} \(the checkpoint {re.escape(str(ckpt))}\): {NOT_RLX}",
+        ):
+            run(cfg)
+    # run.resume_from=auto in a directory holding such checkpoints: checked before this run's own
+    # record is written there
+    with pytest.raises(ConfigError, match=rf"run.resume_from=auto .*{NOT_RLX}"):
+        run(compose([f"run.output_dir={foreign}", "run.resume_from=auto", *SHORT]))
+    (foreign / "config.yaml").write_text("model: {}\n")  # half a record is none; nor is a stranger's JSON
+    (foreign / "run_info.json").write_text(json.dumps({"trainer": "other"}))
+    with pytest.raises(ConfigError, match=r"has no run_info.json as rlx writes it"):
+        export(foreign)
+    (foreign / "run_info.json").unlink()
+    with pytest.raises(
+        ConfigError, match=rf"python -m rlx.tools.export {re.escape(str(foreign))}: {NOT_RLX}"
+    ):
+        export(foreign)
+    with pytest.raises(
+        SystemExit, match=rf"^error: python -m rlx.tools.export {re.escape(str(foreign))}: {NOT_RLX}"
+    ):
+        export_tool.main([str(foreign), "--step", "1"])
+    assert not unpickled.exists()
+
+
+def test_an_rlx_run_s_checkpoint_is_found_by_its_run_dir_its_checkpoints_dir_itself_and_auto(tmp_path):
+    run_dir, unpickled = tmp_path / "run", tmp_path / "unpickled"
+    ckpt = _looks_like_a_checkpoint(run_dir, unpickled)
+    (run_dir / "config.yaml").write_text("# The config this run used (written by rlx.config.record)\n")
+    (run_dir / "run_info.json").write_text(json.dumps(run_info(run_dir, run_dir, None)))
+    for resume_from in (run_dir, run_dir / "checkpoints", ckpt):
+        assert _find_resume(to_object(compose([f"run.resume_from={resume_from}"])), tmp_path / "out") == ckpt
+    assert _find_resume(to_object(compose(["run.resume_from=auto"])), run_dir) == ckpt
+    assert _find_resume(to_object(compose(["run.resume_from=auto"])), tmp_path / "fresh") is None
+    assert not unpickled.exists()  # finding reads `latest` and state.json only

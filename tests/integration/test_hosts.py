@@ -1,5 +1,5 @@
-"""Nothing assumes one host: across nodes engines bind their node's address and require the run's
-API key, which the router forwards and every client sends; on one node, loopback and no key."""
+"""Nothing assumes one host: across nodes engines bind their node's address, on one node loopback;
+either way they require the run's API key, which the router forwards and every client sends."""
 
 from __future__ import annotations
 
@@ -102,20 +102,26 @@ def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
 ):
     rollout = RolloutConfig()
     one_node = plan(ClusterConfig(), rollout)
-    assert one_node.api_key is None and "runtime_env" not in one_node.engines[0]
+    # one node: a key too, and nothing in Ray's options (its processes may be kept for the next run)
+    assert len(one_node.api_key) >= 32 and "runtime_env" not in one_node.engines[0]
+    assert os.environ[ports.API_KEY_ENV] == one_node.api_key
+    one_node.remove()
     assert ports.API_KEY_ENV not in os.environ
 
     earlier = plan(ClusterConfig(num_nodes=2), rollout)
+    earlier_key = earlier.api_key
     earlier.remove()
     placement = plan(ClusterConfig(num_nodes=2, num_trainer_procs=2), rollout)
     key = placement.api_key
-    assert key and len(key) >= 32 and key != earlier.api_key  # a fresh key per run
-    for options in [*placement.trainer, *placement.engines]:
-        assert options["runtime_env"]["env_vars"] == {ports.HOST_ENV: "node", ports.API_KEY_ENV: key}
-    assert os.environ[ports.API_KEY_ENV] == key  # the driver's own clients (pool, router)
+    assert key and len(key) >= 32 and key not in (earlier_key, one_node.api_key)  # a fresh key per run
+    for options in [*placement.trainer, *placement.engines]:  # the key stays out of Ray's options
+        assert options["runtime_env"]["env_vars"] == {ports.HOST_ENV: "node"}
+    assert os.environ[ports.API_KEY_ENV] == key  # the driver's own clients (pool, router, trainer group)
 
     engine = (
-        ray.remote(EngineActor).options(**placement.engines[0]).remote(rollout, str(tiny_qwen3_dir), seed=0)
+        ray.remote(EngineActor)
+        .options(**placement.engines[0])
+        .remote(rollout, str(tiny_qwen3_dir), seed=0, api_key=key)
     )
     try:
         url = ray.get(engine.url.remote(), timeout=120)

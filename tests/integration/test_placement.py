@@ -77,4 +77,5 @@ def test_too_few_gpus_fails_naming_the_counts(four_gpus):
 
 def test_cpu_runs_need_no_placement_group():
     placement = plan(ClusterConfig(num_trainer_procs=2), RolloutConfig(num_engines=3))
+    placement.remove()  # the run's key out of this process's environment, for the next tests
     assert placement.group is None and len(placement.trainer) == 2 and len(placement.engines) == 3

@@ -7,7 +7,7 @@ import re
 from rlx import ports
 
 
-def test_one_node_binds_loopback_without_a_key(monkeypatch):
+def test_one_node_binds_loopback(monkeypatch):
     assert ports.network_env(1) == {}
     monkeypatch.delenv(ports.HOST_ENV, raising=False)
     monkeypatch.delenv(ports.API_KEY_ENV, raising=False)
@@ -15,19 +15,18 @@ def test_one_node_binds_loopback_without_a_key(monkeypatch):
     assert ports.api_key() is None and ports.auth_headers() == {}
 
 
-def test_across_nodes_each_run_gets_a_fresh_key_and_binds_the_node(monkeypatch):
-    first, second = ports.network_env(2), ports.network_env(4)
-    assert set(first) == {ports.HOST_ENV, ports.API_KEY_ENV} and first[ports.HOST_ENV] == "node"
+def test_every_run_gets_a_fresh_key_and_across_nodes_binds_the_node(monkeypatch):
+    assert ports.network_env(2) == ports.network_env(4) == {ports.HOST_ENV: "node"}  # no key in it
+    first, second = ports.new_api_key(), ports.new_api_key()
     # secrets.token_urlsafe(32): 32 random bytes, 43 URL-safe base64 characters
-    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", first[ports.API_KEY_ENV])
-    assert first[ports.API_KEY_ENV] != second[ports.API_KEY_ENV]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", first) and first != second
 
     monkeypatch.setattr(ports, "node_address", lambda: "10.1.2.3")
-    for name, value in first.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(ports.HOST_ENV, "node")
+    monkeypatch.setenv(ports.API_KEY_ENV, first)
     assert ports.engine_host() == "10.1.2.3"
-    assert ports.api_key() == first[ports.API_KEY_ENV]
-    assert ports.auth_headers() == {"Authorization": f"Bearer {first[ports.API_KEY_ENV]}"}
+    assert ports.api_key() == first
+    assert ports.auth_headers() == {"Authorization": f"Bearer {first}"}
     assert ports.auth_headers("explicit") == {"Authorization": "Bearer explicit"}
 
 
