@@ -29,10 +29,10 @@ class EngineActor:
     def setup(self, cfg: RolloutConfig, model_path: str, *, seed: int) -> None:
         self._setup_error = None
         launcher = get_class(cfg._target_)
+        host = ports.engine_host()
+        ports.pin_collectives(host)  # one node: the server's gloo and NCCL (weight sync, TP) on loopback
         try:
-            self.server = launcher(
-                cfg, model_path, seed=seed, host=ports.engine_host(), api_key=ports.api_key()
-            )
+            self.server = launcher(cfg, model_path, seed=seed, host=host, api_key=ports.api_key())
         except BaseException as e:  # `url` raises it: the caller of a set-up again waits on `url`
             self._setup_error = e
             raise
