@@ -29,7 +29,11 @@ class ClusterConfig:
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced
     # chunks, keys and values all-gathered in attention), for sequences too long for one rank
     context_parallel_size: int = 1
-    ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join one
+    ray_address: str | None = None  # None: start a local Ray (on loopback); "auto" or host:port: join one
+    # UNSAFE. A run of several nodes needs a Ray that requires Ray's token (RAY_AUTH_MODE=token; SLURM
+    # jobs make one per job): without one, anyone who reaches a node can run code on it. true: a
+    # cluster.ray_address that runs without authentication is used anyway (docs/resilience.md, Security)
+    ray_allow_unauthenticated: bool = False
     ray_num_cpus: int | None = None  # logical CPUs for a local Ray (None: all)
     torch_threads: int = 1  # intra-op threads per trainer process on CPU
     expert_parallel_size: int = 1  # MoE experts split over this many ranks (carved out of TP x DP)

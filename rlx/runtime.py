@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import threading
 import time
@@ -28,6 +27,7 @@ from rlx.errors import ConfigError, Stopped
 from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
 from rlx.gc_freeze import freeze_startup_objects
+from rlx.launcher import ray_start
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
@@ -58,7 +58,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
     raising `Stopped`; a second signal stops at once."""
     job = _prepare(cfg)
     rc = job.cfg
-    parts, history, stop = _Parts(own_ray=_start_ray(rc.cluster)), [], None
+    parts, history, stop = _Parts(own_ray=ray_start.connect(rc.cluster)), [], None
     try:
         check_gpus(rc.cluster)
         step, version = _start(job, parts)
@@ -338,26 +338,6 @@ def _load_tokenizer(hf_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(hf_dir))
-
-
-def _start_ray(cluster) -> bool:
-    """Connect this process to Ray (`cluster.ray_address`, or a local Ray of its own); whether it
-    did: a Ray the caller already initialised is used as it is, and left up after the run."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        return False
-    if cluster.ray_address:
-        ray.init(address=cluster.ray_address, logging_level=logging.WARNING)
-    else:
-        # "local": a Ray of this run's own, never one some other process started on this machine
-        ray.init(
-            address="local",
-            num_cpus=cluster.ray_num_cpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
-    return True
 
 
 def _quietly(fn) -> None:

@@ -77,12 +77,15 @@ def pytest_collection_modifyitems(config, items):
 def ray_session():
     """This test process's Ray, shared by its tests: started by the first module that needs it and
     left up for the next (a run that finds Ray up uses it and leaves it up), so Ray's start-up and
-    shut-down (about 5 s of CPU) are paid once per pytest worker, not once per run. A test that
-    needs a Ray of another shape takes one with `helpers.own_ray`."""
+    shut-down (about 5 s of CPU) are paid once per pytest worker, not once per run. It is started
+    as a run starts its own (`rlx.launcher.ray_start`: on loopback). A test that needs a Ray of
+    another shape takes one with `helpers.own_ray`."""
     import ray
 
+    from rlx.launcher import ray_start
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        ray_start.start_local(num_cpus=2, logging_level="ERROR")
     yield
 
 

@@ -39,13 +39,22 @@ def megatron_world(rank: int = 0, world_size: int = 1, port: int | None = None, 
 
 
 @contextlib.contextmanager
-def own_ray(**init_kwargs) -> Iterator[None]:
-    """A local Ray of this shape (`num_gpus=4`, say) for the block. The process's shared Ray
-    (conftest's `ray_session`), if up, is shut down first; the next module starts it again."""
+def own_ray(loopback: bool = True, **init_kwargs) -> Iterator[None]:
+    """A local Ray of this shape (`num_gpus=4`, say) for the block, started as a run starts its own
+    (`rlx.launcher.ray_start`: on loopback). `loopback=False`: its node takes the machine's routable
+    address instead, as a node of a multi-node run does (Ray then listens on every interface). The
+    process's shared Ray (conftest's `ray_session`), if up, is shut down first; the next module
+    starts it again."""
     import ray
 
+    from rlx.launcher import ray_start
+
     ray.shutdown()
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR", **init_kwargs)
+    init_kwargs = {"logging_level": "ERROR"} | init_kwargs
+    if loopback:
+        ray_start.start_local(**init_kwargs)
+    else:
+        ray.init(**ray_start.local_init_args(**init_kwargs))
     try:
         yield
     finally:

@@ -10,6 +10,11 @@ SLURM_NODEID, SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST):
 
 The head publishes its address in a rendezvous file in the job's run directory (SLURM jobs see one
 shared filesystem: submitit already needs it), so two jobs on one node never fight over a port.
+
+The job's Ray requires a token of the job's own (Ray's token authentication: its servers listen on
+every interface of a node whose address is not loopback): the head makes it, starts its Ray and
+its driver with it, and hands it to the other nodes in the rendezvous file, which only the job's
+user may read (mode 0600), as `rlx.placement` hands the engines' API key to their processes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlx.errors import ConfigError, UserError
+from rlx.launcher import ray_start
 from rlx.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -144,20 +150,20 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
     """Start a Ray head on this node, publish its address, wait for every node of the job.
 
     Returns (the address for `ray.init`, the `ray start --block` process: terminating it stops
-    this job's Ray and nothing else on the node). Raises NodeJoinError naming the missing nodes.
+    this job's Ray and nothing else on the node). This process joins with the job's token (and so
+    does the run it goes on to drive). Raises NodeJoinError naming the missing nodes.
     """
     host_ip = socket.gethostbyname(role.hostnames[0])
     port = free_port(host_ip)
     address = f"{host_ip}:{port}"
     log_path = Path(run_dir) / f"ray_node0.{role.job_id}.log"
+    token = ray_start.new_token()
     head_args = ["--head", f"--port={port}", f"--node-ip-address={host_ip}", "--include-dashboard=false"]
-    proc = _ray_start(role, head_args, log_path)
+    proc = _ray_start(role, head_args, log_path, token)
     try:
+        ray_start.use_token(token)
         _connect(address, proc, log_path, timeout_s)
-        path = rendezvous_path(run_dir, role)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".tmp").write_text(json.dumps({"address": address, "job_id": role.job_id}))
-        path.with_suffix(".tmp").replace(path)
+        _publish(rendezvous_path(run_dir, role), {"address": address, "job_id": role.job_id, "token": token})
         log.info("Ray head at %s; waiting for %d more node(s)", address, role.num_nodes - 1)
         _wait_for_nodes(role, address, timeout_s)
     except BaseException:
@@ -166,9 +172,17 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
     return address, proc
 
 
-def _connect(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    import ray
+def _publish(path: Path, record: dict) -> None:
+    """Write `record` (with the job's token) where the other nodes look, readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write(json.dumps(record))
+    tmp.replace(path)
 
+
+def _connect(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -176,7 +190,7 @@ def _connect(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: fl
                 f"`ray start --head` exited with code {proc.returncode} ({log_path}):\n{_tail(log_path)}"
             )
         try:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray_start.join(address)  # a refused token raises at once: waiting would not help
             return
         except ConnectionError:
             if time.monotonic() > deadline:
@@ -218,10 +232,11 @@ def join(role: NodeRole, run_dir: str | Path, timeout_s: float) -> None:
                 f"{path} within cluster.ray_join_timeout_s={timeout_s:g} s; see node 0's task log"
             )
         time.sleep(POLL_S)
-    address = json.loads(path.read_text())["address"]
+    head = json.loads(path.read_text())
+    address = head["address"]
     node_ip = socket.gethostbyname(role.hostnames[role.node_rank])  # the address SLURM knows the node by
     log_path = Path(run_dir) / f"ray_node{role.node_rank}.{role.job_id}.log"
-    proc = _ray_start(role, [f"--address={address}", f"--node-ip-address={node_ip}"], log_path)
+    proc = _ray_start(role, [f"--address={address}", f"--node-ip-address={node_ip}"], log_path, head["token"])
     log.info("node %d joined the Ray head at %s", role.node_rank, address)
     try:
         _stay_while_head_lives(address, proc)
@@ -257,11 +272,12 @@ def _ip(host: str) -> str | None:
         return None
 
 
-def _ray_start(role: NodeRole, args: list[str], log_path: Path) -> subprocess.Popen:
+def _ray_start(role: NodeRole, args: list[str], log_path: Path, token: str) -> subprocess.Popen:
     """`ray start ... --block`: it owns the Ray processes it starts for this job, and stops them
-    when terminated (`stop`), leaving any other Ray on the node alone. Output goes to `log_path`."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.setdefault("RAY_AUTH_MODE", "disabled")
+    when terminated (`stop`), leaving any other Ray on the node alone. Its Ray requires `token`
+    (in its environment, not its command line). Output goes to `log_path`."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **ray_start.token_env(token)}
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     # at the end of the job there is nothing to drain: stop at once, even with the head gone
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     # A temp dir of the job's own: `ray start` records its cluster in <temp dir>/ray_current_cluster,

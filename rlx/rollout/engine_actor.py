@@ -38,8 +38,10 @@ class EngineActor:
         """Start the server; `api_key`: the run's, required on every route but /health (None: none)."""
         self._setup_error = None
         launcher = get_class(cfg._target_)
+        host = ports.engine_host()
+        ports.pin_collectives(host)  # one node: the server's gloo and NCCL (weight sync, TP) on loopback
         try:
-            self.server = launcher(cfg, model_path, seed=seed, host=ports.engine_host(), api_key=api_key)
+            self.server = launcher(cfg, model_path, seed=seed, host=host, api_key=api_key)
         except BaseException as e:  # `url` raises it: the caller of a set-up again waits on `url`
             self._setup_error = e
             raise

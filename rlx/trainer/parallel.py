@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlx.ports import held_store
+from rlx.ports import held_store, pin_collectives, tcp_store
 
 TIMEOUT = datetime.timedelta(minutes=10)  # the rendezvous and every collective of the default group
 
@@ -62,8 +62,10 @@ def init_distributed(
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        pin_collectives(master_addr)  # one node: gloo and NCCL on loopback
         if store is None:  # rank 0 hosts at master_port (the old way), the others join it
-            store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+            store = tcp_store(master_addr, master_port, is_master=rank == 0, world_size=world_size,
+                              timeout_s=TIMEOUT.total_seconds())  # fmt: skip
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world_size, timeout=TIMEOUT
         )

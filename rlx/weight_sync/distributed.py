@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlx.ports import held_store, route_address
+from rlx.ports import held_store, pin_collectives, route_address, tcp_store
 from rlx.weight_sync.buckets import BucketMeta, flatten, iter_buckets, unflatten
 
 __all__ = ["Announce", "WeightReceiver", "WeightSender", "WeightSyncError"]
@@ -65,19 +65,22 @@ class _Group:
         self.where = f"{address}:{port} (group {group_name!r}, rank {rank} of {world_size}, {backend})"
         self.rank, self.backend = rank, backend
         timeout = datetime.timedelta(seconds=timeout_s)
+        pin_collectives(address)  # one node: gloo and NCCL on loopback
         try:
             # A missing engine shows up here, after `timeout_s`, not never: the master of a store
             # made here waits for every peer (wait_for_workers); on a hosted store the process
             # group's own rendezvous waits as long.
             if store is None:
-                store = dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
+                store = tcp_store(
+                    address, port, is_master=rank == 0, world_size=world_size, timeout_s=timeout_s
+                )
             self.store = store
             device = "cuda" if backend == "nccl" else "cpu"
             prefixed = dist.PrefixStore(
                 f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self.store))
             )
             self.pg = _process_group(backend, prefixed, rank, world_size, timeout, route_address(address))
-        except (dist.DistError, RuntimeError) as e:
+        except (dist.DistError, RuntimeError, OSError) as e:  # OSError: the address cannot be bound
             raise WeightSyncError(
                 f"weight-sync group at {self.where} did not form within {timeout_s:g} s: {e}"
             ) from e

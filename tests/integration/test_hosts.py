@@ -1,5 +1,7 @@
 """Nothing assumes one host: across nodes engines bind their node's address, on one node loopback;
-either way they require the run's API key, which the router forwards and every client sends."""
+either way they require the run's API key, which the router forwards and every client sends.
+The multi-node cases run on a Ray whose node has this machine's routable address, as a node of a
+multi-node run has (the shared Ray of the other tests is on loopback)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import ray
+from helpers import own_ray  # tests/ is on sys.path
 from starlette.routing import Route
 
 from rlx import ports
 from rlx.cluster import ClusterConfig
 from rlx.config.compose import compose
+from rlx.errors import ConfigError
 from rlx.placement import plan
 from rlx.rollout import http_server
 from rlx.rollout.client import EngineClient, EngineError
@@ -35,6 +39,13 @@ def keyed_server(tiny_qwen3_dir):
     server = EngineServer(LocalEngine(str(tiny_qwen3_dir), seed=0), api_key=KEY).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def routable_ray():
+    """A Ray whose node address is this machine's routable one (not loopback), without a token."""
+    with own_ray(loopback=False, num_cpus=2):
+        yield
 
 
 @pytest.fixture
@@ -98,7 +109,7 @@ def test_router_requires_and_forwards_the_key(keyed_server, no_run_key):
 
 
 def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
-    ray_session, tiny_qwen3_dir, no_run_key
+    routable_ray, tiny_qwen3_dir, no_run_key
 ):
     rollout = RolloutConfig()
     one_node = plan(ClusterConfig(), rollout)
@@ -143,19 +154,35 @@ def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
     assert ports.API_KEY_ENV not in os.environ
 
 
-def test_a_run_in_multi_node_mode_generates_and_syncs_through_keyed_engines(tmp_path, no_run_key):
+MULTI_NODE = ["cluster.num_nodes=2", "cluster.ray_address=auto", "rollout=sglang",
+              "rollout.server_module=rlx.rollout.http_server", "rollout.num_engines=2", "run.num_rollout=2",
+              "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
+              "run.progress=false", "run.tensorboard=false"]  # fmt: skip
+
+
+def test_a_run_of_several_nodes_refuses_a_ray_without_authentication(routable_ray, tmp_path):
+    """This process's Ray requires no token (the run joins it: ray_address): a run of several nodes
+    refuses it before any process starts, naming the variables and the key to opt out."""
+    with pytest.raises(ConfigError) as e:
+        run(compose([f"run.output_dir={tmp_path}", *MULTI_NODE]))
+    message = str(e.value)
+    assert "cluster.num_nodes=2" in message and "without token authentication" in message
+    assert "RAY_AUTH_MODE=token" in message and "RAY_AUTH_TOKEN" in message
+    assert "cluster.ray_allow_unauthenticated=true" in message
+    assert ray.is_initialized()  # a Ray the run did not start, it leaves up
+
+
+def test_a_run_in_multi_node_mode_generates_and_syncs_through_keyed_engines(
+    routable_ray, tmp_path, no_run_key
+):
     """cluster.num_nodes=2 on this one machine: two SGLang-CLI engine processes (rlx's engine as the
     module) on the node's address with the run's --api-key, the router with it in front of them;
-    every request and weight update of the loop carries the key."""
-    assert ray.is_initialized()  # this process's Ray (ray_session): the run joins it (ray_address)
+    every request and weight update of the loop carries the key. This process's Ray requires no
+    token: cluster.ray_allow_unauthenticated=true lets the run use it."""
+    assert ray.is_initialized()  # this process's Ray (routable_ray): the run joins it (ray_address)
     history = run(
-        compose(
-            [f"run.output_dir={tmp_path}", "cluster.num_nodes=2", "cluster.ray_address=auto", "rollout=sglang",
-             "rollout.server_module=rlx.rollout.http_server", "rollout.num_engines=2", "run.num_rollout=2",
-             "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
-             "run.progress=false", "run.tensorboard=false"]
-        )
-    )  # fmt: skip
+        compose([f"run.output_dir={tmp_path}", *MULTI_NODE, "cluster.ray_allow_unauthenticated=true"])
+    )
     assert [h["version"] for h in history] == [1, 2]
     assert all(h["rollout/failed_frac"] == 0.0 for h in history)  # no request was refused
     assert history[1]["train/logprob_abs_diff"] <= 1e-5  # the engines loaded the trainer's weights
