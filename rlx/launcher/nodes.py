@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Literal
 
 from rlx.errors import ConfigError, UserError
-from rlx.launcher import ray_start
 from rlx.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -153,6 +152,8 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
     this job's Ray and nothing else on the node). This process joins with the job's token (and so
     does the run it goes on to drive). Raises NodeJoinError naming the missing nodes.
     """
+    from rlx.launcher import ray_start  # imports Ray: not when launch.py only validates a config
+
     host_ip = socket.gethostbyname(role.hostnames[0])
     port = free_port(host_ip)
     address = f"{host_ip}:{port}"
@@ -183,6 +184,8 @@ def _publish(path: Path, record: dict) -> None:
 
 
 def _connect(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    from rlx.launcher import ray_start  # imports Ray: not when launch.py only validates a config
+
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -276,6 +279,8 @@ def _ray_start(role: NodeRole, args: list[str], log_path: Path, token: str) -> s
     """`ray start ... --block`: it owns the Ray processes it starts for this job, and stops them
     when terminated (`stop`), leaving any other Ray on the node alone. Its Ray requires `token`
     (in its environment, not its command line). Output goes to `log_path`."""
+    from rlx.launcher import ray_start  # imports Ray: not when launch.py only validates a config
+
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **ray_start.token_env(token)}
     env.pop("RAY_AUTH_TOKEN_PATH", None)
     # at the end of the job there is nothing to drain: stop at once, even with the head gone
