@@ -21,7 +21,6 @@ import time
 import ray
 
 from rlx import kept, ports
-from rlx.engine.engine import MEMORY_TAGS
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
@@ -31,6 +30,7 @@ from rlx.rollout.generate import GenerateContext, load_generate_fn, read_output
 from rlx.rollout.health import HealthMonitor, is_engine_failure
 from rlx.rollout.router import Router
 from rlx.sample import Sample, Status
+from rlx.sglang_api import MEMORY_TAGS
 
 log = logging.getLogger(__name__)
 

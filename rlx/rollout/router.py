@@ -20,7 +20,8 @@ import httpx
 
 from rlx import ports
 from rlx.ports import LOOPBACK, free_port
-from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags, key_env, module_cmd
+from rlx.rollout.child_process import ChildProcess, ChildService
+from rlx.rollout.sglang import cli_flags, key_env, module_cmd
 
 log = logging.getLogger(__name__)
 PORT_ATTEMPTS = 3
