@@ -80,7 +80,7 @@ async def _http_round(url: str, groups) -> int:
 
 
 def _scheduler_round(server, groups) -> int:
-    from rlx.rollout.sglang import parse_generate
+    from rlx.engine.serve.protocol import parse_generate
 
     pendings = []
     for ids, params in groups:
@@ -91,7 +91,7 @@ def _scheduler_round(server, groups) -> int:
 
 
 def _engine_round(engine, groups) -> int:
-    from rlx.rollout.sglang import parse_generate
+    from rlx.engine.serve.protocol import parse_generate
 
     seqs = []
     for ids, params in groups:

@@ -121,10 +121,10 @@ class WeightPublisher:
     def _push(self, version: int) -> None:
         tolerant = self.pool.health is not None
         for attempt in range(1, PUSH_ATTEMPTS + 1):
-            targets = {i: self.pool.engine_urls[i] for i in self.pool.weight_targets()}
+            targets = {i: self.pool.engines.urls[i] for i in self.pool.weight_targets()}
             if not targets:
                 raise RuntimeError(
-                    f"no engine to publish version {version} to: {self.pool.health.describe()}"
+                    f"no engine to publish version {version} to: {self.pool.engines.describe()}"
                 )
             try:
                 if self.method == "distributed":
@@ -132,14 +132,14 @@ class WeightPublisher:
                         self._form_group(targets)
                     urls = list(targets.values())
                 else:  # tensor: rank r serves engines r, r + R, ... by index; "" skips one
-                    urls = [targets.get(i, "") for i in range(len(self.pool.engine_urls))]
+                    urls = [targets.get(i, "") for i in range(len(self.pool.engines.urls))]
                 self.trainer.push_weights(self.method, urls, version, self.bucket_bytes)
                 return
             except Exception as e:
                 if not tolerant or attempt == PUSH_ATTEMPTS:
                     raise
                 self.pool.probe_engines()
-                now = {i: self.pool.engine_urls[i] for i in self.pool.weight_targets()}
+                now = {i: self.pool.engines.urls[i] for i in self.pool.weight_targets()}
                 lost = [url for i, url in targets.items() if now.get(i) != url]
                 if not lost:
                     raise  # no engine failed: the push itself did

@@ -11,7 +11,10 @@ Split one job per module, as nano-vllm splits its engine:
 - `sampler`: temperature / top-k / top-p / min-p / seeds and logprobs on the device;
 - `model_runner`: step inputs, eager forward, decode CUDA graphs;
 - `models/`: compact forward passes for qwen3, llama, glm4, qwen3_moe over HF weights;
-- `engine`: the step loop, add / abort, weight loading, memory release and resume.
+- `engine`: the step loop, add / abort, weight loading, memory release and resume;
+- `local`: `LocalEngine`, the engine built from SGLang's server-argument names;
+- `serve/`: the engine behind SGLang's native HTTP API (`python -m rlx.engine.serve`, or
+  `start_server` in-process): the rest of rlx reaches the engine through it, over HTTP.
 """
 
 from rlx.engine.config import EngineArgs

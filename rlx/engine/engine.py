@@ -21,10 +21,9 @@ from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import unwritten
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import PENDING, GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
+from rlx.sglang_api import MEMORY_TAGS
 
 logger = logging.getLogger(__name__)
-
-MEMORY_TAGS = ("weights", "kv_cache")
 
 
 class Engine:

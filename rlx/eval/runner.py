@@ -13,7 +13,8 @@ from collections.abc import Callable
 from rlx.data.config import EvalSetConfig
 from rlx.eval.metrics import summarise
 from rlx.rollout.config import RolloutConfig
-from rlx.rollout.pool import RolloutPool, expand
+from rlx.rollout.group import expand
+from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample
 
 

@@ -40,6 +40,20 @@ class EngineTimeout(TimeoutError):
     """An engine (or the router) did not answer a request within the client's time limit."""
 
 
+def is_engine_failure(exc: BaseException | None) -> bool:
+    """True when `exc` (or what caused it) says the engine failed rather than the request being
+    bad: a lost connection, a timeout, a 5xx answer (the router's own when no engine is left)."""
+    for _ in range(5):  # a generate_fn may wrap the client's error
+        if exc is None:
+            return False
+        if isinstance(exc, EngineError):
+            return exc.status_code >= 500
+        if isinstance(exc, aiohttp.ClientError | TimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @dataclass
 class Reply:
     """A read HTTP answer: status and body (parsed JSON where it is JSON, else text)."""

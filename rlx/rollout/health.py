@@ -20,7 +20,9 @@ died, or after `rollout.health_check_failures` pings in a row failed (no answer 
 Weight updates and restarts take turns on one lock, so a restarted engine never rejoins with an
 older version than the others serve. Requests that failed on a dead engine are sent again by the
 pool (`rollout.max_request_retries`) once `recover()` has checked the engines and at least one
-serves. Restarts are counted in `RolloutPool.metrics()` as `rollout/engine_restarts`.
+serves. Restarts are counted in `RolloutPool.metrics()` as `rollout/engine_restarts`. What the
+monitor knows of the engines (where each listens, which serve, the published weights) is the
+`EngineSet`'s (`rlx.rollout.engines`), which the pool reads too.
 """
 
 from __future__ import annotations
@@ -30,16 +32,15 @@ import contextlib
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import aiohttp
 import ray
 
 from rlx import ports
-from rlx.rollout.client import EngineClient, EngineError
-
-if TYPE_CHECKING:
-    from rlx.rollout.pool import RolloutPool
+from rlx.rollout.client import EngineClient, is_engine_failure
+from rlx.rollout.config import RolloutConfig
+from rlx.rollout.engines import EngineSet
+from rlx.rollout.router import RouterWorkers
 
 log = logging.getLogger(__name__)
 
@@ -53,91 +54,26 @@ class Verdict(enum.Enum):
     DEAD = "dead"  # connection refused: nothing listens there any more
 
 
-def is_engine_failure(exc: BaseException | None) -> bool:
-    """True when `exc` (or what caused it) says the engine failed rather than the request being
-    bad: a lost connection, a timeout, a 5xx answer (the router's own when no engine is left)."""
-    for _ in range(5):  # a generate_fn may wrap the client's error
-        if exc is None:
-            return False
-        if isinstance(exc, EngineError):
-            return exc.status_code >= 500
-        if isinstance(exc, aiohttp.ClientError | TimeoutError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-class RouterWorkers:
-    """sglang-router 0.3.2's worker API: `GET /workers` lists them, `POST /workers {"url"}` adds
-    one, `DELETE /workers/{id}` removes one. Both changes answer 202 and happen in the background,
-    so each call here waits until the list shows the change."""
-
-    def __init__(self, session: aiohttp.ClientSession, router_url: str, timeout_s: float):
-        self.session, self.base, self.timeout_s = session, router_url.rstrip("/"), timeout_s
-
-    async def workers(self) -> list[dict]:
-        async with self.session.get(self.base + "/workers") as r:
-            r.raise_for_status()
-            return (await r.json())["workers"]
-
-    async def remove(self, url: str) -> None:
-        for w in await self.workers():
-            if w["url"] == url:
-                async with self.session.delete(f"{self.base}/workers/{w['id']}") as r:
-                    if r.status >= 400:
-                        raise EngineError(r.status, await r.text(), self.base + "/workers")
-        await self._until(lambda ws: url not in [w["url"] for w in ws], f"remove {url}")
-
-    async def add(self, url: str) -> None:
-        async with self.session.post(self.base + "/workers", json={"url": url}) as r:
-            if r.status >= 400:
-                raise EngineError(r.status, await r.text(), self.base + "/workers")
-        healthy = lambda ws: any(w["url"] == url and w.get("is_healthy", True) for w in ws)  # noqa: E731
-        await self._until(healthy, f"add {url}")
-
-    async def _until(self, done, what: str) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while not done(await self.workers()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sglang-router at {self.base} did not {what} within {self.timeout_s:g} s")
-            await asyncio.sleep(0.1)
-
-
 class HealthMonitor:
-    """Pings, restarts and re-admits the pool's engines; every coroutine runs on the pool's loop.
+    """Pings, restarts and re-admits the engines of an `EngineSet`, whose state it changes (which
+    engines serve, which restart, the weights a restarted engine must serve); every coroutine runs
+    on the pool's loop. `update_from_disk` and `confirm_version` record the published weights."""
 
-    `serving`: indices of the engines in rotation (behind the router, or the one engine).
-    `update_from_disk` and `confirm_version` record the weights a restarted engine must serve."""
-
-    def __init__(self, pool: RolloutPool):
-        self.pool, self.cfg = pool, pool.cfg
-        n = len(pool.actors)
-        self.serving: set[int] = set(range(n))
-        self.behind: set[int] = set()  # restarted, waiting for the next publish (tensor/distributed)
-        self.given_up: dict[int, str] = {}  # engine -> why its restarts failed
-        self.failures = [0] * n  # failed pings in a row
-        self.num_restarts = 0  # completed restarts, read and reset by the pool's metrics()
-        self.weights_path: str | None = None
-        self.version: int | None = None  # None: nothing published since the engines started
-        self._restarts: dict[int, asyncio.Task | None] = {}  # engine -> its restart
+    def __init__(self, engines: EngineSet, cfg: RolloutConfig):
+        self.engines, self.cfg = engines, cfg
+        self._restarts: dict[int, asyncio.Task] = {}  # engine -> its restart
         self._rounds = 0  # probe rounds begun
         self._session: aiohttp.ClientSession | None = None
         self._weights_lock: asyncio.Lock | None = None
         self._probe_lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None  # set whenever an engine rejoins or is given up
         self._task: asyncio.Task | None = None
-        # no pings while the engines' memory is released (a colocated trainer's turn): they cannot
-        # generate then, and that is not a failure
-        self.paused = False
 
-    def start(self) -> None:
-        """Begin pinging (from any thread but the pool's)."""
-        self.pool.run(self._start())
-
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Begin pinging (on the pool's loop)."""
         timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_s)
         self._session = aiohttp.ClientSession(
-            timeout=timeout, headers=ports.auth_headers(self.pool.api_key), trust_env=False
+            timeout=timeout, headers=ports.auth_headers(self.engines.api_key), trust_env=False
         )
         self._weights_lock, self._probe_lock, self._changed = asyncio.Lock(), asyncio.Lock(), asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
@@ -145,7 +81,9 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.health_check_interval_s)
-            if self.paused:
+            # no pings while the engines' memory is released (a colocated trainer's turn): they
+            # cannot generate then, and that is not a failure
+            if self.engines.memory_released:
                 continue
             try:
                 async with self._probe_lock:
@@ -168,7 +106,7 @@ class HealthMonitor:
         """Engine i's server pinged, and its actor asked for its URL: an actor that died is dead
         even if a child server of its (SGLang's) still answers."""
         http, actor = await asyncio.gather(
-            self._ping(self.pool.engine_urls[i]), self._actor_alive(self.pool.actors[i])
+            self._ping(self.engines.urls[i]), self._actor_alive(self.engines.actors[i])
         )
         return http if actor else Verdict.DEAD
 
@@ -193,14 +131,19 @@ class HealthMonitor:
     async def _probe_round(self) -> None:
         """Ping every engine not being restarted; start the restart of each dead or hung one."""
         self._rounds += 1
+        engines = self.engines
         checked = [
-            i for i in range(len(self.pool.actors)) if i not in self._restarts and i not in self.given_up
+            i for i in range(len(engines.actors)) if i not in engines.restarting and i not in engines.given_up
         ]
         verdicts = await asyncio.gather(*(self._probe(i) for i in checked))
         for i, verdict in zip(checked, verdicts, strict=True):
-            self.failures[i] = 0 if verdict is Verdict.OK else self.failures[i] + 1
-            if verdict is Verdict.DEAD or self.failures[i] >= self.cfg.health_check_failures:
-                why = "refuses connections" if verdict is Verdict.DEAD else f"failed {self.failures[i]} pings"
+            engines.failed_pings[i] = 0 if verdict is Verdict.OK else engines.failed_pings[i] + 1
+            if verdict is Verdict.DEAD or engines.failed_pings[i] >= self.cfg.health_check_failures:
+                why = (
+                    "refuses connections"
+                    if verdict is Verdict.DEAD
+                    else f"failed {engines.failed_pings[i]} pings"
+                )
                 await self._take_out(i, why)
 
     async def probe_now(self) -> None:
@@ -217,46 +160,31 @@ class HealthMonitor:
             if self._rounds == asked:
                 await self._probe_round()
         deadline = time.monotonic() + self.cfg.engine_restart_timeout_s
-        while not self.serving:
-            if len(self.given_up) == len(self.pool.actors) or time.monotonic() > deadline:
-                raise TimeoutError(f"no engine serves: {self.describe()}")
+        while not self.engines.serving:
+            if len(self.engines.given_up) == len(self.engines.actors) or time.monotonic() > deadline:
+                raise TimeoutError(f"no engine serves: {self.engines.describe()}")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    def describe(self) -> str:
-        """Each engine's state, for error messages."""
-        states = []
-        for i in range(len(self.pool.actors)):
-            if i in self.given_up:
-                states.append(f"engine {i} given up ({self.given_up[i]})")
-            elif i in self.behind:
-                states.append(
-                    f"engine {i} restarted, waiting for the next weight publish (the tensor and "
-                    "distributed paths cannot resend the last weights; rollout.weight_sync=disk can)"
-                )
-            elif i in self._restarts:
-                states.append(f"engine {i} restarting")
-            else:
-                states.append(f"engine {i} serving")
-        return "; ".join(states)
-
     # ---- restarting ----------------------------------------------------------------------------
+
+    def _router_workers(self) -> RouterWorkers:
+        return RouterWorkers(self._session, self.engines.router.url, self.cfg.engine_restart_timeout_s)
 
     async def _take_out(self, i: int, why: str) -> None:
         """Out of rotation and out of the router; the restart goes on in the background."""
-        if i in self._restarts or i in self.given_up:
+        engines = self.engines
+        if i in engines.restarting or i in engines.given_up:
             return
-        url = self.pool.engine_urls[i]
+        url = engines.urls[i]
         log.warning("engine %d (%s) %s: restarting it", i, url, why)
-        self._restarts[i] = None  # claimed: no other caller takes it out meanwhile
-        self.serving.discard(i)
-        self.behind.discard(i)
-        if self.pool.router is not None:
+        engines.restarting.add(i)  # claimed: no other caller takes it out meanwhile
+        engines.serving.discard(i)
+        engines.behind.discard(i)
+        if engines.router is not None:
             try:
-                await RouterWorkers(self._session, self.pool.url, self.cfg.engine_restart_timeout_s).remove(
-                    url
-                )
+                await self._router_workers().remove(url)
             except Exception as e:  # the router marks it unhealthy by itself meanwhile
                 log.warning("could not remove engine %d from the router: %r", i, e)
         self._restarts[i] = asyncio.ensure_future(self._restart(i))
@@ -270,15 +198,16 @@ class HealthMonitor:
                 except Exception as e:
                     log.warning("restart %d of engine %d failed: %r", attempt, i, e)
                     reason = f"{type(e).__name__}: {e}"
-            self.given_up[i] = reason
+            self.engines.given_up[i] = reason
             log.error("engine %d given up after %d failed restarts: %s", i, MAX_RESTART_ATTEMPTS, reason)
             self._changed.set()
         finally:
+            self.engines.restarting.discard(i)
             self._restarts.pop(i, None)
 
     async def _restart_once(self, i: int) -> None:
         actor, url = await asyncio.to_thread(self._replace_actor, i)
-        client = self.pool.new_client(url)
+        client = self.engines.new_client(url)
         try:
             await self._bring_back(i, actor, client)
         except BaseException:  # not installed: the next attempt starts another
@@ -288,28 +217,29 @@ class HealthMonitor:
             raise
 
     async def _bring_back(self, i: int, actor, client: EngineClient) -> None:
+        engines = self.engines
         async with self._weights_lock:
-            if self.version is not None and self.weights_path is None:
-                self.pool.install_engine(i, actor, client, serving=False)  # the next publish reaches it
-                self.behind.add(i)
+            if engines.version is not None and engines.weights_path is None:
+                engines.install(i, actor, client, serving=False)  # the next publish reaches it
+                engines.behind.add(i)
                 log.warning(
                     "engine %d restarted at %s; it rejoins at the next weight publish", i, client.base_url
                 )
             else:
-                if self.version is not None:
-                    await self._load(client, self.weights_path, self.version)
+                if engines.version is not None:
+                    await self._load(client, engines.weights_path, engines.version)
                 await self._admit(i, actor, client)
-            self.num_restarts += 1
+            engines.num_restarts += 1
         self._changed.set()
 
     def _replace_actor(self, i: int):
         """(new actor, its URL) in place of engine i's actor (blocking: run in a thread)."""
-        old = self.pool.actors[i]
+        old = self.engines.actors[i]
         with contextlib.suppress(Exception):  # dead or hung: it is killed next anyway
             ray.get(old.shutdown.remote(), timeout=min(STOP_TIMEOUT_S, self.cfg.health_check_timeout_s))
         with contextlib.suppress(Exception):
             ray.kill(old, no_restart=True)
-        actor = self.pool.launch_engine(i)
+        actor = self.engines.launch(i)
         return actor, ray.get(actor.url.remote(), timeout=self.cfg.engine_restart_timeout_s)
 
     async def _load(self, client: EngineClient, path: str, version: int) -> None:
@@ -320,15 +250,14 @@ class HealthMonitor:
 
     async def _admit(self, i: int, actor, client: EngineClient) -> None:
         """Engine i (at the current weights) back into the router and into rotation."""
-        if self.pool.router is not None:
-            await RouterWorkers(self._session, self.pool.url, self.cfg.engine_restart_timeout_s).add(
-                client.base_url
-            )
-        self.pool.install_engine(i, actor, client, serving=True)
-        self.serving.add(i)
-        self.behind.discard(i)
-        self.failures[i] = 0
-        log.warning("engine %d serves again at %s (version %s)", i, client.base_url, self.version)
+        engines = self.engines
+        if engines.router is not None:
+            await self._router_workers().add(client.base_url)
+        engines.install(i, actor, client, serving=True)
+        engines.serving.add(i)
+        engines.behind.discard(i)
+        engines.failed_pings[i] = 0
+        log.warning("engine %d serves again at %s (version %s)", i, client.base_url, engines.version)
 
     # ---- weights -------------------------------------------------------------------------------
 
@@ -336,9 +265,10 @@ class HealthMonitor:
         """Every engine in rotation loads `path` as `version`; one that fails to answer is
         restarted (and loads it then). RuntimeError if an engine answers with an error, or if none
         took the update."""
+        engines = self.engines
         async with self._weights_lock:
-            todo = sorted(self.serving)
-            clients = [self.pool.engine_clients[i] for i in todo]
+            todo = sorted(engines.serving)
+            clients = [engines.clients[i] for i in todo]
             results = await asyncio.gather(
                 *(c.update_weights_from_disk(path, weight_version=str(version)) for c in clients),
                 return_exceptions=True,
@@ -349,34 +279,35 @@ class HealthMonitor:
                     if not is_engine_failure(result):
                         raise result  # the engine answered that it could not load `path`
                     lost.append(i)
-            self.weights_path, self.version = path, version
+            engines.weights_path, engines.version = path, version
         for i in lost:  # it restarts with `path`, after the lock is released
             await self._take_out(i, f"did not answer the weight update to version {version}")
         if len(lost) == len(todo):
-            raise RuntimeError(f"no engine took the weight update to version {version}: {self.describe()}")
+            raise RuntimeError(f"no engine took the weight update to version {version}: {engines.describe()}")
 
     async def confirm_version(self, version: int) -> None:
         """Every engine in rotation serves `version` (RuntimeError otherwise; one that does not
         answer is left to the pings), and restarted engines waiting for it rejoin. `version` is
         now the published one; unless `update_from_disk` loaded it, there is no directory to
         reload it from (the trainer pushed it)."""
+        engines = self.engines
         async with self._weights_lock:
-            if version != self.version:
-                self.weights_path = None
-            self.version = version
-            todo = sorted(self.serving | self.behind)
+            if version != engines.version:
+                engines.weights_path = None
+            engines.version = version
+            todo = engines.weight_targets()
             served = await asyncio.gather(
-                *(self.pool.engine_clients[i].get_weight_version() for i in todo), return_exceptions=True
+                *(engines.clients[i].get_weight_version() for i in todo), return_exceptions=True
             )
             wrong = {}
             for i, v in zip(todo, served, strict=True):
                 if isinstance(v, BaseException):
                     if not is_engine_failure(v):
                         raise v
-                elif v == str(version) and i in self.behind:
-                    await self._admit(i, self.pool.actors[i], self.pool.engine_clients[i])
-                elif v != str(version) and i in self.serving:
-                    wrong[self.pool.engine_urls[i]] = v
+                elif v == str(version) and i in engines.behind:
+                    await self._admit(i, engines.actors[i], engines.clients[i])
+                elif v != str(version) and i in engines.serving:
+                    wrong[engines.urls[i]] = v
             if wrong:
                 raise RuntimeError(f"engines serve versions {wrong} after updating to {version}")
         self._changed.set()

@@ -31,7 +31,8 @@ from collections import Counter
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.filters import load_filter
-from rlx.rollout.pool import RolloutPool, expand, rollout_metrics
+from rlx.rollout.group import expand, rollout_metrics
+from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample, Status
 
 log = logging.getLogger(__name__)

@@ -9,18 +9,25 @@ send `Authorization: Bearer KEY` to the workers and require the same from its ow
 routes that drive them (/generate, /flush_cache, ...; /health stays open); the key reaches it in
 its environment, not on its command line (`rlx.rollout.keyed_launch`). It binds loopback even
 across nodes (its Prometheus metrics too): only the driver, beside it, talks to it.
+`RouterWorkers` is its worker API, through which the health monitor (`rlx.rollout.health`) takes
+a failed engine out and puts its replacement in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
 
+import aiohttp
 import httpx
 
 from rlx import ports
 from rlx.ports import LOOPBACK, free_port
-from rlx.rollout.sglang import ChildProcess, ChildService, cli_flags, key_env, module_cmd
+from rlx.rollout.child_process import ChildProcess, ChildService
+from rlx.rollout.client import EngineError
+from rlx.rollout.sglang import cli_flags, key_env, module_cmd
 
 log = logging.getLogger(__name__)
 PORT_ATTEMPTS = 3
@@ -127,3 +134,39 @@ class Router(ChildService):
     @property
     def cmd(self) -> list[str]:
         return self._child.cmd
+
+
+class RouterWorkers:
+    """sglang-router 0.3.2's worker API: `GET /workers` lists them, `POST /workers {"url"}` adds
+    one, `DELETE /workers/{id}` removes one. Both changes answer 202 and happen in the background,
+    so each call here waits until the list shows the change."""
+
+    def __init__(self, session: aiohttp.ClientSession, router_url: str, timeout_s: float):
+        self.session, self.base, self.timeout_s = session, router_url.rstrip("/"), timeout_s
+
+    async def workers(self) -> list[dict]:
+        async with self.session.get(self.base + "/workers") as r:
+            r.raise_for_status()
+            return (await r.json())["workers"]
+
+    async def remove(self, url: str) -> None:
+        for w in await self.workers():
+            if w["url"] == url:
+                async with self.session.delete(f"{self.base}/workers/{w['id']}") as r:
+                    if r.status >= 400:
+                        raise EngineError(r.status, await r.text(), self.base + "/workers")
+        await self._until(lambda ws: url not in [w["url"] for w in ws], f"remove {url}")
+
+    async def add(self, url: str) -> None:
+        async with self.session.post(self.base + "/workers", json={"url": url}) as r:
+            if r.status >= 400:
+                raise EngineError(r.status, await r.text(), self.base + "/workers")
+        healthy = lambda ws: any(w["url"] == url and w.get("is_healthy", True) for w in ws)  # noqa: E731
+        await self._until(healthy, f"add {url}")
+
+    async def _until(self, done, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not done(await self.workers()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sglang-router at {self.base} did not {what} within {self.timeout_s:g} s")
+            await asyncio.sleep(0.1)

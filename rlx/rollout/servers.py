@@ -49,7 +49,7 @@ def with_memory_saver(cfg: RolloutConfig, colocated: bool) -> RolloutConfig:
 
 
 class LocalServer:
-    """rlx's own engine (HF weights, batched sampling) served in this process."""
+    """rlx's own engine (HF weights, batched sampling) served in this process (`rlx.engine.serve`)."""
 
     def __init__(
         self,
@@ -60,12 +60,11 @@ class LocalServer:
         host: str = LOOPBACK,
         api_key: str | None = None,
     ):
-        from rlx.rollout.http_server import EngineServer
-        from rlx.rollout.local import LocalEngine
+        from rlx.engine.serve import start_server  # the engine's code loads in the engine's process only
 
-        engine = LocalEngine(model_path, seed=seed, num_threads=cfg.engine_threads, **dict(cfg.engine_args))
-        self.server = EngineServer(engine, host, api_key=api_key)  # its `engine` too (benches read both)
-        self.server.start()
+        self.server = start_server(  # an `EngineServer`: its `engine` too (benches read both)
+            model_path, cfg.engine_args, seed=seed, num_threads=cfg.engine_threads, host=host, api_key=api_key
+        )
 
     @property
     def url(self) -> str:

@@ -1,5 +1,5 @@
 """Trainer side of the fast weight paths: HF-named tensors in bounded buckets straight to the
-engines, over SGLang's HTTP endpoints (`rlx.rollout.weight_routes` serves them in rlx's engine).
+engines, over SGLang's HTTP endpoints (`rlx.engine.serve.weight_routes` serves them in rlx's engine).
 
     tensor       each rank hands its engines (r, r + R, r + 2R, ...: colocated, the one on its own
                  GPU) CUDA IPC handles, or shared memory on CPU; the engine copies and replies

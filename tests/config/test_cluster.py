@@ -15,7 +15,7 @@ from rlx.config.compose import CONF_DIR, compose, to_object
 from rlx.errors import ConfigError
 
 CLUSTER_DIR = CONF_DIR / "cluster"
-SGLANG = ["rollout=sglang", "rollout.server_module=rlx.rollout.http_server"]  # SGLang is not installed here
+SGLANG = ["rollout=sglang", "rollout.server_module=rlx.engine.serve"]  # SGLang is not installed here
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def needs(group: str, option: str, prompts) -> list[str]:
     if (group, option) == ("rollout", "sglang"):
         # SGLang cannot be installed here: its launcher points at rlx's engine CLI, which takes
         # the same flags (tests/integration/test_e2e.py runs it); without it validation refuses.
-        return ["rollout.server_module=rlx.rollout.http_server"]
+        return ["rollout.server_module=rlx.engine.serve"]
     return []
 
 
@@ -260,7 +260,7 @@ FAILURES = {
             "rollout.num_engines=2",
             "rollout.gpus_per_engine=2",
             "rollout._target_=rlx.rollout.servers.SGLangServer",
-            "rollout.server_module=rlx.rollout.http_server",
+            "rollout.server_module=rlx.engine.serve",
         ],
         ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
     ),  # fmt: skip
@@ -268,7 +268,7 @@ FAILURES = {
         [
             "cluster=1gpu",
             "rollout=sglang",
-            "rollout.server_module=rlx.rollout.http_server",
+            "rollout.server_module=rlx.engine.serve",
             "+rollout.engine_args.enable_memory_saver=false",
         ],
         ["cluster.colocate=true", "rollout.engine_args.enable_memory_saver=false", "remove that key"],

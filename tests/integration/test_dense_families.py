@@ -27,11 +27,12 @@ from transformers import AutoModelForCausalLM
 
 from rlx.config import build
 from rlx.config.compose import compose, to_object
+from rlx.engine import GenerateRequest, SamplingParams
+from rlx.engine.local import LocalEngine
 from rlx.errors import ConfigError
 from rlx.models.attention import SDPAttention
 from rlx.models.config import ModelConfig
 from rlx.models.layers import PostNormTransformerLayer
-from rlx.rollout.local import GenerateRequest, LocalEngine, SamplingParams
 from rlx.runtime import run
 
 # model option -> the transformers class its checkpoint loads as

@@ -93,7 +93,7 @@ def test_sglang_option_drives_a_server_process_through_its_cli(tmp_path):
     rlx's engine CLI as the module, the whole SGLang path runs here (SGLang itself cannot)."""
     history = run(
         compose(
-            [f"run.output_dir={tmp_path}", "rollout=sglang", "rollout.server_module=rlx.rollout.http_server",
+            [f"run.output_dir={tmp_path}", "rollout=sglang", "rollout.server_module=rlx.engine.serve",
              "rollout.num_engines=2", "run.num_rollout=2", "rollout.batch_size=8", "rollout.n_samples_per_prompt=4",
              "train.micro_batch_size=16", "run.progress=false"]
         )

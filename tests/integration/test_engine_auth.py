@@ -168,7 +168,7 @@ def test_child_servers_and_the_router_take_the_key_from_their_environment_not_th
     keyed = {"Authorization": f"Bearer {KEY}"}
     generate = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
     server = ServerProcess(
-        str(tiny_qwen3_dir), engine_args={"random_seed": 0}, module="rlx.rollout.http_server",
+        str(tiny_qwen3_dir), engine_args={"random_seed": 0}, module="rlx.engine.serve",
         startup_timeout_s=120, api_key=KEY,
     )  # fmt: skip
     with server, Router([server.url], api_key=KEY) as router:

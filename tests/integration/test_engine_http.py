@@ -13,9 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlx.engine.local import LocalEngine
+from rlx.engine.serve import EngineServer
+from rlx.engine.serve.cli import arg_parser
 from rlx.rollout.client import EngineClient, EngineError
-from rlx.rollout.http_server import EngineServer, arg_parser
-from rlx.rollout.local import LocalEngine
 from rlx.rollout.sglang import ServerProcess, launch_server_cmd
 
 PROMPT = [2, 3, 4, 5]
@@ -107,7 +108,9 @@ def test_bad_requests_answer_400_with_sglang_error_body(server):
         assert r.status_code == 400 and r.json()["error"]["message"]
     # max_new_tokens past the context (64): SGLang's error, and the server serves the next request
     past = post(server, "/generate", {"input_ids": [2] * 60, "sampling_params": {"max_new_tokens": 4}})
-    assert past.status_code == 400 and "maximum context length of 64 tokens" in past.json()["error"]["message"]
+    assert (
+        past.status_code == 400 and "maximum context length of 64 tokens" in past.json()["error"]["message"]
+    )
     fits = post(server, "/generate", {"input_ids": [2] * 60, "sampling_params": {"max_new_tokens": 3}})
     assert fits.status_code == 200 and len(fits.json()["output_ids"]) <= 3
 
@@ -152,12 +155,15 @@ def test_update_weights_from_disk_changes_logprobs_and_version(fresh_server, tin
         fresh_server, "/update_weights_from_disk", {"model_path": "/nonexistent", "weight_version": "8"}
     )
     assert bad.status_code == 400 and bad.json()["success"] is False
+
     # the client turns that answer into an error naming the engine and the directory
     async def load():
         async with EngineClient(fresh_server.url) as client:
             await client.update_weights_from_disk("/nonexistent", weight_version="8")
 
-    with pytest.raises(RuntimeError, match=f"engine {fresh_server.url} failed to load weights from /nonexistent"):
+    with pytest.raises(
+        RuntimeError, match=f"engine {fresh_server.url} failed to load weights from /nonexistent"
+    ):
         asyncio.run(load())
     assert httpx.get(fresh_server.url + "/get_weight_version").json() == {"weight_version": "7"}
 
@@ -315,7 +321,7 @@ def test_a_flag_value_that_starts_with_a_dash_reaches_the_server_intact():
     # secrets.token_urlsafe starts with "-" one time in 64: passed apart, argparse took it for a flag
     # and the engine exited with "--api-key: expected one argument" (a multi-node CI run did)
     args = {"api_key": "-Ab_9", "random_seed": -3, "log_level": "info"}
-    cmd = launch_server_cmd("/m", 1234, args, module="rlx.rollout.http_server")
+    cmd = launch_server_cmd("/m", 1234, args, module="rlx.engine.serve")
     assert cmd[-4:] == ["--api-key=-Ab_9", "--random-seed=-3", "--log-level", "info"]
     parsed, unknown = arg_parser().parse_known_args(cmd[3:])
     assert (parsed.api_key, parsed.random_seed, parsed.log_level, unknown) == ("-Ab_9", -3, "info", [])
@@ -323,10 +329,10 @@ def test_a_flag_value_that_starts_with_a_dash_reaches_the_server_intact():
 
 def test_server_process_runs_the_local_engine_cli(tiny_qwen3_dir):
     args = {"random_seed": 0, "num_threads": 1, "mem_fraction_static": 0.5, "enable_metrics": True}
-    cmd = launch_server_cmd(str(tiny_qwen3_dir), 1234, args, module="rlx.rollout.http_server")
+    cmd = launch_server_cmd(str(tiny_qwen3_dir), 1234, args, module="rlx.engine.serve")
     assert cmd[1:] == [
         "-m",
-        "rlx.rollout.http_server",
+        "rlx.engine.serve",
         "--model-path",
         str(tiny_qwen3_dir),
         "--port",
@@ -342,7 +348,7 @@ def test_server_process_runs_the_local_engine_cli(tiny_qwen3_dir):
         "--enable-metrics",
     ]
     process = ServerProcess(
-        str(tiny_qwen3_dir), engine_args=args, module="rlx.rollout.http_server", startup_timeout_s=120
+        str(tiny_qwen3_dir), engine_args=args, module="rlx.engine.serve", startup_timeout_s=120
     )
     with process:
         pid = process.pid

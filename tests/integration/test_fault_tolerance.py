@@ -21,9 +21,8 @@ from transformers import AutoTokenizer
 
 from rlx.config.compose import compose
 from rlx.reward.config import RewardConfig
-from rlx.rollout.client import EngineError, EngineTimeout
+from rlx.rollout.client import EngineError, EngineTimeout, is_engine_failure
 from rlx.rollout.config import RolloutConfig
-from rlx.rollout.health import is_engine_failure
 from rlx.rollout.pool import RolloutPool
 from rlx.runtime import _prepare
 from rlx.sample import Sample, Status
@@ -92,8 +91,8 @@ def _when_busy(url: str, act) -> threading.Thread:
 def _wait_all_serving(pool: RolloutPool, timeout_s: float = 60.0) -> None:
     """Until every engine is back in rotation (a restart finishes in the background)."""
     deadline = time.monotonic() + timeout_s
-    while len(pool.health.serving) < len(pool.engine_urls):
-        assert time.monotonic() < deadline, pool.health.describe()
+    while len(pool.engines.serving) < len(pool.engines.urls):
+        assert time.monotonic() < deadline, pool.engines.describe()
         time.sleep(0.1)
 
 
@@ -117,7 +116,7 @@ def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir
     try:
         pool.update_weights(weights_v1, version=1)
         assert pool.metrics() == {"rollout/engine_restarts": 0.0, "rollout/request_retries": 0.0}
-        victim = pool.engine_urls[0]
+        victim = pool.engines.urls[0]
         pid = _server_pid(victim)
         watcher = _when_busy(victim, lambda: os.kill(pid, signal.SIGKILL))
         samples, _ = pool.generate(_prompts(tokenizer), version=1)
@@ -131,11 +130,11 @@ def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir
         assert pool.metrics() == {"rollout/engine_restarts": 0.0, "rollout/request_retries": 0.0}  # reset
 
         # the new engine: another process and port, at version 1, back behind the router
-        restarted = pool.engine_urls[0]
+        restarted = pool.engines.urls[0]
         assert restarted != victim and _server_pid(restarted) != pid
         assert _version(restarted) == "1"
-        workers = httpx.get(pool.url + "/workers", timeout=10).json()["workers"]
-        assert sorted(w["url"] for w in workers) == sorted(pool.engine_urls)
+        workers = httpx.get(pool.engines.url + "/workers", timeout=10).json()["workers"]
+        assert sorted(w["url"] for w in workers) == sorted(pool.engines.urls)
         before = httpx.get(restarted + "/get_server_info", timeout=10).json()["internal_states"][0]
         samples, _ = pool.generate(_prompts(tokenizer), version=1)
         after = httpx.get(restarted + "/get_server_info", timeout=10).json()["internal_states"][0]
@@ -144,28 +143,28 @@ def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir
 
         # a later weight update reaches it like any engine
         pool.update_weights(weights_v1, version=2)
-        assert [_version(u) for u in pool.engine_urls] == ["2", "2"]
+        assert [_version(u) for u in pool.engines.urls] == ["2", "2"]
 
         # weights pushed by the trainer (tensor/distributed: no directory to reload): a restarted
         # engine stays out of rotation until the next push reaches it
         _push(pool, weights_v1, version=3)
-        victim, pid = pool.engine_urls[1], _server_pid(pool.engine_urls[1])
+        victim, pid = pool.engines.urls[1], _server_pid(pool.engines.urls[1])
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while 1 not in pool.health.behind:
-            assert time.monotonic() < deadline, pool.health.describe()
+        while 1 not in pool.engines.behind:
+            assert time.monotonic() < deadline, pool.engines.describe()
             time.sleep(0.1)
-        assert pool.health.serving == {0} and pool.engine_urls[1] != victim
-        assert _version(pool.engine_urls[1]) == "default"  # the checkpoint's weights, not version 3
-        assert [w["url"] for w in httpx.get(pool.url + "/workers", timeout=10).json()["workers"]] == [
-            pool.engine_urls[0]
+        assert pool.engines.serving == {0} and pool.engines.urls[1] != victim
+        assert _version(pool.engines.urls[1]) == "default"  # the checkpoint's weights, not version 3
+        assert [w["url"] for w in httpx.get(pool.engines.url + "/workers", timeout=10).json()["workers"]] == [
+            pool.engines.urls[0]
         ]
         samples, _ = pool.generate(_prompts(tokenizer)[:2], version=3)
         assert {s.version for s in samples} == {3}  # never from the engine left behind
         _push(pool, weights_v1, version=4)  # reaches every engine, the restarted one too
-        assert pool.health.serving == {0, 1} and not pool.health.behind
-        workers = httpx.get(pool.url + "/workers", timeout=10).json()["workers"]
-        assert sorted(w["url"] for w in workers) == sorted(pool.engine_urls)
+        assert pool.engines.serving == {0, 1} and not pool.engines.behind
+        workers = httpx.get(pool.engines.url + "/workers", timeout=10).json()["workers"]
+        assert sorted(w["url"] for w in workers) == sorted(pool.engines.urls)
         assert pool.metrics()["rollout/engine_restarts"] == 1.0
     finally:
         pool.shutdown()
@@ -174,7 +173,7 @@ def test_engine_killed_mid_rollout_behind_the_router(ray_session, tiny_qwen3_dir
 def _push(pool: RolloutPool, path: str, version: int) -> None:
     """What the trainer's tensor or distributed push does: new weights to every engine URL, then
     the publisher's `check_version`."""
-    for url in pool.engine_urls:
+    for url in pool.engines.urls:
         body = {"model_path": path, "weight_version": str(version)}
         assert httpx.post(url + "/update_weights_from_disk", json=body, timeout=60).json()["success"]
     pool.check_version(version)
@@ -186,7 +185,7 @@ def test_one_engine_hung_mid_rollout_is_restarted(ray_session, tiny_qwen3_dir, w
     pid = None
     try:
         pool.update_weights(weights_v1, version=1)
-        victim = pool.engine_urls[0]
+        victim = pool.engines.urls[0]
         pid = _server_pid(victim)
         watcher = _when_busy(victim, lambda: os.kill(pid, signal.SIGSTOP))  # hung, not gone
         samples, _ = pool.generate(_prompts(tokenizer), version=1)  # requests wait for the restart
@@ -194,7 +193,7 @@ def test_one_engine_hung_mid_rollout_is_restarted(ray_session, tiny_qwen3_dir, w
         _check_batch(samples)
         counts = pool.metrics()
         assert counts["rollout/engine_restarts"] == 1.0 and counts["rollout/request_retries"] >= 1.0
-        assert pool.url == pool.engine_urls[0] != victim and _version(pool.url) == "1"
+        assert pool.engines.url == pool.engines.urls[0] != victim and _version(pool.engines.url) == "1"
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     finally:
         if pid is not None and psutil.pid_exists(pid):
@@ -263,36 +262,36 @@ def _greedy_logprobs(url: str, ids: list[int]) -> list[float]:
 def test_restarted_engine_rejoins_the_broadcast_group(split_run):
     trainer, pool, publish, tokenizer = split_run
     ids = tokenizer("3 4 =")["input_ids"]
-    before = _greedy_logprobs(pool.engine_urls[0], ids)
+    before = _greedy_logprobs(pool.engines.urls[0], ids)
     publish(1)  # the group forms with both engines; they now serve the trainer's weights
-    trained = _greedy_logprobs(pool.engine_urls[0], ids)
+    trained = _greedy_logprobs(pool.engines.urls[0], ids)
     assert trained != pytest.approx(before)
-    assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(trained)
-    assert publish._members == dict(enumerate(pool.engine_urls))
+    assert _greedy_logprobs(pool.engines.urls[1], ids) == pytest.approx(trained)
+    assert publish._members == dict(enumerate(pool.engines.urls))
 
     # dead when the push begins, before the monitor noticed: the push fails (its broadcast or its
     # announcement), the engines are pinged, and it is tried again without the dead one
-    victim = pool.engine_urls[1]
+    victim = pool.engines.urls[1]
     os.kill(_server_pid(victim), signal.SIGKILL)
     publish(2)
-    assert list(publish._members) == [0] and _version(pool.engine_urls[0]) == "2"
-    assert pool.health.serving == {0}
+    assert list(publish._members) == [0] and _version(pool.engines.urls[0]) == "2"
+    assert pool.engines.serving == {0}
 
     # restarted at the checkpoint's weights, out of rotation until a push reaches it
     deadline = time.monotonic() + 60
-    while 1 not in pool.health.behind:
-        assert time.monotonic() < deadline, pool.health.describe()
+    while 1 not in pool.engines.behind:
+        assert time.monotonic() < deadline, pool.engines.describe()
         time.sleep(0.1)
-    assert pool.engine_urls[1] != victim
-    assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(before)
+    assert pool.engines.urls[1] != victim
+    assert _greedy_logprobs(pool.engines.urls[1], ids) == pytest.approx(before)
     samples, _ = pool.generate(_prompts(tokenizer)[:2], version=2)
     assert {s.version for s in samples} == {2}  # never from the engine left behind
 
     publish(3)  # the group is formed again with the new engine, which gets the weights and rejoins
-    assert publish._members == dict(enumerate(pool.engine_urls))
-    assert pool.health.serving == {0, 1} and not pool.health.behind
-    assert [_version(u) for u in pool.engine_urls] == ["3", "3"]
-    assert _greedy_logprobs(pool.engine_urls[1], ids) == pytest.approx(trained)
+    assert publish._members == dict(enumerate(pool.engines.urls))
+    assert pool.engines.serving == {0, 1} and not pool.engines.behind
+    assert [_version(u) for u in pool.engines.urls] == ["3", "3"]
+    assert _greedy_logprobs(pool.engines.urls[1], ids) == pytest.approx(trained)
     assert pool.metrics()["rollout/engine_restarts"] == 1.0
 
 
@@ -303,18 +302,18 @@ def test_engines_half_resumed_between_colocated_turns_are_not_probed(ray_session
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
     pool = RolloutPool(_cfg(1), str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     try:
-        url = pool.engine_urls[0]
+        url = pool.engines.urls[0]
         pool.release_memory()
-        assert pool.health.paused
+        assert pool.engines.memory_released
         pool.resume_memory(["weights"])  # weights back uninitialized (no CPU backup), no KV cache
-        assert pool.health.paused
+        assert pool.engines.memory_released
         time.sleep(4 * pool.cfg.health_check_interval_s)  # pings would have failed twice by now
         pool.update_weights(weights_v1, version=1)  # the sync of a colocated step
         pool.resume_memory(["kv_cache"])
-        assert not pool.health.paused
+        assert not pool.engines.memory_released
         samples, _ = pool.generate(_prompts(tokenizer)[:2], version=1)  # it serves again
         assert [s.status for s in samples] == [Status.TRUNCATED] * 2 * GROUP_SIZE
         assert {s.version for s in samples} == {1} and all(s.response_len == MAX_LEN for s in samples)
-        assert pool.metrics()["rollout/engine_restarts"] == 0.0 and pool.engine_urls[0] == url
+        assert pool.metrics()["rollout/engine_restarts"] == 0.0 and pool.engines.urls[0] == url
     finally:
         pool.shutdown()

@@ -18,16 +18,15 @@ from starlette.routing import Route
 from rlx import ports
 from rlx.cluster import ClusterConfig
 from rlx.config.compose import compose
+from rlx.engine.local import LocalEngine
+from rlx.engine.serve import EngineServer
+from rlx.engine.serve.app import ROUTERS
 from rlx.errors import ConfigError
 from rlx.placement import plan
-from rlx.rollout import http_server
 from rlx.rollout.client import EngineClient, EngineError
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
-from rlx.rollout.http_server import EngineServer
-from rlx.rollout.local import LocalEngine
 from rlx.rollout.router import Router
-from rlx.rollout.weight_routes import weight_routes
 from rlx.runtime import run
 
 KEY = "run-key-123"
@@ -60,7 +59,7 @@ def bearer(key: str) -> dict[str, str]:
 def test_engine_server_requires_the_key_on_every_route_but_health(keyed_server):
     url = keyed_server.url
     # SGLang's native API, the weight routes and FastAPI's own (/docs, /openapi.json)
-    every = [*http_server.routes.routes, *weight_routes.routes, *keyed_server.app.routes]
+    every = [*(route for router in ROUTERS for route in router.routes), *keyed_server.app.routes]
     routes = [(m, r.path) for r in every if isinstance(r, Route) for m in r.methods]
     assert len({path for _, path in routes}) >= 20 and ("POST", "/update_weights_from_tensor") in routes
     with httpx.Client(timeout=30) as http:
@@ -155,7 +154,7 @@ def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
 
 
 MULTI_NODE = ["cluster.num_nodes=2", "cluster.ray_address=auto", "rollout=sglang",
-              "rollout.server_module=rlx.rollout.http_server", "rollout.num_engines=2", "run.num_rollout=2",
+              "rollout.server_module=rlx.engine.serve", "rollout.num_engines=2", "run.num_rollout=2",
               "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
               "run.progress=false", "run.tensorboard=false"]  # fmt: skip
 

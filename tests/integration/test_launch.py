@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16"]
-STRAY = ("raylet", "gcs_server", "ray::", "sglang_router", "sglang-router", "rlx.rollout.http_server")
+STRAY = ("raylet", "gcs_server", "ray::", "sglang_router", "sglang-router", "rlx.engine.serve")
 
 
 def launch(tmp_path, *overrides, **kwargs) -> subprocess.CompletedProcess:

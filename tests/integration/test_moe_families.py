@@ -327,7 +327,8 @@ def test_tp2_matches_tp1(world, models, tmp_path):
 
 @pytest.mark.parametrize("variant", PARALLEL_VARIANTS)
 def test_local_engine_logprobs_match_transformers(models, variant):
-    from rlx.rollout.local import GenerateRequest, LocalEngine, SamplingParams
+    from rlx.engine import GenerateRequest, SamplingParams
+    from rlx.engine.local import LocalEngine
 
     hf_dir = models[variant][1]
     engine = LocalEngine(str(hf_dir), seed=0)

@@ -35,7 +35,7 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
     cfg = RolloutConfig(num_engines=2, batch_size=8, n_samples_per_prompt=4, max_response_len=4)
     pool = RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
     try:
-        assert pool.router is not None and pool.url == pool.router.url
+        assert pool.engines.router is not None and pool.engines.url == pool.engines.router.url
         prompts = [
             Sample(
                 prompt=f"{d} {d} {d} =",
@@ -54,7 +54,7 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
             assert s.version == 0
         assert metrics["rollout/reward_mean"] == pytest.approx(sum(s.reward for s in samples) / 32)
         # the router spread the 8 group requests (4 prompts each) over both engines
-        served = [_requests_served(url) for url in pool.engine_urls]
+        served = [_requests_served(url) for url in pool.engines.urls]
         assert sum(served) == 32 and all(n > 0 for n in served), served
 
         # weight sync: new weights as HF shards, every engine serves version 1 afterwards

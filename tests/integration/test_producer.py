@@ -9,7 +9,8 @@ from transformers import AutoTokenizer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
-from rlx.rollout.pool import RolloutPool, expand
+from rlx.rollout.group import append_answer, expand
+from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer, _mask_old_tokens
 from rlx.sample import Sample, Status
 
@@ -63,8 +64,8 @@ def test_a_partial_sample_continues_with_its_tokens_and_logprobs_intact(
         # the first 5 tokens under version 0, then the sample is aborted (as an abort leaves it)
         part = expand(prompt, 0, 1)
         params = pool.sampling_params | {"max_new_tokens": 5}
-        out = pool.run(pool.client.generate_batch([part[0].tokens], params))
-        pool._fill(part[0], out[0], version=0)
+        out = pool.run(pool.engines.client.generate_batch([part[0].tokens], params))
+        append_answer(part[0], out[0], 0, pool.tokenizer)
         part[0].status = Status.ABORTED
         head_ids, head_logprobs = list(part[0].response_ids), list(part[0].rollout_logprobs)
         assert len(head_ids) == 5

@@ -8,9 +8,9 @@ import os
 import httpx
 import pytest
 
+from rlx.engine.local import LocalEngine
+from rlx.engine.serve import EngineServer
 from rlx.rollout.client import EngineClient
-from rlx.rollout.http_server import EngineServer
-from rlx.rollout.local import LocalEngine
 from rlx.rollout.router import Router
 from rlx.rollout.sglang import cli_flags
 

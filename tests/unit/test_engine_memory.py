@@ -77,11 +77,11 @@ def test_without_backup_a_whole_checkpoint_restores_and_a_partial_one_is_refused
 
 
 def test_http_generate_answers_the_refusal_and_the_server_keeps_serving(scrambled_dir):
-    from rlx.rollout.http_server import Scheduler
-    from rlx.rollout.local import LocalEngine
+    from rlx.engine.local import LocalEngine
+    from rlx.engine.serve.scheduler_thread import SchedulerThread
 
     local = LocalEngine(str(scrambled_dir), device="cpu")
-    scheduler = Scheduler(local, max_batch_size=8)
+    scheduler = SchedulerThread(local, max_batch_size=8)
     scheduler.start()
     try:
         request = GenerateRequest([5, 6], SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))

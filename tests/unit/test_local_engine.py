@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlx.rollout.local import GenerateRequest, LocalEngine, SamplingParams
-from rlx.rollout.sglang import parse_sampling_params
+from rlx.engine import GenerateRequest, SamplingParams
+from rlx.engine.local import LocalEngine
+from rlx.engine.serve.protocol import parse_sampling_params
 
 PROMPTS = [[5], [2, 3, 4], [9, 8, 7, 6, 5, 4, 12], [3, 13, 2, 14, 6, 11, 10, 4, 7, 12, 15, 2]]
 EOS = 1

@@ -1,9 +1,11 @@
-"""SGLang's weight-update endpoints of the engine server, for the two paths besides disk:
+"""SGLang's weight-update endpoints of the engine server, one per path:
 
+    POST /update_weights_from_disk         any: load the HF shards of a directory
     POST /update_weights_from_tensor       colocated: CUDA IPC handles (GPU) or shared memory (CPU)
     POST /init_weights_update_group        split: join the trainer's broadcast group
     POST /update_weights_from_distributed  split: receive one broadcast bucket
     POST /destroy_weights_update_group
+    POST /update_weight_version            the version served, without new weights
 
 Bodies and replies follow SGLang's (`{"success": bool, "message": str}`). Payloads are decoded by
 `rlx.weight_sync`; the tensors are copied into the live weights on the engine's scheduler thread,
@@ -18,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from rlx.engine.serve.route_helpers import json_body, server_of
 from rlx.weight_sync.buckets import BucketMeta
 from rlx.weight_sync.distributed import WeightReceiver
 from rlx.weight_sync.tensor import deserialize
@@ -33,7 +36,7 @@ def _reply(success: bool, message: str, status_code: int | None = None) -> JSONR
 
 async def _load(request: Request, named: list, body: dict[str, Any]) -> JSONResponse:
     """Copy `named` into the engine's weights on its scheduler thread; SGLang's reply."""
-    server = request.app.state.server
+    server = server_of(request)
     version = body.get("weight_version")
     load = lambda: server.engine.load_named_weights(named, None if version is None else str(version))  # noqa: E731
     try:
@@ -41,6 +44,44 @@ async def _load(request: Request, named: list, body: dict[str, Any]) -> JSONResp
     except (RuntimeError, ValueError) as e:
         return _reply(False, f"failed to load weights: {e}")
     return _reply(True, f"loaded {num} tensors")
+
+
+@weight_routes.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request):
+    """Load new weights between steps (requests in flight finish first, unless abort_all_requests)."""
+    body, engine, scheduler = (
+        await json_body(request),
+        server_of(request).engine,
+        server_of(request).scheduler,
+    )
+    path, version = body.get("model_path"), body.get("weight_version")
+    if body.get("abort_all_requests"):
+        scheduler.abort(abort_all=True)
+    try:
+        await asyncio.wrap_future(scheduler.call(lambda: engine.load_weights_from_disk(path, version)))
+    except Exception as exc:
+        failure = {"success": False, "message": f"Failed to update weights: {exc}.", "num_paused_requests": 0}
+        return JSONResponse(failure, status_code=400)
+    message = "Succeeded to update model weights."
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return {"success": True, "message": message, "num_paused_requests": 0}
+
+
+@weight_routes.post("/update_weight_version")
+async def update_weight_version(request: Request):
+    body, engine, scheduler = (
+        await json_body(request),
+        server_of(request).engine,
+        server_of(request).scheduler,
+    )
+    if body.get("new_version") is None:
+        raise ValueError("new_version is required")
+    if body.get("abort_all_requests", True):
+        scheduler.abort(abort_all=True)
+    version = str(body["new_version"])
+    await asyncio.wrap_future(scheduler.call(lambda: setattr(engine, "weight_version", version)))
+    return {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
 
 
 @weight_routes.post("/update_weights_from_tensor")

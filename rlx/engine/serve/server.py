@@ -1,0 +1,117 @@
+"""The engine server: rlx's engine behind SGLang's native HTTP API, on background threads.
+
+Its scheduler thread (`scheduler_thread`) owns the engine; uvicorn serves the FastAPI app (`app`)
+on a thread of its own, on a socket bound before `start()` returns.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from rlx.engine.local import LocalEngine
+from rlx.engine.serve.app import build_app
+from rlx.engine.serve.scheduler_thread import SchedulerThread
+
+
+class EngineServer:
+    """SGLang-compatible HTTP server for a `LocalEngine`, on a background thread.
+
+    `start()` returns once the port is bound and serving (`port=0` picks a free one); `url`
+    is then valid. A plain class: the Ray actor that hosts an engine wraps it.
+    """
+
+    def __init__(
+        self,
+        engine: LocalEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_batch_size: int | None = None,
+        batch_wait_s: float = 0.005,
+        api_key: str | None = None,
+    ):
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.scheduler = SchedulerThread(engine, max_batch_size or engine.max_batch_size, batch_wait_s)
+        self.app = build_app(self, api_key)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> EngineServer:
+        """Bind, start the scheduler and the HTTP thread; return once requests are served."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(2048)
+        self.port = sock.getsockname()[1]
+        self.scheduler.start()
+        # "error": sglang-router's start-up probe for a gRPC worker makes uvicorn warn about HTTP/2.
+        config = uvicorn.Config(
+            self.app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=f"rlx-http-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"engine HTTP server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Abort in-flight requests (they answer with finish_reason abort), then shut down."""
+        self.scheduler.stop()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self._server = self._thread = None
+
+    def server_args(self) -> dict[str, Any]:
+        """The launch configuration reported by /get_server_info (SGLang's ServerArgs names)."""
+        engine = self.engine
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.tokenizer_path,
+            "served_model_name": engine.served_model_name,
+            "host": self.host,
+            "port": self.port,
+            "dtype": engine.dtype,
+            "random_seed": engine.seed,
+            "context_length": engine.context_length,
+            "max_running_requests": self.scheduler.max_batch_size,
+            "mem_fraction_static": engine.args.mem_fraction_static,
+            "chunked_prefill_size": engine.args.chunked_prefill_size,
+            "page_size": engine.args.page_size,
+            "max_total_num_tokens": engine.blocks.capacity_tokens,
+            "disable_cuda_graph": engine.runner.graphs is None,
+            "device": engine.device.type,
+            "tp_size": 1,
+            "dp_size": 1,
+            "skip_tokenizer_init": False,
+            "weight_version": engine.weight_version,
+        }
+
+    def internal_state(self) -> dict[str, Any]:
+        """Live scheduler state (SGLang's `internal_states` entry) plus rlx's request counter."""
+        return {
+            "num_requests_total": self.scheduler.num_requests_total,
+            "num_running_reqs": self.scheduler.num_running,
+            "num_waiting_reqs": self.scheduler.num_waiting(),
+            "last_gen_throughput": self.scheduler.last_gen_throughput,
+            "weight_version": self.engine.weight_version,
+        }
