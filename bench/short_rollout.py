@@ -151,7 +151,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from rlx.gc_freeze import freeze_startup_objects
-    from rlx.rollout.servers import LocalServer, with_engine_dtype
+    from rlx.rollout.launchers import LocalLauncher
     from rlx.trainer.config import PRECISION_DTYPES
 
     rc = to_object(compose(["run.output_dir=/tmp/rlx_short_rollout", *args.overrides]))
@@ -162,8 +162,10 @@ def main() -> None:
     n = rc.rollout.n_samples_per_prompt
     params = rc.rollout.sampling_params()  # as RolloutPool sends them
     gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
-    rollout = with_engine_dtype(rc.rollout, PRECISION_DTYPES[rc.train.precision], hf_dir, gpus)
-    launcher = LocalServer(rollout, str(hf_dir), seed=rc.run.seed)
+    rollout = LocalLauncher.for_run(
+        rc.rollout, colocated=False, precision_dtype=PRECISION_DTYPES[rc.train.precision], hf_dir=hf_dir, gpus=gpus
+    )
+    launcher = LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
     freeze_startup_objects()  # as the engine's actor process does (rlx.gc_freeze)
     server = launcher.server
     engine = server.engine

@@ -22,7 +22,7 @@ from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
-from rlx.config.validate import run_max_prompt_len, validate
+from rlx.config.validate import run_max_prompt_len, validate_once
 from rlx.errors import ConfigError, Stopped
 from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
@@ -31,13 +31,13 @@ from rlx.launcher import ray_start
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
+from rlx.rollout.launchers import for_run
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
 from rlx.rollout.replay import DumpReplay
-from rlx.rollout.servers import with_engine_dtype, with_memory_saver
-from rlx.sync import WeightPublisher, choose_method
 from rlx.tracking import Tracker
 from rlx.trainer.config import PRECISION_DTYPES
+from rlx.weight_sync.publisher import WeightPublisher, choose_method
 
 if TYPE_CHECKING:  # imported by _start: a config error is reported before Megatron loads (seconds)
     from rlx.trainer.group import TrainerGroup
@@ -148,10 +148,10 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         parts.producer, parts.evaluator = DumpReplay(debug.load_rollouts), Evaluator(None, {}, rc.rollout, 0)
         return state["step"] + 1, state["version"]
     parts.turns.before_engines_start()
-    rollout = with_engine_dtype(
-        rc.rollout, PRECISION_DTYPES[rc.train.precision], job.hf_dir, rc.cluster.gpus_per_node > 0
-    )
-    rollout = with_memory_saver(rollout, parts.turns.colocated)
+    rollout = for_run(  # the launcher's arguments for this run (rlx.rollout.launchers)
+        rc.rollout, colocated=parts.turns.colocated, precision_dtype=PRECISION_DTYPES[rc.train.precision],
+        hf_dir=job.hf_dir, gpus=rc.cluster.gpus_per_node > 0,
+    )  # fmt: skip
     parts.turns.pool = parts.pool = RolloutPool(
         rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
         reward=rc.reward,
@@ -178,7 +178,12 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     if "rollout" in state:
         parts.producer.load_state_dict(state["rollout"])
     parts.evaluator = Evaluator(
-        parts.pool, job.eval_sets, rc.rollout, rc.run.eval_interval, before=parts.sync.wait, set_configs=rc.data.eval
+        parts.pool,
+        job.eval_sets,
+        rc.rollout,
+        rc.run.eval_interval,
+        before=parts.sync.wait,
+        set_configs=rc.data.eval,
     )
     return state["step"] + 1, state["version"]
 
@@ -220,7 +225,7 @@ class _Job:
 
 def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
-    validate(cfg)
+    validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)

@@ -10,19 +10,9 @@ import pytest
 # No test reaches the network: a Hugging Face repo id resolves from the local cache or fails at once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY_QWEN3 = dict(
-    vocab_size=16,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-    pad_token_id=0,
-    eos_token_id=1,
-)
+from helpers import TINY_SHAPE  # tests/ is on sys.path
+
+TINY_QWEN3 = dict(**TINY_SHAPE, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
 
 
 def tiny_qwen3_config():
@@ -92,9 +82,9 @@ def ray_session():
 @pytest.fixture(scope="session")
 def kept_actors():
     """Trainer rank and engine processes outlive their runs within this pytest worker and the next
-    run sets them up again (`rlx.kept.keep_actors`): a new one spends seconds of CPU on its
+    run sets them up again (`rlx.actor_reuse.keep_actors`): a new one spends seconds of CPU on its
     imports (Megatron; torch and the engine's HTTP stack), most of a short run's."""
-    from rlx.kept import keep_actors
+    from rlx.actor_reuse import keep_actors
 
     with keep_actors():
         yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -12,9 +13,26 @@ import torch.multiprocessing as mp
 from rlx.ports import free_port
 
 __all__ = [
-    "assert_same_tensors", "free_port", "hf_logits", "load_megatron", "megatron_logits", "megatron_world",
+    "TINY_SHAPE", "assert_same_tensors", "free_port", "hf_logits", "load_megatron", "megatron_logits", "megatron_world",
     "spawn_ranks", "token_batch",
 ]  # fmt: skip
+
+
+def _tiny_shape() -> dict[str, int]:
+    """The toy models' shape, written once in conf/model/base/tiny.yaml (Megatron's key names), in
+    the names of an HF config.json: every test's tiny transformers config starts from it."""
+    import yaml
+
+    m = yaml.safe_load((Path(__file__).parents[1] / "conf/model/base/tiny.yaml").read_text())
+    return dict(
+        vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], intermediate_size=m["ffn_hidden_size"],
+        num_hidden_layers=m["num_layers"], num_attention_heads=m["num_attention_heads"],
+        num_key_value_heads=m["num_query_groups"], head_dim=m["kv_channels"],
+        max_position_embeddings=m["max_position_embeddings"],
+    )  # fmt: skip
+
+
+TINY_SHAPE = _tiny_shape()
 
 
 def spawn_ranks(fn: Callable, world_size: int, *args) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 from rlx.cluster import ClusterConfig
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
-from rlx.rollout.servers import LocalServer, SGLangServer
 
 Classes = dict[str, Any]  # group -> the class its `_target_` names (None if it did not import)
 
@@ -280,12 +279,12 @@ def engines(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"rollout.gpus_per_engine={per} is more than cluster.gpus_per_node={c.gpus_per_node} (an engine's "
             f"GPUs are on one node); set rollout.gpus_per_engine={largest_divisor(c.gpus_per_node, per)}"
         )
-    engine = classes.get("rollout")
-    if per > 1 and isinstance(engine, type) and issubclass(engine, LocalServer):
+    limit = getattr(classes.get("rollout"), "max_gpus_per_engine", None)  # the launcher's own (rlx.rollout.launchers)
+    if limit is not None and per > limit:
         errors.append(
-            f"rollout.gpus_per_engine={per} with rollout._target_={r._target_!r}: rlx's own engine runs on one "
-            f"GPU; set rollout.gpus_per_engine=1 (rollout.num_engines={gpus}), or rollout=sglang for engines "
-            "over several GPUs"
+            f"rollout.gpus_per_engine={per} with rollout._target_={r._target_!r}: its engine runs on at most "
+            f"{limit} GPU{'s' * (limit > 1)}; set rollout.gpus_per_engine={limit} (rollout.num_engines="
+            f"{gpus // limit}), or rollout=sglang for engines over several GPUs"
         )
     if gpus % per:
         errors.append(
@@ -344,21 +343,8 @@ def placement(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"cluster.colocate=true puts one engine on each trainer GPU, but rollout.gpus_per_engine="
             f"{cfg.rollout.gpus_per_engine}; set rollout.gpus_per_engine=1 or cluster.colocate=false"
         ]
-    engine = classes.get("rollout")
-    if (
-        isinstance(engine, type)
-        and issubclass(engine, SGLangServer)
-        and cfg.rollout.engine_args.get("enable_memory_saver", True) is False
-    ):
-        return [
-            "cluster.colocate=true needs the SGLang engines to free their GPU memory for the trainer, which "
-            "SGLang does only with its memory saver, but rollout.engine_args.enable_memory_saver=false; "
-            "remove that key (rlx turns the saver on when colocated) or set cluster.colocate=false"
-        ]
-    return []
-
-
-# ---- the config against the machine (after composing; the driver calls it once Ray is up) ---------
+    check = getattr(classes.get("rollout"), "placement_errors", None)  # the launcher's own
+    return check(cfg.rollout, colocated=True) if check is not None else []
 
 
 def check_gpus(cluster: ClusterConfig) -> None:

@@ -36,6 +36,11 @@ from rlx.rollout.mode_rules import mode_errors
 from rlx.rollout.replay import rollouts_dir
 
 TARGET_KEYS = ("model", "algo", "rollout", "data")  # groups whose `_target_` names a class
+# classes that were renamed: old `_target_` -> new (a saved config.yaml or a user's option file may name the old)
+RENAMED_TARGETS = {
+    "rlx.rollout.servers.LocalServer": "rlx.rollout.launchers.LocalLauncher",
+    "rlx.rollout.servers.SGLangServer": "rlx.rollout.launchers.SGLangLauncher",
+}
 # the data options that name their task's reward (reward.fn); the message for a run without one
 # lists them (tests/config/test_tasks.py checks that it is every such option)
 TASK_PRESETS = ("data=math", "data=toy_copy", "data=toy_reverse")
@@ -86,9 +91,22 @@ PARALLEL_OVERRIDES = {
 }
 
 
+# id(config) -> its YAML when `validate` last passed it: `validate_once` skips a config passed unchanged
+_PASSED: dict[int, str] = {}
+
+
+def validate_once(cfg: DictConfig) -> None:
+    """`validate`, unless this very config passed it and has not changed since: a launch checks its
+    config once, where it is composed (`compose`, or `launch.py` through `rlx.launcher.job`), and the
+    loop (`rlx.runtime.run`) checks again only a config changed after that, or never checked."""
+    if _PASSED.get(id(cfg)) != OmegaConf.to_yaml(cfg):
+        validate(cfg)
+
+
 def validate(cfg: DictConfig | RlxConfig) -> None:
     """Raise one ConfigError listing every rule `cfg` breaks; return None if it breaks none."""
     errors = []
+    composed = cfg
     if isinstance(cfg, DictConfig):
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:  # `???` in a config file: the other rules need every value
@@ -123,6 +141,10 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         errors += rule(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
+    if isinstance(composed, DictConfig):
+        if len(_PASSED) > 64:  # a long-lived process (a sweep, a notebook): the newest only
+            _PASSED.clear()
+        _PASSED[id(composed)] = OmegaConf.to_yaml(composed)
 
 
 def _reward(cfg: RlxConfig, classes: Classes) -> list[str]:
@@ -204,6 +226,9 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
     for group in TARGET_KEYS:
         target = getattr(cfg, group)._target_
         fix = f"set {group}._target_ to an importable class (package.module.Class), or {group}={_options(group)}"
+        if target in RENAMED_TARGETS:
+            errors.append(f"{group}._target_={target!r} was renamed; set {group}._target_={RENAMED_TARGETS[target]}")
+            continue
         try:
             cls = _locate(target)
         except Exception as e:  # any failure to import is the same user error

@@ -20,7 +20,14 @@ from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
 from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import unwritten
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
-from rlx.engine.sequence import PENDING, GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
+from rlx.engine.sequence import (
+    PENDING,
+    GenerateOutput,
+    GenerateRequest,
+    Sequence,
+    SequenceStatus,
+    abort_reason,
+)
 from rlx.sglang_api import MEMORY_TAGS
 
 logger = logging.getLogger(__name__)
@@ -148,13 +155,13 @@ class Engine:
             seq.input_logprobs = [None]
         if max_new == 0 and not seq.wants_input_logprobs:
             seq.finish_reason = {"type": "length", "length": 0}
-            seq.status = Status.FINISHED
+            seq.status = SequenceStatus.FINISHED
         else:
             self.scheduler.add(seq)
         return seq
 
     def abort(self, seq: Sequence, message: str = "Aborted") -> None:
-        if seq.status is not Status.FINISHED:
+        if seq.status is not SequenceStatus.FINISHED:
             seq.finish_reason = abort_reason(message)
             self.scheduler.finish(seq)
             while seq.token_ids[-1] == PENDING:  # sampled on the GPU, never read back
@@ -228,7 +235,7 @@ class Engine:
         tokens, logprobs = self.runner.collect(handle)
         finished = []
         for seq, token, logprob in zip(batch.seqs, tokens, logprobs, strict=True):
-            if seq.status is Status.FINISHED:  # aborted, or finished by the step before
+            if seq.status is SequenceStatus.FINISHED:  # aborted, or finished by the step before
                 continue
             index = seq.num_prompt + len(seq.output_logprobs)  # this step's PENDING token
             token = int(token)
@@ -274,9 +281,9 @@ class Engine:
         for request in requests:
             self.validate(request)
         seqs = [self.add(r) for r in requests]
-        while any(s.status is not Status.FINISHED for s in seqs):
+        while any(s.status is not SequenceStatus.FINISHED for s in seqs):
             for i, seq in enumerate(seqs):
-                if is_aborted is not None and seq.status is not Status.FINISHED and is_aborted(i):
+                if is_aborted is not None and seq.status is not SequenceStatus.FINISHED and is_aborted(i):
                     self.abort(seq)
             self.step()
         return [s.output() for s in seqs]

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rlx.engine.block_manager import BlockManager
-from rlx.engine.sequence import Sequence, Status
+from rlx.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Scheduler:
         short and preemption may be due): the caller reads the step back and calls `schedule`."""
         if self.waiting:
             return None
-        rows = [s for s in seqs if s.status is Status.RUNNING and not 0 < s.max_new <= s.num_output]
+        rows = [s for s in seqs if s.status is SequenceStatus.RUNNING and not 0 < s.max_new <= s.num_output]
         needed = sum(self.blocks.blocks_for(s.num_tokens) - len(s.block_table) for s in rows)
         if not rows or needed > self.blocks.num_free:
             return None
@@ -94,7 +94,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq)
-            seq.status = Status.RUNNING
+            seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             remaining = seq.num_tokens - seq.num_computed
             chunk = min(remaining, budget)
@@ -116,15 +116,15 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.release(seq)
-        seq.status = Status.WAITING
+        seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preempted += 1
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out of the queues and free its blocks."""
-        if seq.status is Status.RUNNING:
+        if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        seq.status = Status.FINISHED
+        seq.status = SequenceStatus.FINISHED

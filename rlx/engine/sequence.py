@@ -79,7 +79,7 @@ def abort_reason(message: str = "Aborted") -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
 
 
-class Status(enum.Enum):
+class SequenceStatus(enum.Enum):
     WAITING = enum.auto()  # queued, or preempted (its KV freed; it is recomputed on return)
     RUNNING = enum.auto()  # holds KV blocks; prefilling in chunks or decoding
     FINISHED = enum.auto()
@@ -105,7 +105,7 @@ class Sequence:
         self.num_prompt = len(request.input_ids)
         self.max_new = max_new
         self.seed = seed
-        self.status = Status.WAITING
+        self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.num_computed = 0
         self.num_shared = 0  # leading tokens whose blocks came from another sequence's prefill

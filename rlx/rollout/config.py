@@ -16,7 +16,7 @@ STALENESS_POLICIES = ("pace", "drop")  # rollout.staleness_policy
 class RolloutConfig:
     """Rollout engines, sampling, batch and group sizes (the reward is the task's: `reward.fn`)."""
 
-    _target_: str = "rlx.rollout.servers.LocalServer"  # engine launcher run by each engine actor
+    _target_: str = "rlx.rollout.launchers.LocalLauncher"  # engine launcher run by each engine actor
     num_engines: int = 1  # >= 2 puts the engines behind sglang-router
     # GPUs each engine spans (SGLang's tp_size; rlx's own engine runs on one); GPU clusters only
     gpus_per_engine: int = 1

@@ -1,6 +1,6 @@
 """Thin Ray-actor shell around one rollout engine server (local or SGLang).
 
-`rollout._target_` names a launcher class (contract: `rlx.rollout.servers`) that starts an engine
+`rollout._target_` names a launcher class (contract: `rlx.rollout.launchers`) that starts an engine
 serving SGLang's HTTP API and exposes `url` and `shutdown()`. Where it binds comes from this
 process's environment (`rlx.ports.engine_host`: loopback, or its node's address across nodes); the
 API key it requires is the run's, given to `setup` (a kept process serves each run with that run's).
@@ -20,7 +20,7 @@ from rlx.rollout.config import RolloutConfig
 class EngineActor:
     """Starts the configured engine server in this (actor) process; tests use it in-process. A
     process whose server was shut down may be set up again (`setup`) for another run's engine
-    (`rlx.kept.keep_actors`)."""
+    (`rlx.actor_reuse.keep_actors`)."""
 
     def __init__(
         self,

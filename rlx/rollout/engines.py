@@ -17,7 +17,7 @@ import logging
 
 import ray
 
-from rlx import kept
+from rlx import actor_reuse
 from rlx.rollout.client import EngineClient, is_engine_failure
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
@@ -76,7 +76,7 @@ class EngineSet:
             )
         except BaseException as e:
             for a in self.actors:  # none of them serves this pool; a kept one would idle on
-                kept.kill_quietly(a)
+                actor_reuse.kill_quietly(a)
             if isinstance(e, ray.exceptions.GetTimeoutError):
                 raise RuntimeError(
                     f"the rollout engines did not serve within rollout.engine_start_timeout_s="
@@ -93,9 +93,9 @@ class EngineSet:
 
     def launch(self, i: int):
         """An actor for engine `i` (its Ray options and seed), its server starting in the
-        background: a new process, or inside `rlx.kept.keep_actors` one an earlier pool handed back."""
+        background: a new process, or inside `rlx.actor_reuse.keep_actors` one an earlier pool handed back."""
         options = self.actor_options[i]
-        taken = kept.take("engine", [options])
+        taken = actor_reuse.take("engine", [options])
         args = (self.cfg, self.model_path)
         if taken:  # its `setup` runs before any later call on it (`url` raises a set-up's error)
             taken[0].setup.remote(*args, seed=self.seed + i, api_key=self.api_key)
@@ -217,10 +217,10 @@ class EngineSet:
         return False
 
     def end_actors(self, stopped: bool) -> None:
-        """Inside `rlx.kept.keep_actors` hand the actors back when they `stopped` cleanly; else end
+        """Inside `rlx.actor_reuse.keep_actors` hand the actors back when they `stopped` cleanly; else end
         their processes."""
-        if stopped and kept.keeping(self.actor_options):
-            kept.hand_back("engine", self.actor_options, self.actors)
+        if stopped and actor_reuse.keeping(self.actor_options):
+            actor_reuse.hand_back("engine", self.actor_options, self.actors)
         else:
             for a in self.actors:
                 ray.kill(a)

@@ -14,7 +14,7 @@ died, or after `rollout.health_check_failures` pings in a row failed (no answer 
      is loaded). The tensor and distributed paths push from the trainer, whose weights may already
      be ahead of the published version, so the engine stays out of rotation until the next
      publish reaches it (`check_version` then puts it back). For the distributed path the
-     publisher (`rlx.sync`) forms the broadcast group again with the engines it now reaches;
+     publisher (`rlx.weight_sync.publisher`) forms the broadcast group again with the engines it now reaches;
   4. puts it back into the router (`POST /workers`) and into rotation.
 
 Weight updates and restarts take turns on one lock, so a restarted engine never rejoins with an

@@ -4,15 +4,14 @@ Engines run as Ray actors (each serving SGLang's HTTP API); with two or more, re
 through the real sglang-router. The pool only speaks HTTP to them, so local and SGLang
 engines are driven by the same code. The engines themselves, where they listen and which of them
 serve, are an `EngineSet` (`rlx.rollout.engines`); with `rollout.fault_tolerance=true` a health
-monitor (`rlx.rollout.health`) restarts dead or hung ones there and the pool sends their failed
-requests again.
+monitor (`rlx.rollout.health`) restarts dead or hung ones there and the pool's requests
+(`rlx.rollout.requests`) are sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
 import threading
 import time
@@ -20,20 +19,12 @@ import time
 from rlx import ports
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
-from rlx.rollout.client import is_engine_failure
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engines import EngineSet
-from rlx.rollout.generate import GenerateContext, load_generate_fn
-from rlx.rollout.group import (
-    append_answer,
-    expand,
-    request_id,
-    restore,
-    rollout_metrics,
-    sampling_seed,
-    snapshot,
-)
+from rlx.rollout.generate import load_generate_fn
+from rlx.rollout.group import expand, rollout_metrics
 from rlx.rollout.health import HealthMonitor
+from rlx.rollout.requests import RequestSender
 from rlx.sample import Sample, Status
 
 log = logging.getLogger(__name__)
@@ -62,7 +53,6 @@ class RolloutPool:
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
-        self.generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         # before any engine starts: a reward function that does not import, or a reward server that
         # does not answer, fails here
         self.scorer = load_scorer(reward, rollout=cfg, tokenizer=tokenizer)
@@ -74,15 +64,14 @@ class RolloutPool:
             actor_options=actor_options or [{"num_cpus": 0}] * cfg.num_engines,
         ).start()  # fmt: skip
         self.sampling_params = cfg.sampling_params()
-        self._semaphore: asyncio.Semaphore | None = None
-        self._queued: set[str] = set()  # request ids waiting for a concurrency slot
-        self._retrying: set[str] = set()  # request ids waiting to be sent again (fault tolerance)
-        self._cancelled: set[str] = set()  # of the queued or retrying, aborted before they were sent
-        self._num_retries = 0  # requests sent again since the last `metrics()`
         self.health: HealthMonitor | None = None
         if cfg.fault_tolerance:
             self.health = HealthMonitor(self.engines, cfg)
             self.run(self.health.start())
+        generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
+        self.requests = RequestSender(
+            cfg, self.engines, tokenizer, seed=seed, health=self.health, generate_fn=generate_fn
+        )
         # who brings the engines to new weights: the monitor with fault tolerance (an engine that
         # fails to answer is restarted with them), else the engine set itself
         self._weights = self.health or self.engines
@@ -96,9 +85,9 @@ class RolloutPool:
         async def take() -> dict[str, float]:
             counts = {
                 "rollout/engine_restarts": self.engines.num_restarts,
-                "rollout/request_retries": self._num_retries,
+                "rollout/request_retries": self.requests.num_retries,
             }
-            self.engines.num_restarts = self._num_retries = 0
+            self.engines.num_restarts = self.requests.num_retries = 0
             return {k: float(v) for k, v in counts.items()}
 
         return self.run(take())
@@ -149,141 +138,14 @@ class RolloutPool:
         `sampling`: SGLang sampling parameters overriding the run's (evaluation's own settings).
         Request ids are `request_id(sample)`, so `abort` can stop them."""
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
-        params = self.sampling_params | (sampling or {})
-        if todo and self.generate_fn is not None:
-            await self._custom(group, todo, step, version, params)
-        elif todo:
-            await self._request(todo, step, version, params)
+        if todo:
+            await self.requests.send(group, todo, step, version, self.sampling_params | (sampling or {}))
         if not any(s.status is Status.ABORTED for s in group):
             await self.scorer.score_group(group)
 
-    async def _custom(
-        self, group: list[Sample], todo: list[Sample], step: int, version: int, sampling: dict
-    ) -> None:
-        """`rollout.generate_fn` on each sample to generate; fan-out grows the group in place."""
-
-        async def one(s: Sample) -> list[Sample]:
-            params = sampling | self._seeded(step, s)
-            async with self._semaphore:
-                for attempt in itertools.count():
-                    saved = snapshot(s) if self.health else None
-                    ctx = GenerateContext(self.engines.client, self.tokenizer, self.cfg, version)
-                    try:
-                        out = await self.generate_fn(ctx, s, params)
-                        break
-                    except Exception as e:  # a failed sample, not a failed run
-                        reason = f"generate_fn raised {type(e).__name__}: {e}"
-                        if not await self._retry(e, attempt, [request_id(s)], reason, [s]):
-                            return [s]
-                        restore(s, saved)  # the engine failed: start the sample over
-            return out if isinstance(out, list) else [out]
-
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
-        results = dict(zip(map(id, todo), await asyncio.gather(*(one(s) for s in todo)), strict=True))
-        group[:] = [r for s in group for r in results.get(id(s), [s])]
-        for i, s in enumerate(group):
-            s.index = i
-            if s.status is Status.PENDING:
-                s.status, s.status_reason = (
-                    Status.FAILED,
-                    "generate_fn returned the sample without generating",
-                )
-
-    async def _request(self, todo: list[Sample], step: int, version: int, sampling: dict) -> None:
-        params: dict | list[dict] = sampling
-        max_new = sampling["max_new_tokens"]
-        budget = [max_new - s.response_len for s in todo]
-        if self.engines.router is None or any(n != max_new for n in budget):
-            params = [
-                sampling | {"max_new_tokens": n} | self._seeded(step, s)
-                for s, n in zip(todo, budget, strict=True)
-            ]
-        if self._semaphore is None:  # made on the loop it guards
-            self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
-        rids = [request_id(s) for s in todo]
-        self._queued.update(rids)
-        async with self._semaphore:
-            self._queued.difference_update(rids)
-            if self._aborted_unsent(rids, todo):
-                return
-            for attempt in itertools.count():
-                try:
-                    outs = await self._send(todo, params, rids)
-                    break
-                except Exception as e:  # a failed request fails its group, not the run
-                    if not await self._retry(e, attempt, rids, f"{type(e).__name__}: {e}", todo):
-                        return
-        for s, out in zip(todo, outs, strict=True):
-            append_answer(s, out, version, self.tokenizer)
-
-    async def _send(self, todo: list[Sample], params: dict | list[dict], rids: list[str]) -> list[dict]:
-        if isinstance(params, list) and self.engines.router is not None:  # the router takes one params
-            outs = await asyncio.gather(
-                *(
-                    self.engines.client.generate(s.tokens, p, rid=r)
-                    for s, p, r in zip(todo, params, rids, strict=True)
-                ),
-                return_exceptions=True,  # all settled before any is sent again
-            )
-            if errors := [o for o in outs if isinstance(o, BaseException)]:
-                raise errors[0]
-            return outs
-        # sglang-router 0.3.2 takes no list of request ids: behind it, `abort` aborts all
-        batch_rids = rids if self.engines.router is None else None
-        return await self.engines.client.generate_batch([s.tokens for s in todo], params, rids=batch_rids)
-
-    async def _retry(
-        self, error: Exception, attempt: int, rids: list[str], reason: str, todo: list[Sample]
-    ) -> bool:
-        """After `error` on attempt `attempt` (from 0): True to send the request again, once an
-        engine serves (fault tolerance, an engine failure, `rollout.max_request_retries` not spent);
-        else False, with `todo` marked FAILED (or ABORTED if aborted while it waited)."""
-        if self.health is None or attempt >= self.cfg.max_request_retries or not is_engine_failure(error):
-            for s in todo:
-                s.status, s.status_reason = Status.FAILED, reason
-            return False
-        self._num_retries += 1
-        log.warning("request %s failed (%s); sending it again (retry %d)", rids[0], reason, attempt + 1)
-        self._retrying.update(rids)
-        try:
-            await self.health.recover()
-        except TimeoutError as e:
-            for s in todo:
-                s.status, s.status_reason = Status.FAILED, f"{reason}; not sent again: {e}"
-            return False
-        finally:
-            self._retrying.difference_update(rids)
-        return not self._aborted_unsent(rids, todo)
-
-    def _aborted_unsent(self, rids: list[str], todo: list[Sample]) -> bool:
-        """True (and `todo` marked ABORTED) if `abort` came while these requests waited."""
-        if not self._cancelled.intersection(rids):
-            return False
-        self._cancelled.difference_update(rids)
-        for s in todo:
-            s.status, s.status_reason = Status.ABORTED, "aborted before it was sent"
-        return True
-
-    def _seeded(self, step: int, s: Sample) -> dict:
-        """The sample's own sampling seed (`sampling_seed`); none behind the router (see `generate_group`)."""
-        return {} if self.engines.router is not None else {"sampling_seed": sampling_seed(self.seed, step, s)}
-
     async def abort(self, samples: list[Sample]) -> None:
-        """Abort the requests of `samples` on every engine (they come back ABORTED with what they
-        generated so far; SGLang aborts a live request by its exact id). Requests still waiting
-        for a slot under `rollout.max_concurrency` are never sent. Behind the router every running
-        request is aborted (as slime does): the others come back aborted too and are carried over
-        or restarted like any unfinished group."""
-        rids = {request_id(s) for s in samples}
-        self._cancelled.update(rids & (self._queued | self._retrying))
-        clients = self.engines.live_clients()  # a dead engine: nothing to abort
-        tolerant = self.health is not None
-        if self.engines.router is not None:  # no request ids behind the router (see `_request`): all of them
-            await asyncio.gather(*(c.abort(abort_all=True) for c in clients), return_exceptions=tolerant)
-            return
-        sent = rids - self._queued - self._retrying
-        await asyncio.gather(*(c.abort(r) for r in sent for c in clients), return_exceptions=tolerant)
+        """Abort the requests of `samples` (`RequestSender.abort`)."""
+        await self.requests.abort(samples)
 
     # ---- weights, memory and shutdown ---------------------------------------------------------
 
@@ -341,7 +203,7 @@ class RolloutPool:
         self.run(self.engines.resume_memory(tags))
 
     def shutdown(self) -> None:
-        """Stop the engines and end their processes (inside `rlx.kept.keep_actors`, hand them back
+        """Stop the engines and end their processes (inside `rlx.actor_reuse.keep_actors`, hand them back
         when every server stopped cleanly and none was ever replaced: no fault tolerance)."""
         stopped = False
         try:

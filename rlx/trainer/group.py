@@ -15,7 +15,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
-from rlx import kept, ports
+from rlx import actor_reuse, ports
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.trainer.megatron import MegatronTrainer
 from rlx.trainer.parallel import rendezvous_store
@@ -44,7 +44,7 @@ class TrainerRank(MegatronTrainer):
 
     def shutdown(self) -> None:
         """Leave the process groups, then let go of the models, optimizers and what else holds
-        them: a rank kept for another group (`rlx.kept.keep_actors`) idles without them (each gloo group's
+        them: a rank kept for another group (`rlx.actor_reuse.keep_actors`) idles without them (each gloo group's
         threads poll until the group is freed)."""
         super().shutdown()
         self.__dict__.clear()
@@ -76,7 +76,7 @@ class TrainerGroup:
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
         `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
         `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
-        caller starts the engines, say); `start()` then sets them up. Inside `rlx.kept.keep_actors`, the
+        caller starts the engines, say); `start()` then sets them up. Inside `rlx.actor_reuse.keep_actors`, the
         first ranks take rank processes an earlier group handed back, new ones start for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         self.options = options
@@ -86,7 +86,7 @@ class TrainerGroup:
         self.profile_dir = profile_dir
         self._broken = self._started = False
         actor_cls = ray.remote(TrainerRank)
-        taken = kept.take("trainer", options)
+        taken = actor_reuse.take("trainer", options)
         self.actors = taken + [actor_cls.options(**o).remote() for o in options[len(taken) :]]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
@@ -220,10 +220,10 @@ class TrainerGroup:
 
     def shutdown(self) -> None:
         """Leave the process groups cleanly (a broken group is only killed), then end the actors;
-        inside `rlx.kept.keep_actors`, hand the ones placed without GPUs back instead."""
-        if kept.keeping(self.options):
+        inside `rlx.actor_reuse.keep_actors`, hand the ones placed without GPUs back instead."""
+        if actor_reuse.keeping(self.options):
             actors = self.release()
-            kept.hand_back("trainer", self.options[: len(actors)], actors)
+            actor_reuse.hand_back("trainer", self.options[: len(actors)], actors)
             return
         try:
             self._leave_groups()
@@ -232,7 +232,7 @@ class TrainerGroup:
 
     def release(self) -> list:
         """Like `shutdown`, every rank leaves its process groups, but the rank processes are handed
-        back, for another group (`rlx.kept.keep_actors`) to set up again without starting processes (seconds
+        back, for another group (`rlx.actor_reuse.keep_actors`) to set up again without starting processes (seconds
         each: the Megatron import); a group that broke or never set up ends them and hands back none."""
         if not self._started or self._broken:
             self._kill()
@@ -255,4 +255,4 @@ class TrainerGroup:
 
     def _kill(self) -> None:
         for a in self.actors:
-            kept.kill_quietly(a)
+            actor_reuse.kill_quietly(a)

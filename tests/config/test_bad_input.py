@@ -69,8 +69,12 @@ CONFIG_CASES = {
         ["model.yarn_beta_fast=16.0", "model.yarn_rotary_scaling_factor", "leave model.yarn_beta_fast at its default"],
     ),
     "unknown _target_ lists the options": (
-        ["rollout._target_=rlx.rollout.servers.VllmServer"],
-        ["rollout._target_='rlx.rollout.servers.VllmServer' cannot be imported", "rollout=local|sglang"],
+        ["rollout._target_=rlx.rollout.launchers.VllmServer"],
+        ["rollout._target_='rlx.rollout.launchers.VllmServer' cannot be imported", "rollout=local|sglang"],
+    ),
+    "a renamed _target_ names the new class": (
+        ["rollout._target_=rlx.rollout.servers.LocalServer"],
+        ["rollout._target_='rlx.rollout.servers.LocalServer' was renamed", "rollout._target_=rlx.rollout.launchers.LocalLauncher"],
     ),
 }  # fmt: skip
 

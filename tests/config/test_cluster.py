@@ -92,7 +92,13 @@ def test_cluster_configs_compose_with_the_models_that_fit(overrides, counts, che
 def test_1gpu_shares_its_gpu():
     """`cluster=1gpu`: one trainer rank and one engine take turns on the one GPU."""
     c = to_object(compose(["cluster=1gpu"])).cluster
-    assert (c.num_nodes, c.gpus_per_node, c.num_trainer_procs, c.num_rollout_gpus, c.colocate) == (1, 1, 1, 1, True)
+    assert (c.num_nodes, c.gpus_per_node, c.num_trainer_procs, c.num_rollout_gpus, c.colocate) == (
+        1,
+        1,
+        1,
+        1,
+        True,
+    )
 
 
 def test_train_only_needs_no_gpus_for_engines(tmp_path):
@@ -189,7 +195,7 @@ FAILURES = {
         ["cluster=1x8", "rollout.gpus_per_engine=2", "rollout.num_engines=2"],
         [
             "rollout.gpus_per_engine=2",
-            "rlx.rollout.servers.LocalServer",
+            "rlx.rollout.launchers.LocalLauncher",
             "set rollout.gpus_per_engine=1",
             "rollout=sglang",
         ],

@@ -259,7 +259,7 @@ FAILURES = {
             "cluster.colocate=true",
             "rollout.num_engines=2",
             "rollout.gpus_per_engine=2",
-            "rollout._target_=rlx.rollout.servers.SGLangServer",
+            "rollout._target_=rlx.rollout.launchers.SGLangLauncher",
             "rollout.server_module=rlx.engine.serve",
         ],
         ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
@@ -315,3 +315,20 @@ def test_expert_parallel_sizes_are_checked_before_anything_starts():
         compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2",
                  "cluster.expert_parallel_size=2"])  # fmt: skip
     compose(["model=tiny_qwen3_moe", "cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"])
+
+
+def test_a_launch_validates_its_config_once(monkeypatch):
+    """`compose` validates; the loop's own check (`validate_once`, rlx.runtime) passes the same
+    unchanged config without running the rules again, and checks a config changed since."""
+    import rlx.config.validate as v
+
+    cfg = compose(["run.seed=3"])
+    calls = []
+    checked = v._targets
+    monkeypatch.setattr(v, "_targets", lambda *a: calls.append(1) or checked(*a))
+    v.validate_once(cfg)
+    assert calls == []
+    cfg.rollout.temperature = -1.0  # changed after composing: checked again, and refused
+    with pytest.raises(ConfigError, match="rollout.temperature"):
+        v.validate_once(cfg)
+    assert calls == [1]

@@ -52,7 +52,9 @@ def test_algorithm_raises_reward_on_the_toy_task(algo, kl_in_reward, tmp_path):
         assert rows[-1]["train/kl"] > 0.0
     else:
         assert "train/kl" not in rows[0]
-    if algo == "ppo":  # the critic: a fresh head explains nothing, the trained one a real share of the returns
+    if (
+        algo == "ppo"
+    ):  # the critic: a fresh head explains nothing, the trained one a real share of the returns
         explained = [row["train/explained_variance"] for row in rows]
         # best 10-step mean: once the reward saturates (~1 for every sample) the returns hardly
         # vary and explained variance is noise around 0, so the end of the run is the wrong window

@@ -2,9 +2,9 @@
 
 Per family, on its tiny variant (`model=tiny_<family>`): Megatron logits == transformers logits
 (fp32), HF -> Megatron -> HF returns the checkpoint's tensors, TP=2 == TP=1, the local rollout
-engine's logprobs == transformers', the parameter count formula == both models, a config.json
-that disagrees is refused naming the field, and a 2-step GRPO run through the real loop has the
-trainer reproduce the engine's logprobs.
+engine's logprobs == transformers', the parameter count formula == both models, and a config.json
+that disagrees is refused naming the field. The 2-step GRPO run through the real loop, for every
+family, is in test_family_loops.py.
 
 Each family writes its tiny checkpoint on first use (under a temporary RLX_CACHE). The parity
 tests then use a copy with every tensor redrawn (norm weights 1 + N(0, 0.2^2), everything else
@@ -33,7 +33,6 @@ from rlx.errors import ConfigError
 from rlx.models.attention import SDPAttention
 from rlx.models.config import ModelConfig
 from rlx.models.layers import PostNormTransformerLayer
-from rlx.runtime import run
 
 # model option -> the transformers class its checkpoint loads as
 FAMILIES = {
@@ -272,24 +271,3 @@ def test_family_refuses_an_architecture_its_checkpoints_cannot_hold(option, over
     with pytest.raises(ConfigError, match="model._target_=") as error:
         build(compose([f"model={option}", override]).model)
     assert message in str(error.value)
-
-
-@pytest.mark.parametrize("option", FAMILIES)
-def test_two_grpo_steps_reproduce_the_engine_logprobs(option, tmp_path, monkeypatch):
-    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
-    overrides = [
-        f"run.output_dir={tmp_path / 'run'}",
-        f"model={option}",
-        "run.num_rollout=2",
-        "rollout.batch_size=8",
-        "rollout.n_samples_per_prompt=4",
-        "train.micro_batch_size=16",
-        "run.progress=false",
-    ]
-    history = run(compose(overrides))
-    assert [h["step"] for h in history] == [0, 1]
-    # Same weights, same temperature-1 distribution, fp32: the trainer reproduces the engine.
-    assert history[0]["train/logprob_abs_diff"] <= 1e-5
-    assert history[1]["train/grad_norm"] > 0.0
-    # The tiny model went to this test's cache, not the user's.
-    assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "models").iterdir()] == [option]

@@ -26,9 +26,9 @@ from rlx.rollout.config import RolloutConfig
 from rlx.rollout.pool import RolloutPool
 from rlx.runtime import _prepare
 from rlx.sample import Sample, Status
-from rlx.sync import WeightPublisher
 from rlx.trainer.group import TrainerGroup
 from rlx.trainer.weights import write_weight_shards
+from rlx.weight_sync.publisher import WeightPublisher
 
 TOY_REWARD = RewardConfig(fn="rlx.reward.toy.position_match")  # the prompts are toy digits
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import write_tiny_qwen3
 from transformers import AutoTokenizer
 
-import rlx.kept
+import rlx.actor_reuse
 from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
@@ -92,12 +92,12 @@ def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwe
             pool.shutdown()
         return [(s.response_ids, s.rollout_logprobs) for s in samples]
 
-    with rlx.kept.keep_actors():  # a pool of its own, empty: the first pool starts a new process
+    with rlx.actor_reuse.keep_actors():  # a pool of its own, empty: the first pool starts a new process
         fresh = rollout(first, seed=0)
-        (kept,) = rlx.kept._kept["engine"]
+        (kept,) = rlx.actor_reuse._kept["engine"]
         other = rollout(second, seed=7)
         again = rollout(first, seed=0)
-        assert rlx.kept._kept["engine"] == [kept]  # the same process each time, handed back after
+        assert rlx.actor_reuse._kept["engine"] == [kept]  # the same process each time, handed back after
     assert other != fresh  # the second set-up really served something else
     # the same tokens; log-probs equal but for the last bit, which on CPU moves with the requests
     # that happen to share a batch (timing)
@@ -114,12 +114,12 @@ def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_sessio
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
     cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=4)
     missing = tmp_path / "no_model_here"
-    with rlx.kept.keep_actors():
+    with rlx.actor_reuse.keep_actors():
         RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD).shutdown()
-        ((_, _, engine),) = rlx.kept._kept["engine"]
+        ((_, _, engine),) = rlx.actor_reuse._kept["engine"]
         with pytest.raises(Exception, match="no_model_here") as failed:
             RolloutPool(cfg, str(missing), tokenizer, seed=0, reward=TOY_REWARD)
         assert "NoneType" not in str(failed.value)
-        assert rlx.kept._kept["engine"] == []  # taken, and not handed back
+        assert rlx.actor_reuse._kept["engine"] == []  # taken, and not handed back
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(engine.url.remote(), timeout=60)

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-import rlx.kept
+import rlx.actor_reuse
+from rlx.actor_reuse import keep_actors
 from rlx.config.compose import compose, to_object
-from rlx.kept import keep_actors
 from rlx.models.qwen3 import Qwen3
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup
@@ -99,17 +99,17 @@ def test_a_kept_rank_process_trains_exactly_as_a_new_one(ray_session, tmp_path, 
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
     with keep_actors():  # a pool of its own, empty: the first group starts a new process
         fresh, fresh_weights = _train_once(tmp_path, "fresh")
-        (kept,) = rlx.kept._kept["trainer"]
+        (kept,) = rlx.actor_reuse._kept["trainer"]
         _train_once(tmp_path, "ppo", "algo=ppo", "algo.critic_lr=0.1")
         again, again_weights = _train_once(tmp_path, "again")
-        assert rlx.kept._kept["trainer"] == [kept]  # the same process each time, handed back after
+        assert rlx.actor_reuse._kept["trainer"] == [kept]  # the same process each time, handed back after
     # not kept: ranks on GPUs, in a placement group or in an environment of their run's own
     for options in (
         {"num_gpus": 1},
         {"scheduling_strategy": "pg"},
         {"runtime_env": {"env_vars": {"K": "v"}}},
     ):
-        assert not rlx.kept.keepable({"num_cpus": 0, **options})
+        assert not rlx.actor_reuse.keepable({"num_cpus": 0, **options})
     numbers = lambda metrics: {k: v for k, v in metrics.items() if not k.startswith("time/")}  # noqa: E731
     assert numbers(again) == numbers(fresh) and "train/grad_norm" in numbers(fresh)
     assert again_weights.keys() == fresh_weights.keys()

@@ -11,9 +11,15 @@ import pytest
 from rlx.config.compose import compose
 from rlx.runtime import run
 
-SHORT = ["run.num_rollout=3", "rollout.batch_size=8", "rollout.n_samples_per_prompt=4",
-         "train.micro_batch_size=16", "run.progress=false", "run.tensorboard=false",
-         "rollout.weight_bucket_mb=1"]  # fmt: skip  (1 MiB buckets: the tiny models need several)
+SHORT = [
+    "run.num_rollout=3",
+    "rollout.batch_size=8",
+    "rollout.n_samples_per_prompt=4",
+    "train.micro_batch_size=16",
+    "run.progress=false",
+    "run.tensorboard=false",
+    "rollout.weight_bucket_mb=1",
+]  # fmt: skip  (1 MiB buckets: the tiny models need several)
 
 CASES = {
     "tensor": ["rollout.weight_sync=tensor"],

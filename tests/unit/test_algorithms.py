@@ -400,7 +400,7 @@ def test_kl_in_reward_is_watched_but_not_in_the_loss():
     assert_close(metrics["kl"], 0.3)
 
 
-RATIO_ONE_CASES = [
+AGG_CASES = [  # every algorithm with each loss aggregation it accepts
     (cls, agg)
     for cls in ALGORITHMS
     for agg in ("token_mean", "sample_mean")
@@ -408,9 +408,10 @@ RATIO_ONE_CASES = [
 ]  # GSPO requires sample_mean
 
 
-@pytest.mark.parametrize(
-    ("cls", "loss_agg"), RATIO_ONE_CASES, ids=[f"{c.__name__}-{a}" for c, a in RATIO_ONE_CASES]
-)
+AGG_IDS = [f"{c.__name__}-{a}" for c, a in AGG_CASES]
+
+
+@pytest.mark.parametrize(("cls", "loss_agg"), AGG_CASES, ids=AGG_IDS)
 def test_ratio_is_one_at_the_first_micro_step(cls, loss_agg):
     # logp == old_logp == ref_logp: ratio exactly 1, nothing clipped, ppo_kl 0, kl 0, and the loss
     # is minus the mean advantage: token_mean -(2 * 0.5 + 1 * -1.5) / 3 = 0.1666667,
@@ -433,9 +434,11 @@ def test_ratio_is_one_at_the_first_micro_step(cls, loss_agg):
     assert_close(metrics["tis_weight_mean"], 1.0)
 
 
-@pytest.mark.parametrize("cls", ALGORITHMS, ids=lambda c: c.__name__)
-def test_micro_batches_sum_to_the_global_batch_with_every_option(cls):
-    # float64; sums in a different order differ by rounding only
+@pytest.mark.parametrize(("cls", "loss_agg"), AGG_CASES, ids=AGG_IDS)
+def test_micro_batches_sum_to_the_global_batch_with_every_option(cls, loss_agg):
+    # the loss, every metric and the gradients (log-probs and entropy) of two micro-batches, each
+    # padded only to its own longest response as the trainer pads them, sum to the global batch's;
+    # float64: sums in a different order differ by rounding only
     gen = torch.Generator().manual_seed(0)
     lens = [6, 2, 4, 3]
     mask_BT = torch.zeros(4, 6, dtype=torch.float64)
@@ -456,14 +459,15 @@ def test_micro_batches_sum_to_the_global_batch_with_every_option(cls):
         "mask": mask_BT,
         "entropy": rand(4, 6),
     }
-    cfg = cfg_for(cls, eps_clip=3e-4, eps_clip_high=4e-4, eps_clip_c=3.0, use_tis=True, tis_clip=1.5,
-                  use_kl_loss=True, kl_loss_coef=0.3, entropy_coef=0.01)  # fmt: skip
+    cfg = cfg_for(cls, loss_agg=loss_agg, eps_clip=3e-4, eps_clip_high=4e-4, eps_clip_c=3.0, use_tis=True,
+                  tis_clip=1.5, use_kl_loss=True, kl_loss_coef=0.3, entropy_coef=0.01)  # fmt: skip
     algo = cls(cfg)
     num_tokens, num_samples = int(mask_BT.sum()), 4
 
     def leaf(rows: slice, width: int):
         mb = {k: v[rows, :width].clone() for k, v in batch.items()}
         mb["logp"].requires_grad_()
+        mb["entropy"].requires_grad_()
         return mb
 
     full = leaf(slice(0, 4), 6)
@@ -477,9 +481,10 @@ def test_micro_batches_sum_to_the_global_batch_with_every_option(cls):
     torch.testing.assert_close(loss_a + loss_b, full_loss, **exact)
     for key in full_metrics:
         torch.testing.assert_close(metrics_a[key] + metrics_b[key], full_metrics[key], **exact)
-    grad_BT = torch.zeros(4, 6, dtype=torch.float64)
-    grad_BT[0:2, :6], grad_BT[2:4, :4] = mb_a["logp"].grad, mb_b["logp"].grad
-    torch.testing.assert_close(grad_BT, full["logp"].grad, **exact)
+    for key in ("logp", "entropy"):
+        grad_BT = torch.zeros(4, 6, dtype=torch.float64)
+        grad_BT[0:2, :6], grad_BT[2:4, :4] = mb_a[key].grad, mb_b[key].grad
+        torch.testing.assert_close(grad_BT, full[key].grad, **exact)
     assert full_metrics["pg_clipfrac"] > 0 and full_metrics["tis_clipfrac"] > 0
 
 

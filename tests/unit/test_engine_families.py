@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY_SHAPE
 from transformers import AutoModelForCausalLM, Glm4Config, LlamaConfig, Qwen3MoeConfig
 
 from rlx.engine import Engine, EngineArgs, GenerateRequest, SamplingParams
 from rlx.models.tiny import write_tiny_checkpoint
 
-COMMON = dict(vocab_size=16, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-              max_position_embeddings=64, pad_token_id=0, eos_token_id=1, initializer_range=0.2)  # fmt: skip
+COMMON = dict(**TINY_SHAPE, pad_token_id=0, eos_token_id=1, initializer_range=0.2)
 CONFIGS = {
     "llama": lambda: LlamaConfig(
         **COMMON,
-        intermediate_size=128,
-        num_hidden_layers=2,
         rope_scaling={
             "rope_type": "llama3",
             "factor": 8.0,
@@ -25,12 +23,10 @@ CONFIGS = {
             "original_max_position_embeddings": 16,
         },
     ),  # fmt: skip
-    "glm4": lambda: Glm4Config(**COMMON, intermediate_size=128, num_hidden_layers=2, attention_bias=True),
+    "glm4": lambda: Glm4Config(**COMMON, attention_bias=True),
     "qwen3_moe": lambda: Qwen3MoeConfig(
         **COMMON,
-        intermediate_size=128,
         moe_intermediate_size=32,
-        num_hidden_layers=2,
         num_experts=4,
         num_experts_per_tok=2,
         norm_topk_prob=True,
@@ -58,9 +54,11 @@ def test_family_logprobs_match_transformers(family, tmp_path):
 def _rope_configs():
     from transformers import DeepseekV3Config, Glm4MoeConfig, Qwen3Config
 
-    small = dict(
-        vocab_size=16, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2
-    )
+    small = {
+        k: v
+        for k, v in TINY_SHAPE.items()
+        if k not in ("head_dim", "intermediate_size", "max_position_embeddings")
+    }
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 5e5}
     return {
         "llama3 scaling": CONFIGS["llama"](),

@@ -15,7 +15,7 @@ import torch
 
 from rlx.engine import Engine, EngineArgs, GenerateRequest, SamplingParams
 from rlx.engine.scheduler import ScheduledBatch
-from rlx.engine.sequence import PENDING, Status
+from rlx.engine.sequence import PENDING, SequenceStatus
 
 
 class EmulatedGraphRunner:
@@ -75,7 +75,7 @@ def run(engine: Engine, abort_at: dict[int, int], arrive_at: dict[int, int]) -> 
     batch = requests()
     seqs: dict[int, object] = {}
     step = 0
-    while len(seqs) < len(batch) or any(s.status is not Status.FINISHED for s in seqs.values()):
+    while len(seqs) < len(batch) or any(s.status is not SequenceStatus.FINISHED for s in seqs.values()):
         for i, request in enumerate(batch):
             if i not in seqs and arrive_at.get(i, 0) <= step:
                 seqs[i] = engine.add(request)
@@ -122,7 +122,7 @@ def test_overlap_drains_before_weights_move(tiny_qwen3_dir):
     seq = engine.add(
         GenerateRequest([2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True, sampling_seed=1))
     )
-    while seq.status is not Status.FINISHED:
+    while seq.status is not SequenceStatus.FINISHED:
         engine.step()
     engine.load_weights_from_disk(str(tiny_qwen3_dir))
     assert engine._inflight is None and not engine.has_work()

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from rlx.engine import Engine, EngineArgs, GenerateRequest, SamplingParams
 from rlx.engine.block_manager import BlockManager
-from rlx.engine.sequence import Sequence, Status
+from rlx.engine.sequence import Sequence, SequenceStatus
 
 PROMPTS = [[5], [2, 3, 4], [9, 8, 7, 6, 5, 4, 12], [3, 13, 2, 14, 6, 11, 10, 4, 7, 12, 15, 2, 9, 9]]
 
@@ -176,4 +176,7 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(scrambled_dir):
     running = engine.add(greedy([2, 3], 40))  # max_new_tokens past the KV budget: capped to it
     while engine.has_work():
         engine.step()
-    assert running.status is Status.FINISHED and running.finish_reason == {"type": "length", "length": 14}
+    assert running.status is SequenceStatus.FINISHED and running.finish_reason == {
+        "type": "length",
+        "length": 14,
+    }

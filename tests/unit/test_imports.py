@@ -21,7 +21,7 @@ from pathlib import Path
 RLX = Path(__file__).resolve().parents[2] / "rlx"
 MAX_LINES = 450
 JUSTIFIED = re.compile(r"over 450 lines because", re.IGNORECASE)
-# the engine server's public entry point: `start_server` in-process (`rlx.rollout.servers.LocalServer`);
+# the engine server's public entry point: `start_server` in-process (`rlx.rollout.launchers.LocalLauncher`);
 # `python -m rlx.engine.serve` is started by name, no import
 ENGINE_ENTRY = {"rlx.engine.serve"}
 
@@ -130,3 +130,34 @@ def test_no_file_over_450_lines_without_a_reason():
         if num_lines > MAX_LINES and not JUSTIFIED.search(ast.get_docstring(ast.parse(source)) or ""):
             long[str(path.relative_to(RLX.parent))] = num_lines
     assert not long, f"split these, or say in the module docstring 'Over 450 lines because ...': {long}"
+
+
+# rlx.config in two layers: the rules and `build` every config group imports (a leaf: nothing of rlx
+# but its errors), and the composer above the groups (Hydra, the cross-group rules, the schema)
+CONFIG_LEAF = {"rlx.config", "rlx.config.rules", "rlx.config.build"}
+COMPOSER = {m for m in MODULES if m.startswith("rlx.config.")} - CONFIG_LEAF
+LAUNCH_PATH = ("rlx.config", "rlx.launcher", "rlx.runtime", "rlx.tools")  # may compose and validate
+
+
+def test_the_config_rules_and_build_are_a_leaf():
+    for module in sorted(CONFIG_LEAF):
+        assert _imports(module, lazy=True) - CONFIG_LEAF <= {"rlx.errors"}, module
+
+
+def test_only_the_launch_path_imports_the_composer():
+    bad = {}
+    for module in MODULES:
+        if not module.startswith(LAUNCH_PATH) and (composer := _imports(module, lazy=True) & COMPOSER):
+            bad[module] = sorted(composer)
+    assert not bad, f"config groups and components import only {sorted(CONFIG_LEAF)}: {bad}"
+
+
+def test_the_composer_asks_launchers_what_they_declare_not_what_they_are_called():
+    # engine launchers declare their limits (rlx.rollout.launchers.EngineLauncher); nothing compares
+    # a `_target_` string or a launcher's class to decide a rule
+    found = []
+    for module, path in MODULES.items():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"_target_ *[!=]=|issubclass\(.*Launcher", line):
+                found.append(f"{module}:{number}: {line.strip()}")
+    assert not found, found

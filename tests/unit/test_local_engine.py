@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY_SHAPE
 from transformers import AutoModelForCausalLM
 
 from rlx.engine import GenerateRequest, SamplingParams
@@ -247,18 +248,14 @@ def test_load_weights_converts_per_expert_moe_checkpoint(tmp_path):
 
     from rlx.models.tiny import write_tiny_checkpoint
 
+    shape = {k: v for k, v in TINY_SHAPE.items() if k != "head_dim"}  # MLA: its own head dims
     config = DeepseekV3Config(
-        vocab_size=16,
-        hidden_size=64,
-        intermediate_size=128,
+        **{**shape, "num_key_value_heads": shape["num_attention_heads"]},
         moe_intermediate_size=32,
-        num_hidden_layers=2,
         first_k_dense_replace=1,
         n_routed_experts=4,
         num_experts_per_tok=2,
         n_shared_experts=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
         q_lora_rank=32,
         kv_lora_rank=16,
         qk_rope_head_dim=8,
@@ -266,7 +263,6 @@ def test_load_weights_converts_per_expert_moe_checkpoint(tmp_path):
         v_head_dim=16,
         n_group=1,
         topk_group=1,
-        max_position_embeddings=64,
         pad_token_id=0,
         eos_token_id=1,
     )

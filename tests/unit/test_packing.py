@@ -161,8 +161,12 @@ def test_a_sample_over_the_budget_is_named(tmp_path):
             "train.global_batch_size=9 is not divisible by the data-parallel size 2",
         ),
         (
-            ["data.max_prompt_len=8", "rollout.max_response_len=20", "train.max_tokens_per_micro_batch=28",
-             "train.logprob_max_tokens_per_micro_batch=20"],  # fmt: skip
+            [
+                "data.max_prompt_len=8",
+                "rollout.max_response_len=20",
+                "train.max_tokens_per_micro_batch=28",
+                "train.logprob_max_tokens_per_micro_batch=20",
+            ],  # fmt: skip
             "train.logprob_max_tokens_per_micro_batch=20 is less than the longest sample, data.max_prompt_len=8 + "
             "rollout.max_response_len=20 = 28 tokens (packing never splits a sample); "
             "set train.logprob_max_tokens_per_micro_batch=28 or more",

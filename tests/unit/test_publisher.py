@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlx.sync import WeightPublisher
+from rlx.weight_sync.publisher import WeightPublisher
 
 
 class Trainer:

@@ -15,7 +15,7 @@ One job per module:
 
 The public entry point for the rest of rlx: `python -m rlx.engine.serve` (a child process, started
 like SGLang's server by `rlx.rollout.sglang`) or `start_server` (in this process, for
-`rlx.rollout.servers.LocalServer`). Everything else talks to the engine over HTTP only.
+`rlx.rollout.launchers.LocalLauncher`). Everything else talks to the engine over HTTP only.
 """
 
 from __future__ import annotations

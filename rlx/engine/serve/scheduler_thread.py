@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlx.engine.local import LocalEngine
-from rlx.engine.sequence import GenerateOutput, GenerateRequest, Sequence, Status, abort_reason
+from rlx.engine.sequence import GenerateOutput, GenerateRequest, Sequence, SequenceStatus, abort_reason
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class SchedulerThread:
         except RuntimeError as exc:  # the engine cannot take requests now (weights not loaded)
             self._finish(pending, exc)
             return
-        if pending.seq.status is Status.FINISHED:  # nothing to generate (max_new_tokens 0)
+        if pending.seq.status is SequenceStatus.FINISHED:  # nothing to generate (max_new_tokens 0)
             self._finish(pending, pending.seq.output())
         else:
             self._in_engine.append(pending)
@@ -174,10 +174,10 @@ class SchedulerThread:
         for pending in self._in_engine:
             if pending.aborted:
                 self.engine.abort(pending.seq)
-        done = [p for p in self._in_engine if p.seq.status is Status.FINISHED]
+        done = [p for p in self._in_engine if p.seq.status is SequenceStatus.FINISHED]
         for pending in done:
             self._finish(pending, pending.seq.output())
-        self._in_engine = [p for p in self._in_engine if p.seq.status is not Status.FINISHED]
+        self._in_engine = [p for p in self._in_engine if p.seq.status is not SequenceStatus.FINISHED]
 
     def _step(self) -> None:
         if not self.engine.has_work():
@@ -197,7 +197,7 @@ class SchedulerThread:
         for seq in finished:
             self._finish(seq.tag, seq.output())
         if finished:
-            self._in_engine = [p for p in self._in_engine if p.seq.status is not Status.FINISHED]
+            self._in_engine = [p for p in self._in_engine if p.seq.status is not SequenceStatus.FINISHED]
 
     def _finish(self, pending: Pending, result: GenerateOutput | Exception) -> None:
         with self._lock:

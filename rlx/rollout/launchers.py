@@ -1,0 +1,169 @@
+"""Engine launchers named by `rollout._target_`: each starts one server speaking SGLang's HTTP API.
+
+Contract (what `EngineActor` relies on): `Launcher(cfg: RolloutConfig, model_path: str, *, seed: int,
+host: str, api_key: str | None)` starts the server bound to `host` (loopback on one node, the node's
+address across nodes) requiring `Authorization: Bearer api_key` on every route but `/health` when a
+key is given (a run always gives its own), and returns once it answers `/health`; `url` (the
+address others reach it by); `shutdown()`.
+
+What a launcher declares about itself (all optional: a launcher of the user's own may subclass
+`EngineLauncher` or define only what it needs; the composer and the loop read these, never the
+class's name):
+  * `max_gpus_per_engine`: the most GPUs one engine may take (None: any, the engine's own tensor
+    parallelism); more is refused when composing;
+  * `config_errors(cfg)`: its own rules about `rollout.*`, checked when composing;
+  * `placement_errors(cfg, colocated)`: what it needs of the placement (checked when composing);
+  * `for_run(cfg, *, colocated, precision_dtype, hf_dir, gpus)`: the `rollout` config its engines
+    are started with in this run (arguments it adds for the placement or the trainer's precision).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rlx.config.build import locate
+from rlx.ports import LOOPBACK
+from rlx.rollout.config import RolloutConfig
+
+
+def for_run(cfg: RolloutConfig, **run) -> RolloutConfig:
+    """`cfg` as the launcher `cfg._target_` starts this run's engines (`EngineLauncher.for_run`)."""
+    prepare = getattr(locate(cfg._target_), "for_run", None)
+    return prepare(cfg, **run) if prepare is not None else cfg
+
+
+class EngineLauncher:
+    """The declarations every launcher may make, with the defaults of a launcher that makes none."""
+
+    max_gpus_per_engine: int | None = None
+
+    @classmethod
+    def config_errors(cls, cfg: RolloutConfig) -> list[str]:
+        return []
+
+    @classmethod
+    def placement_errors(cls, cfg: RolloutConfig, colocated: bool) -> list[str]:
+        return []
+
+    @classmethod
+    def for_run(
+        cls, cfg: RolloutConfig, *, colocated: bool, precision_dtype: str, hf_dir: Path, gpus: bool
+    ) -> RolloutConfig:
+        return cfg
+
+
+class LocalLauncher(EngineLauncher):
+    """rlx's own engine (HF weights, batched sampling) served in this process (`rlx.engine.serve`).
+    It runs on one GPU and releases its memory when colocated without being asked to."""
+
+    max_gpus_per_engine = 1
+
+    @classmethod
+    def for_run(
+        cls, cfg: RolloutConfig, *, colocated: bool, precision_dtype: str, hf_dir: Path, gpus: bool
+    ) -> RolloutConfig:
+        """On GPUs an fp32 checkpoint (the tiny models', a random init's) is served in the trainer's
+        precision (`precision_dtype`, a torch dtype name), so a bf16 run rolls out in bf16 as its
+        trainer computes it (and on bf16 GEMMs and flash attention, not fp32's; launch-bound tiny
+        models gain nothing: docs/benchmarks.md, "One short rollout batch"). `engine_args.dtype`
+        when set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16)
+        and CPU engines (fp32 always) are left as they are."""
+        if not gpus or "dtype" in cfg.engine_args or precision_dtype == "float32":
+            return cfg
+        config = json.loads((Path(hf_dir) / "config.json").read_text())
+        if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":  # no dtype: fp32
+            return cfg
+        return replace(cfg, engine_args={**cfg.engine_args, "dtype": precision_dtype})
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        *,
+        seed: int,
+        host: str = LOOPBACK,
+        api_key: str | None = None,
+    ):
+        from rlx.engine.serve import start_server  # the engine's code loads in the engine's process only
+
+        self.server = start_server(  # an `EngineServer`: its `engine` too (benches read both)
+            model_path, cfg.engine_args, seed=seed, num_threads=cfg.engine_threads, host=host, api_key=api_key
+        )
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def shutdown(self) -> None:
+        self.server.stop()
+
+
+class SGLangLauncher(EngineLauncher):
+    """A `python -m <rollout.server_module>` child process (SGLang's launch_server by default);
+    `rollout.engine_args` become its flags. One engine may span GPUs (SGLang's tensor parallelism).
+    Colocated, it gives its GPU memory back only with SGLang's memory saver."""
+
+    @classmethod
+    def config_errors(cls, cfg: RolloutConfig) -> list[str]:
+        """The server module must be installed here (checked before any process starts)."""
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(cfg.server_module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            return []
+        return [
+            f"rollout.server_module={cfg.server_module} is not installed; install SGLang "
+            "(pip install '.[sglang]') or use rollout=local"
+        ]
+
+    @classmethod
+    def placement_errors(cls, cfg: RolloutConfig, colocated: bool) -> list[str]:
+        if colocated and cfg.engine_args.get("enable_memory_saver", True) is False:
+            return [
+                "cluster.colocate=true needs the SGLang engines to free their GPU memory for the trainer, which "
+                "SGLang does only with its memory saver, but rollout.engine_args.enable_memory_saver=false; "
+                "remove that key (rlx turns the saver on when colocated) or set cluster.colocate=false"
+            ]
+        return []
+
+    @classmethod
+    def for_run(
+        cls, cfg: RolloutConfig, *, colocated: bool, precision_dtype: str, hf_dir: Path, gpus: bool
+    ) -> RolloutConfig:
+        """Colocated, `--enable-memory-saver` is turned on unless `rollout.engine_args` sets it
+        (without it `/release_memory_occupation` frees nothing and the trainer finds its GPU full;
+        false is refused when composing). The dtype follows SGLang's own `--dtype` rule."""
+        if not colocated or "enable_memory_saver" in cfg.engine_args:
+            return cfg
+        return replace(cfg, engine_args={**cfg.engine_args, "enable_memory_saver": True})
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        *,
+        seed: int,
+        host: str = LOOPBACK,
+        api_key: str | None = None,
+    ):
+        from rlx.rollout.sglang import ServerProcess
+
+        # an engine over several GPUs is SGLang's tensor parallelism (the actor holds them all)
+        spread = {"tp_size": cfg.gpus_per_engine} if cfg.gpus_per_engine > 1 else {}
+        args = {"random_seed": seed, **spread, **dict(cfg.engine_args)}
+        self._process = ServerProcess(
+            model_path, engine_args=args, module=cfg.server_module, host=host, api_key=api_key
+        )  # SGLang's --api-key, handed over in its environment
+        self._process.start()
+
+    @property
+    def url(self) -> str:
+        return self._process.url
+
+    def shutdown(self) -> None:
+        self._process.stop()
