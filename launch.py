@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 import rlx.config.store  # noqa: F401  (registers the config schemas)
 from rlx.config.keys import moved_overrides
 from rlx.errors import Stopped, UserError
+from rlx.launcher import preflight
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
@@ -32,4 +33,5 @@ def main(cfg: DictConfig) -> dict | None:
 if __name__ == "__main__":
     if moved := moved_overrides(sys.argv[1:]):  # Hydra itself would say only "Could not override"
         sys.exit("error: " + "\n".join(moved))
+    preflight.main_guard(sys.argv[1:])  # the command line composed by rlx first: rlx's errors, not Hydra's
     main()

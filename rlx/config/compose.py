@@ -31,7 +31,11 @@ __all__ = ["CONF_DIR", "compose", "to_object", "validate"]
 
 
 def compose(
-    overrides: Sequence[str] = (), config_dir: str | Path = CONF_DIR, config_name: str = "config"
+    overrides: Sequence[str] = (),
+    config_dir: str | Path = CONF_DIR,
+    config_name: str = "config",
+    *,
+    validated: bool = True,
 ) -> DictConfig:
     """Compose `conf/config.yaml` (or `config_dir/config_name.yaml`: a run directory's recorded
     config, say) with Hydra command-line style overrides, take the model from `model.hf_checkpoint`
@@ -47,11 +51,12 @@ def compose(
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_explain(e)) from e
+        raise ConfigError(_explain(e, overrides, _search_dirs(config_dir, overrides))) from e
     finally:
         restore_gh_from_backup(backup)
     apply_checkpoint(cfg, overrides)
-    validate(cfg)
+    if validated:  # else the caller validates (`launch.py`'s pre-flight: the job does, once)
+        validate(cfg)
     return cfg
 
 
@@ -63,18 +68,52 @@ def to_object(cfg: DictConfig) -> RlxConfig:
     return obj
 
 
-def _explain(e: BaseException) -> str:
-    """Our message for a missing key, a wrong type or an unknown option; else Hydra's own chain."""
+def _explain(e: BaseException, overrides: Sequence[str], search_dirs: list[Path]) -> str:
+    """Our message for a missing key, a wrong type, an unknown option or an override that does not
+    parse; else Hydra's own chain. `search_dirs`: where option files are looked for (to name the
+    file a bad key came from)."""
     chain = _error_chain(e)
-    if message := explain_override_error(chain, e.__cause__):
+    if message := explain_override_error(chain, e.__cause__, search_dirs):
         return message
+    if "override_grammar" in chain and (bad := _unreadable(overrides)):
+        return explain_override_error(f"Error parsing override '{bad[0]}'\n{bad[1]}", None) or chain
     if isinstance(e, MissingConfigException) and e.options:
-        # Hydra lists the options; say which is closest, as a command line would write it
-        group = Path(e.missing_cfg_file or "").parent.as_posix()
-        close = difflib.get_close_matches(Path(e.missing_cfg_file or "").name, e.options, n=1, cutoff=0.0)
+        missing = Path(e.missing_cfg_file or "")
+        group, name = missing.parent.as_posix(), missing.name
+        options = [o for o in e.options if not o.startswith("base_")]  # the schemas, not options
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.0)
         if group and close:
-            return f"{chain}\ndid you mean {group}={close[0]}? set {group} to one of the options above"
+            return (
+                f"{group}={name}: no option {name} in {group} (conf/{group}/*.yaml and any hydra.searchpath); "
+                f"did you mean {group}={close[0]}? the options: {', '.join(options)}"
+            )
     return chain
+
+
+def _unreadable(overrides: Sequence[str]) -> tuple[str, str] | None:
+    """The first override Hydra's grammar cannot read, and why (Hydra's message names no override)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as e:
+            return override, str(e).splitlines()[0]
+    return None
+
+
+def _search_dirs(config_dir: str | Path, overrides: Sequence[str]) -> list[Path]:
+    """The directories option files come from: `config_dir`, then `hydra.searchpath`'s file:// entries."""
+    dirs = [Path(config_dir)]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "hydra.searchpath":
+            for entry in value.strip("[]").split(","):
+                entry = entry.strip().strip("'\"")
+                if entry.startswith("file://"):
+                    dirs.append(Path(entry.removeprefix("file://")))
+    return dirs
 
 
 def _error_chain(e: BaseException) -> str:

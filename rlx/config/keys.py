@@ -124,14 +124,53 @@ def suggest(key: str, schema: type | None = None) -> str:
 _NO_KEY = re.compile(r"Could not (?:override|append to) '([^']+)'")
 _MERGE = re.compile(r"Error merging override ([^=\s]+)=(.*)")
 _YAML_KEY = re.compile(r"Key '[^']+' not in '\w+'\n\s+full_key: (\S+)")  # a config file's unknown key
+_IN_FILE = re.compile(r"^In '([^']+)'")  # the option file Hydra was merging ("algo/mygrpo")
+_NO_EQUAL = re.compile(r"Error parsing override '([^'=]+)'\nmissing EQUAL")
+_PARSE = re.compile(r"Error parsing override '([^']+)'\n(.*)")
+_NOT_OPTIONAL = re.compile(r"Error merging override ([^=\s]+)=null\nfield '[^']+' is not Optional")
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 _CONVERT = re.compile(r"could not be converted to (\w+)|is not a valid (bool)")
 _TYPE_NAMES = {"Float": "a number", "Integer": "an integer", "bool": "true or false", "String": "a string"}
 
 
-def explain_override_error(text: str, cause: BaseException | None) -> str | None:
-    """A clear message for Hydra's 'Could not override' (no such key) and 'Error merging
-    override' (wrong type) errors, and for a moved key (`MOVED_KEYS`) on the command line or in a
-    config file: the key, what is wrong, the fix. None for other errors."""
+def explain_override_error(
+    text: str, cause: BaseException | None, search_dirs: list[Path] = ()
+) -> str | None:
+    """A clear message for Hydra's 'Could not override' (no such key), 'Error merging override'
+    (wrong type, null for a key that takes none) and 'Error parsing override' errors, for an
+    unknown key in an option file (named: the first of `search_dirs` that holds it), and for a
+    moved key (`MOVED_KEYS`) on the command line or in a config file: the key, what is wrong, the
+    fix. None for other errors."""
+    if match := _NO_EQUAL.search(text):
+        key = match.group(1).lstrip("+~")
+        default = schema_keys().get(key, MISSING)
+        example = f" (e.g. {key}={yaml_value(default)}, the default)" if default is not MISSING else ""
+        return f"{key} is given no value on the command line; write {key}=VALUE{example}"
+    if match := _PARSE.search(text):
+        return (
+            f"the override {match.group(1)!r} cannot be read ({match.group(2).strip()}); quote a value that "
+            f"holds commas, brackets or spaces (key='a,b'), and see {GRAMMAR}"
+        )
+    if match := _NOT_OPTIONAL.search(text):
+        key = match.group(1).lstrip("+~")
+        default = schema_keys().get(key, MISSING)
+        example = (
+            f", e.g. {key}={yaml_value(default)} (the default)" if default not in (MISSING, None) else ""
+        )
+        return f"{key}=null: {key} cannot be null; give it a value{example}"
+    if (match := _YAML_KEY.search(text)) and (file := _IN_FILE.search(text)) and not moved(match.group(1)):
+        key, option = match.group(1), file.group(1)
+        path = next((d / f"{option}.yaml" for d in search_dirs if (d / f"{option}.yaml").exists()), None)
+        where = f"{path}" if path else f"the option file {option}.yaml"
+        parent, name = key.rsplit(".", 1)
+        names = [k.removeprefix(f"{parent}.") for k in schema_keys() if k.startswith(f"{parent}.")]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        fix = (
+            f"did you mean {parent}.{close[0]}? rename {name} to {close[0]} there"
+            if close
+            else f"remove {name} there"
+        )
+        return f"{key} does not exist (set in {where}); {fix} ({LISTS_EVERY_KEY})"
     if match := _NO_KEY.search(text):
         key = match.group(1)
         if message := moved(key):

@@ -227,7 +227,9 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
         target = getattr(cfg, group)._target_
         fix = f"set {group}._target_ to an importable class (package.module.Class), or {group}={_options(group)}"
         if target in RENAMED_TARGETS:
-            errors.append(f"{group}._target_={target!r} was renamed; set {group}._target_={RENAMED_TARGETS[target]}")
+            errors.append(
+                f"{group}._target_={target!r} was renamed; set {group}._target_={RENAMED_TARGETS[target]}"
+            )
             continue
         try:
             cls = _locate(target)

@@ -42,7 +42,7 @@ CONFIG_CASES = {
     ),
     "+experiment that does not exist": (
         ["+experiment=tool_calk"],
-        ["Could not find 'experiment/tool_calk'", "did you mean experiment=tool_calc?"],
+        ["experiment=tool_calk: no option tool_calk in experiment", "did you mean experiment=tool_calc?"],
     ),
     "misspelled key of an eval set": (
         ["+data.eval={math:{pth:/data/math.jsonl}}"],
@@ -55,7 +55,7 @@ CONFIG_CASES = {
         ["rollout.stop_token_ids=[1,eos]"],
         ["rollout.stop_token_ids[1] is not an integer", "set rollout.stop_token_ids to a list of integers"],
     ),
-    "unknown option": (["model=tiny_qwen"], ["model/tiny_qwen", "did you mean model=tiny_qwen3?"]),
+    "unknown option": (["model=tiny_qwen"], ["model=tiny_qwen: no option tiny_qwen in model", "did you mean model=tiny_qwen3?"]),
     "MoE key on a dense model": (
         ["model.moe_router_topk=4"],
         ["model.moe_router_topk=4 takes effect only when model.num_moe_experts is set", "set model.num_moe_experts"],

@@ -11,6 +11,7 @@ SHORT = {  # the doc's abbreviations (explained at its top)
     "compose": "tests/config/test_compose.py",
     "cluster": "tests/config/test_cluster.py",
     "bad_input": "tests/config/test_bad_input.py",
+    "cmd": "tests/config/test_command_line.py",
 }
 
 
