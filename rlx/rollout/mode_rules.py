@@ -23,12 +23,15 @@ def mode_errors(rollout: RolloutConfig, colocate: bool, use_tis: bool) -> list[s
             f"{rollout.update_weights_interval} steps, so samples are that stale anyway; raise "
             "rollout.max_staleness or lower rollout.update_weights_interval"
         )
-    if rollout.mode == "async" and not use_tis and not rollout.allow_uncorrected_async:
+    # at max_staleness 0 every trained sample comes from the weights being trained: on-policy
+    stale = rollout.mode == "async" and rollout.max_staleness > 0
+    if stale and not use_tis and not rollout.allow_uncorrected_async:
         errors.append(
-            "rollout.mode=async trains on samples from older policies and the policy loss has no off-policy "
-            "correction (PPO-family clipping alone collapses as staleness grows); set algo.use_tis=true "
-            "(the decoupled objective: ratio against the trainer's proximal policy, truncated importance "
-            "weight against the engines' log-probs), or rollout.allow_uncorrected_async=true to run anyway"
+            f"rollout.mode=async with rollout.max_staleness={rollout.max_staleness} trains on samples from "
+            "older policies and the policy loss has no off-policy correction (PPO-family clipping alone "
+            "collapses as staleness grows); set algo.use_tis=true (the decoupled objective: ratio against the "
+            "trainer's proximal policy, truncated importance weight against the engines' log-probs), "
+            "rollout.max_staleness=0 (on-policy), or rollout.allow_uncorrected_async=true to run anyway"
         )
     if rollout.over_sampling_batch_size is not None and rollout.over_sampling_batch_size < rollout.batch_size:
         errors.append(

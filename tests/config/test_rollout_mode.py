@@ -11,8 +11,14 @@ from rlx.errors import ConfigError
 CASES = {
     "async without correction": (
         ["rollout.mode=async"],
-        ["rollout.mode=async", "algo.use_tis=true", "rollout.allow_uncorrected_async=true"],
-    ),
+        [
+            "rollout.mode=async",
+            "rollout.max_staleness=1",
+            "algo.use_tis=true",
+            "rollout.max_staleness=0",
+            "rollout.allow_uncorrected_async=true",
+        ],
+    ),  # fmt: skip
     "async colocated": (
         ["rollout.mode=async", "algo.use_tis=true", "cluster.colocate=true"],
         ["rollout.mode=async", "cluster.colocate=false"],
@@ -88,3 +94,8 @@ def test_a_sound_async_config_composes():
                       "rollout.filter_fn=rlx.rollout.filters.reward_varies",
                       "rollout.over_sampling_batch_size=48", "rollout.partial_rollout=true",
                       "rollout.mask_old_policy_tokens=true"]))  # fmt: skip
+
+
+def test_async_at_staleness_0_is_on_policy_and_needs_no_correction():
+    cfg = compose(["rollout.mode=async", "rollout.max_staleness=0"])
+    assert cfg.algo.use_tis is False and cfg.rollout.allow_uncorrected_async is False

@@ -14,7 +14,6 @@ SMALL = [
     "rollout.batch_size=8",
     "rollout.n_samples_per_prompt=4",
     "train.micro_batch_size=32",
-    "algo.use_tis=true",
     "run.progress=false",
     "run.tensorboard=false",
 ]
@@ -31,6 +30,7 @@ def _run(tmp_path, name, *overrides):
 
 
 def test_async_with_staleness_0_reproduces_the_synchronous_run(tmp_path):
+    # on-policy: no off-policy correction is asked for (algo.use_tis stays false)
     sync = _run(tmp_path, "sync", "run.num_rollout=3")
     paced = _run(tmp_path, "async", "run.num_rollout=3", "rollout.mode=async", "rollout.max_staleness=0")
     keys = [
@@ -62,7 +62,7 @@ def test_async_with_staleness_0_reproduces_the_synchronous_run(tmp_path):
 def test_no_trained_sample_is_older_than_the_cap(tmp_path, cap, policy):
     out = _run(
         tmp_path, policy, "run.num_rollout=5", "rollout.mode=async", f"rollout.max_staleness={cap}",
-        f"rollout.staleness_policy={policy}",
+        f"rollout.staleness_policy={policy}", "algo.use_tis=true",
     )  # fmt: skip
     staleness = []
     for step in range(5):  # step k trains at policy version k
