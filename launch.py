@@ -6,6 +6,7 @@ python launch.py -m algo=grpo,gspo rollout.n_samples_per_prompt=4,8   # sweep: m
 python launch.py -m hydra/launcher=slurm cluster=2x8 ...              # each job through sbatch, one task per node
 """
 
+import logging
 import sys
 
 import hydra
@@ -28,6 +29,20 @@ def main(cfg: DictConfig) -> dict | None:
     except Stopped as e:  # SIGTERM/SIGINT after a finished (and checkpointed) step
         print(e, file=sys.stderr)
         sys.exit(128 + e.signum)
+    except Exception as e:  # a failure mid-run (a rank died, an engine failed): one message
+        where = _log_traceback(e)
+        sys.exit(f"error: {type(e).__name__}: {e}" + (f"\n(traceback in {where})" if where else ""))
+
+
+def _log_traceback(e: Exception) -> str | None:
+    """`e`'s traceback into the job's log file (Hydra's file handler), not onto the console; its path."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    record = logging.LogRecord(
+        "launch", logging.ERROR, __file__, 0, "the run failed", None, (type(e), e, e.__traceback__)
+    )
+    for handler in files:
+        handler.handle(record)
+    return files[0].baseFilename if files else None
 
 
 if __name__ == "__main__":

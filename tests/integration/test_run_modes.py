@@ -167,8 +167,11 @@ def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     ]
     assert trainers, [" ".join(p.cmdline())[:40] for p in family]
     trainers[0].kill()  # kill -9 of the trainer rank
-    proc.communicate(timeout=120)
+    tail, _ = proc.communicate(timeout=120)
     assert proc.returncode not in (0, None)
+    # one message naming what failed, the traceback in the job's log only
+    assert "error: TrainerRankError: trainer rank 0" in tail and "died during" in tail, tail[-3000:]
+    assert "Traceback" not in tail and "HYDRA_FULL_ERROR" not in tail, tail[-3000:]
     done = len(_rows(out / "metrics.jsonl"))  # each of them checkpointed (save_interval=1)
     assert 2 <= done < 30
     # resumed with the same command but for its length: two steps past the killed one
