@@ -137,14 +137,37 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths, _checkpoint):
+    for rule in (*rules, _model_shape, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths,
+                 _checkpoint):  # fmt: skip
         errors += rule(cfg, classes)
+    if not errors:  # Megatron's own checks last: they import megatron-core (seconds, once a process)
+        errors += _megatron(cfg, classes)
     if errors:
         raise ConfigError(_listing(errors))
     if isinstance(composed, DictConfig):
         if len(_PASSED) > 64:  # a long-lived process (a sweep, a notebook): the newest only
             _PASSED.clear()
         _PASSED[id(composed)] = OmegaConf.to_yaml(composed)
+
+
+def _model_shape(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """The model's shape keys between themselves (rlx.models.config.shape_errors)."""
+    from rlx.models.config import shape_errors
+
+    return shape_errors(cfg.model)
+
+
+def _megatron(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """Megatron's TransformerConfig built for the model and layout, its refusal in rlx's keys
+    (rlx.trainer.megatron_check); only for rlx's Megatron families (a model class of the user's
+    own that is no `ModelFamily` is left to itself)."""
+    from rlx.models.family import ModelFamily
+
+    if not (isinstance(classes.get("model"), type) and issubclass(classes["model"], ModelFamily)):
+        return []
+    from rlx.trainer.megatron_check import megatron_errors
+
+    return megatron_errors(cfg)
 
 
 def _reward(cfg: RlxConfig, classes: Classes) -> list[str]:

@@ -96,3 +96,38 @@ class ModelConfig:
         },
         "kernels": one_of(KERNEL_CHOICES),
     }
+
+
+def shape_errors(m: ModelConfig) -> list[str]:
+    """Rules between the model's own shape keys that Megatron's TransformerConfig does not check
+    and its layers would break on only in the first forward pass (a traceback from a trainer rank)."""
+    errors = []
+    heads, groups = m.num_attention_heads, m.num_query_groups
+    if groups is not None and groups >= 1 and heads >= 1 and heads % groups:
+        errors.append(
+            f"model.num_attention_heads={heads} is not a multiple of model.num_query_groups={groups} (each "
+            "key/value group serves as many query heads); set model.num_query_groups to a divisor of "
+            f"{heads} (1 = multi-query, {heads} = one group per head)"
+        )
+    rotary = (
+        (m.qk_pos_emb_head_dim or 0) if m.kv_lora_rank else round((m.kv_channels or 0) * m.rotary_percent)
+    )
+    key = "model.qk_pos_emb_head_dim" if m.kv_lora_rank else "model.kv_channels × model.rotary_percent"
+    if rotary % 2:
+        errors.append(
+            f"{key} = {rotary} rotary dimensions: RoPE rotates pairs, so it must be even; change "
+            f"{'model.qk_pos_emb_head_dim' if m.kv_lora_rank else 'model.kv_channels or model.rotary_percent'}"
+        )
+    if m.num_moe_experts and m.moe_router_topk > m.num_moe_experts:
+        errors.append(
+            f"model.moe_router_topk={m.moe_router_topk} is more than model.num_moe_experts="
+            f"{m.num_moe_experts}: a token cannot go to more experts than there are; set "
+            f"model.moe_router_topk <= {m.num_moe_experts}"
+        )
+    if m.num_moe_experts and m.moe_first_dense_layers >= m.num_layers:
+        errors.append(
+            f"model.moe_first_dense_layers={m.moe_first_dense_layers} leaves no MoE layer of "
+            f"model.num_layers={m.num_layers}; set it below {m.num_layers}, or model.num_moe_experts=null "
+            "for a dense model"
+        )
+    return errors

@@ -133,13 +133,30 @@ class ModelFamily:
 
     # ---- Megatron side ---------------------------------------------------------------------------
 
+    # tp, pp, cp, ep of the layout, for a TransformerConfig built without megatron's parallel state
+    # (the driver's check at compose time, `rlx.models.megatron_check`); None: 1 each
+    layout: dict[str, int] | None = None
+
+    def parallel_sizes(self) -> dict[str, int]:
+        """tp, pp, cp, ep: megatron's parallel state once initialised (a trainer rank), else
+        `layout`, else 1 each."""
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            return {
+                "tp": ps.get_tensor_model_parallel_world_size(),
+                "pp": ps.get_pipeline_model_parallel_world_size(),
+                "cp": ps.get_context_parallel_world_size(),
+                "ep": ps.get_expert_model_parallel_world_size(),
+            }
+        return {"tp": 1, "pp": 1, "cp": 1, "ep": 1} | (self.layout or {})
+
     def transformer_config(self, *, params_dtype: torch.dtype = torch.float32, **overrides):
-        """Megatron TransformerConfig: shape, parallel sizes from parallel_state, family kwargs,
+        """Megatron TransformerConfig: shape, parallel sizes (`parallel_sizes`), family kwargs,
         then `model.megatron_overrides`, then `overrides` (last wins)."""
-        from megatron.core import parallel_state
         from megatron.core.transformer import TransformerConfig
 
-        initialised = parallel_state.model_parallel_is_initialized()
+        sizes = self.parallel_sizes()
         cfg = self.cfg
         kwargs: dict[str, Any] = dict(
             num_layers=cfg.num_layers,
@@ -149,13 +166,9 @@ class ModelFamily:
             num_query_groups=cfg.num_query_groups,
             kv_channels=cfg.kv_channels,
             layernorm_epsilon=cfg.norm_epsilon,
-            tensor_model_parallel_size=(
-                parallel_state.get_tensor_model_parallel_world_size() if initialised else 1
-            ),
-            pipeline_model_parallel_size=(
-                parallel_state.get_pipeline_model_parallel_world_size() if initialised else 1
-            ),
-            context_parallel_size=parallel_state.get_context_parallel_world_size() if initialised else 1,
+            tensor_model_parallel_size=sizes["tp"],
+            pipeline_model_parallel_size=sizes["pp"],
+            context_parallel_size=sizes["cp"],
             params_dtype=params_dtype,
             pipeline_dtype=params_dtype,
             bf16=params_dtype == torch.bfloat16,

@@ -37,11 +37,9 @@ class MoEFamily(ModelFamily):
 
     def moe_kwargs(self) -> dict[str, Any]:
         """TransformerConfig kwargs of the MoE layers (from `model.*`) and of the EP/SP layout."""
-        from megatron.core import parallel_state as ps
-
         cfg = self.cfg
-        initialised = ps.model_parallel_is_initialized()
-        tp = ps.get_tensor_model_parallel_world_size() if initialised else 1
+        sizes = self.parallel_sizes()
+        tp = sizes["tp"]
         grouped = (cfg.moe_router_num_groups or 1) > 1
         softmax = cfg.moe_router_score_function == "softmax"
         return dict(
@@ -68,7 +66,7 @@ class MoEFamily(ModelFamily):
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
             moe_router_fusion=False,
-            expert_model_parallel_size=ps.get_expert_model_parallel_world_size() if initialised else 1,
+            expert_model_parallel_size=sizes["ep"],
             sequence_parallel=tp > 1,
         )
 

@@ -34,8 +34,9 @@ from rlx.models.precision import half_precision
 from rlx.sample import Sample
 from rlx.trainer import context
 from rlx.trainer.batch import MicroBatch, response_slice
-from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE, TrainConfig
+from rlx.trainer.config import PRECISION_DTYPES, TrainConfig
 from rlx.trainer.critic import Critic
+from rlx.trainer.megatron_check import megatron_overrides
 from rlx.trainer.offload import Offloader, gpu_memory_gib
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 from rlx.trainer.pipeline import build_chunks, virtual_stages
@@ -87,19 +88,9 @@ class MegatronTrainer:
             cluster_cfg.tensor_parallel_size, cluster_cfg.context_parallel_size
         )
         self.algo = build(algo_cfg)
-        # activation recompute is a TransformerConfig setting; the model config's own overrides win.
-        # Under PP, micro-batches differ in shape (padded to their own longest sample, or packed),
-        # so stages exchange each activation's shape first. The interleaved schedule (virtual
-        # stages) sends activations and gradients to the same neighbour at once, which one batch
-        # of p2p ops mixes up between two stages: there, megatron's unbatched ops (which keep the
-        # two directions on separate groups) and micro-batches widened to one shape.
-        pipeline = {}
-        if cluster_cfg.pipeline_parallel_size > 1:
-            interleaved = virtual_stages(model_cfg.megatron_overrides) is not None
-            pipeline |= {"variable_seq_lengths": not interleaved, "batch_p2p_comm": not interleaved}
-            if not model_cfg.num_moe_experts:  # megatron refuses its default (allgather) even when dense
-                pipeline["moe_token_dispatcher_type"] = "alltoall"
-        overrides = RECOMPUTE[train_cfg.recompute] | pipeline | model_cfg.megatron_overrides
+        # recompute and the pipeline schedule's flags, then the model's own (rlx.trainer.megatron_check,
+        # which builds the same TransformerConfig in the driver when the config is composed)
+        overrides = megatron_overrides(model_cfg, train_cfg, cluster_cfg)
         self.family = build(replace(model_cfg, megatron_overrides=overrides))
         hf_dir = self.family.checkpoint_dir()
         params_dtype = getattr(torch, PRECISION_DTYPES[train_cfg.precision])

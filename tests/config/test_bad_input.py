@@ -91,12 +91,12 @@ def test_pass_through_maps_take_new_keys():
     cfg = compose([
         "+rollout.engine_args.mem_fraction_static=0.7",
         "+rollout.router_args.policy=round_robin",
-        "+model.megatron_overrides.recompute_granularity=full",
+        "+model.megatron_overrides.recompute_granularity=selective",
     ])  # fmt: skip
     rc = to_object(cfg)
     assert rc.rollout.engine_args == {"mem_fraction_static": 0.7}
     assert rc.rollout.router_args == {"policy": "round_robin"}
-    assert rc.model.megatron_overrides == {"recompute_granularity": "full"}
+    assert rc.model.megatron_overrides == {"recompute_granularity": "selective"}
 
 
 # ---- the config against the machine --------------------------------------------------------------

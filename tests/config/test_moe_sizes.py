@@ -183,7 +183,14 @@ def test_a_changed_config_json_is_refused_naming_the_field(option, config_json, 
 def test_tiny_moe_models_reshape_from_the_command_line(option):
     base = to_object(compose([f"model={option}"])).model
     reshaped = to_object(
-        compose([f"model={option}", "model.num_moe_experts=32", "model.moe_router_topk=8"])
+        compose(
+            [
+                f"model={option}",
+                "model.num_moe_experts=32",
+                "model.moe_router_topk=8",
+                *(["model.moe_router_group_topk=4"] if option == "tiny_deepseek_v3" else []),
+            ]
+        )  # HF: topk = 2 × groups
     ).model
     assert (base.num_moe_experts, base.moe_router_topk) != (32, 8)
     assert (reshaped.num_moe_experts, reshaped.moe_router_topk) == (32, 8)
