@@ -28,7 +28,7 @@ def _one(mode: str, steps: int, overrides: list[str], history_dir: Path | None =
     with tempfile.TemporaryDirectory() as out:
         history = run(
             compose([f"run.output_dir={out}", f"run.num_rollout={steps}", "run.progress=false",
-                     "run.tensorboard=false", "run.dump_rollouts=false", "algo.use_tis=true",
+                     "run.loggers=[jsonl]", "run.dump_rollouts=false", "algo.use_tis=true",
                      f"rollout.mode={mode}", *overrides])
         )  # fmt: skip
     if history_dir is not None:  # every step's metrics, for what the medians hide

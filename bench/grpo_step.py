@@ -62,7 +62,7 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
         *model, *data, *placement, "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
         f"rollout.batch_size={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_response_len={args.response_len}", "rollout.ignore_eos=true", "rollout.temperature=1.0",
-        f"run.num_rollout={args.steps}", "run.progress=false", "run.tensorboard=false", "run.dump_rollouts=false",
+        f"run.num_rollout={args.steps}", "run.progress=false", "run.loggers=[jsonl]", "run.dump_rollouts=false",
     ]  # fmt: skip
 
 

@@ -163,7 +163,11 @@ def main() -> None:
     params = rc.rollout.sampling_params()  # as RolloutPool sends them
     gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
     rollout = LocalLauncher.for_run(
-        rc.rollout, colocated=False, precision_dtype=PRECISION_DTYPES[rc.train.precision], hf_dir=hf_dir, gpus=gpus
+        rc.rollout,
+        colocated=False,
+        precision_dtype=PRECISION_DTYPES[rc.train.precision],
+        hf_dir=hf_dir,
+        gpus=gpus,
     )
     launcher = LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
     freeze_startup_objects()  # as the engine's actor process does (rlx.gc_freeze)

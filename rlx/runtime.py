@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import signal
@@ -140,7 +141,10 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         parts.trainer,
         rc.cluster.offload_trainer,
     )
-    parts.tracker = Tracker(job.out, tensorboard=rc.run.tensorboard, dump_rollouts=rc.run.dump_rollouts)
+    parts.tracker = Tracker(
+        job.out, loggers=rc.run.loggers, dump_rollouts=rc.run.dump_rollouts, config=dataclasses.asdict(rc),
+        name=rc.run.name, project=rc.run.project, tags=rc.run.tags,
+    )  # fmt: skip
     parts.closers.append(parts.tracker.close)
     if debug.train_only or parts.turns.colocated:  # colocated: the trainer sets up before it leaves the GPU
         state = _ready_trainer(job, parts.trainer)

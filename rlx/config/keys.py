@@ -23,6 +23,10 @@ LISTS_EVERY_KEY = "`python launch.py --cfg job` prints every key"
 # keys that moved: old name -> (new name, why); the old name is answered with the new one, on the
 # command line (with or without +), in a YAML file and in launch.py's arguments (`moved_overrides`)
 MOVED_KEYS: dict[str, tuple[str, str]] = {
+    "run.tensorboard": (
+        "run.loggers",
+        "every sink is in one list: run.loggers=[jsonl] for metrics.jsonl alone, [jsonl,tensorboard] the default",
+    ),
     "rollout.reward_fn": (
         "reward.fn",
         "the task names its reward beside its prompts: data=math, data=toy_copy set it",

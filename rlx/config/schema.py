@@ -39,7 +39,12 @@ class RunConfig:
     # failed (engine errors, reward functions that raise or time out), rather than train on nothing
     max_failed_frac: float = 1.0
     dump_rollouts: bool = True  # rollouts/step_NNNNNN.jsonl
-    tensorboard: bool = True
+    # where each step's metrics go (rlx.tracking.sinks): jsonl (metrics.jsonl), tensorboard, wandb,
+    # mlflow (the last two: pip install 'rlx[trackers]')
+    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    name: str | None = None  # the run's name in W&B and MLflow; None: the run directory's name
+    project: str = "rlx"  # the W&B project, the MLflow experiment
+    tags: list[str] = field(default_factory=list)  # the run's tags in W&B and MLflow
     progress: bool = True  # progress bar on the console
 
     RULES: ClassVar[dict[str, Rule]] = {

@@ -137,7 +137,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _model_shape, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths,
+    for rule in (*rules, _model_shape, _loggers, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths,
                  _checkpoint):  # fmt: skip
         errors += rule(cfg, classes)
     if not errors:  # Megatron's own checks last: they import megatron-core (seconds, once a process)
@@ -148,6 +148,13 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         if len(_PASSED) > 64:  # a long-lived process (a sweep, a notebook): the newest only
             _PASSED.clear()
         _PASSED[id(composed)] = OmegaConf.to_yaml(composed)
+
+
+def _loggers(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """run.loggers: known sinks, their packages installed (rlx.tracking.sinks)."""
+    from rlx.tracking.sinks import logger_errors
+
+    return logger_errors(cfg.run.loggers)
 
 
 def _model_shape(cfg: RlxConfig, classes: Classes) -> list[str]:

@@ -24,7 +24,7 @@ STEPS = 3
 # tiny Qwen3 (2 layers, 4 heads, 2 KV groups): PP=2 holds a layer per stage, TP=2 a KV group per rank
 COMMON = ["model=tiny_qwen3", "train.precision=bf16", f"run.num_rollout={STEPS}", "rollout.batch_size=16",
           "rollout.n_samples_per_prompt=8", "train.micro_batch_size=32", "run.progress=false",
-          "run.tensorboard=false"]  # fmt: skip
+          "run.loggers=[jsonl]"]  # fmt: skip
 LAYOUTS = {
     "TP=2": ["cluster.tensor_parallel_size=2"],
     "PP=2": ["cluster.pipeline_parallel_size=2"],

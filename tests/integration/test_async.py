@@ -15,7 +15,7 @@ SMALL = [
     "rollout.n_samples_per_prompt=4",
     "train.micro_batch_size=32",
     "run.progress=false",
-    "run.tensorboard=false",
+    "run.loggers=[jsonl]",
 ]
 
 
@@ -81,7 +81,7 @@ def test_the_default_task_still_learns_in_async_mode(tmp_path):
     # objective; measured: mean reward of the first 5 steps 0.07, of steps 55-59 0.66 (sync: 0.07 -> 0.53)
     out = tmp_path / "learn"
     run(compose([f"run.output_dir={out}", "run.num_rollout=60", "rollout.mode=async", "algo.use_tis=true",
-                 "run.progress=false", "run.tensorboard=false", "run.dump_rollouts=false"]))  # fmt: skip
+                 "run.progress=false", "run.loggers=[jsonl]", "run.dump_rollouts=false"]))  # fmt: skip
     rewards = [m["rollout/reward_mean"] for m in _rows(out / "metrics.jsonl")]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.2 and last > first + 0.4, (first, last)

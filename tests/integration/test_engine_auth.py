@@ -210,7 +210,7 @@ def test_a_run_keys_its_engines_and_router_and_goes_on(tmp_path, num_engines, mo
         compose(
             [f"run.output_dir={tmp_path}", "run.num_rollout=2", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
              "train.micro_batch_size=4", f"rollout.num_engines={num_engines}", "run.progress=false",
-             "run.tensorboard=false", "rollout.generate_fn=test_engine_auth.keyless_probe"]
+             "run.loggers=[jsonl]", "rollout.generate_fn=test_engine_auth.keyless_probe"]
         )
     )  # fmt: skip
     assert [h["version"] for h in history] == [1, 2]  # trained, weights pushed with the key, served

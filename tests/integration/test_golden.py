@@ -22,7 +22,7 @@ import pytest
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "default_job_10_steps.json"
 KEYS = ("train/loss", "train/grad_norm", "rollout/reward_mean")
-OVERRIDES = ["run.num_rollout=10", "run.seed=1", "run.progress=false", "run.tensorboard=false"]
+OVERRIDES = ["run.num_rollout=10", "run.seed=1", "run.progress=false", "run.loggers=[jsonl]"]
 
 
 def _curve(out_dir: Path) -> dict[str, list[float]]:

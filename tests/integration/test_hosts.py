@@ -156,7 +156,7 @@ def test_across_nodes_engines_bind_the_node_address_and_require_a_fresh_key(
 MULTI_NODE = ["cluster.num_nodes=2", "cluster.ray_address=auto", "rollout=sglang",
               "rollout.server_module=rlx.engine.serve", "rollout.num_engines=2", "run.num_rollout=2",
               "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
-              "run.progress=false", "run.tensorboard=false"]  # fmt: skip
+              "run.progress=false", "run.loggers=[jsonl]"]  # fmt: skip
 
 
 def test_a_run_of_several_nodes_refuses_a_ray_without_authentication(routable_ray, tmp_path):

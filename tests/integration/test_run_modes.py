@@ -24,7 +24,7 @@ from rlx.sample import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
-         "run.progress=false", "run.tensorboard=false"]  # fmt: skip
+         "run.progress=false", "run.loggers=[jsonl]"]  # fmt: skip
 EVAL_ROWS = [("4 1 7 =", "4 1 7"), ("0 9 9 =", "0 9 9"), ("5 3 2 =", "5 3 2")]
 
 
@@ -32,16 +32,29 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_eval_sets_are_scored_before_during_and_after_training(tmp_path):
+def test_eval_sets_are_scored_before_during_and_after_training(tmp_path, monkeypatch):
     held = tmp_path / "held.jsonl"
     held.write_text("".join(json.dumps({"prompt": p, "label": label}) + "\n" for p, label in EVAL_ROWS))
     out = tmp_path / "run"
+    # the trackers users have, offline: MLflow in a file store (W&B's run file: tests/unit/test_tracking.py)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     history = run(compose([f"run.output_dir={out}", "run.num_rollout=2", "run.eval_interval=1",
                            f"+data.eval={{held: {{path: {held}}}}}", "rollout.n_samples_per_eval_prompt=2",
-                           "rollout.eval_temperature=0", *SMALL]))  # fmt: skip
+                           "rollout.eval_temperature=0", *SMALL, "run.loggers=[jsonl,mlflow]", "run.name=evals",
+                           "run.tags=[toy]"]))  # fmt: skip
     evals = {h["step"]: h for h in history if "eval/held/reward_mean" in h}
     assert sorted(evals) == [0, 1, 2]  # before step 0, before step 1, after the last
     assert {"eval/held/pass@1", "eval/held/pass@2"} <= set(evals[2])
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    (found,) = client.search_runs([client.get_experiment_by_name("rlx").experiment_id])
+    assert found.info.run_name == "evals" and "toy" in found.data.tags
+    assert found.data.params["run.eval_interval"] == "1"  # the run's config
+    logged = client.get_metric_history(found.info.run_id, "eval/held/reward_mean")
+    assert [(m.step, m.value) for m in logged] == [(s, evals[s]["eval/held/reward_mean"]) for s in (0, 1, 2)]
 
     # before training the engines serve the initial checkpoint: greedy decoding with transformers,
     # scored by the same reward, gives the same mean (both greedy samples of a prompt are equal)

@@ -28,7 +28,7 @@ from rlx.runtime import run
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["run.num_rollout=2", "rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
-         "run.progress=false", "run.tensorboard=false"]  # fmt: skip
+         "run.progress=false", "run.loggers=[jsonl]"]  # fmt: skip
 
 
 class Listeners:

@@ -17,7 +17,7 @@ SHORT = [
     "rollout.n_samples_per_prompt=4",
     "train.micro_batch_size=16",
     "run.progress=false",
-    "run.tensorboard=false",
+    "run.loggers=[jsonl]",
     "rollout.weight_bucket_mb=1",
 ]  # fmt: skip  (1 MiB buckets: the tiny models need several)
 
