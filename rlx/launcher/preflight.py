@@ -6,8 +6,9 @@ key rlx's schema lacks. `check(argv)` composes the same command line first with
 `rlx.config.compose` (the same conf/, config name, search path and overrides), whose errors name
 the key and where it was set (the command line, or the option file), the nearest keys or options,
 and the fix. With `-m`, every value of every swept key is composed, in as many jobs as the longest
-sweep has values, and each job is validated, so a sweep with one bad value fails before its
-first job starts. A single run is validated once, after this, by `rlx.launcher.job`.
+sweep has values, so a sweep with a value that cannot compose (a wrong type, an unknown option)
+fails before its first job starts. The rules between keys are checked once, after this, by each
+job (`rlx.launcher.job`): in a sweep a job that breaks one fails alone, and the others run.
 
 Command lines this cannot compose as Hydra would (`--config-path`, `--config-dir`, `--help`,
 `--info`, shell completion, `--experimental-rerun`) are left to Hydra.
@@ -43,7 +44,7 @@ def check(argv: Sequence[str]) -> str | None:
     try:
         jobs = job_overrides(args.overrides) if args.multirun else [args.overrides]
         for overrides in jobs:
-            compose(overrides, config_name=config_name, validated=bool(args.multirun))
+            compose(overrides, config_name=config_name, validated=False)
     except ConfigError as e:
         where = f"job {' '.join(overrides)}: " if args.multirun and len(jobs) > 1 else ""
         return f"{where}{e}"

@@ -59,10 +59,6 @@ CASES = {
         ["rollout.temperature=abc: abc is not a number"],
     ),
     "bad option in a sweep": (["-m", "algo=grpo,gsppo"], ["algo=gsppo: no option gsppo", "did you mean algo=gspo?"]),
-    "broken rule in a sweep": (
-        ["-m", "rollout.top_p=0.5,2.0"],
-        ["rollout.top_p=2.0"],
-    ),
 }  # fmt: skip
 
 
