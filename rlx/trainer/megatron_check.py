@@ -72,7 +72,11 @@ def megatron_errors(cfg) -> list[str]:
     import torch
 
     c = cfg.cluster
-    model = replace(cfg.model, megatron_overrides=megatron_overrides(cfg.model, cfg.train, c))
+    # kernels=torch: the fused kernels' flags are rlx's choice, not the user's, and resolving them
+    # on a GPU machine would load kernel code (and fill megatron's slots) in the driver
+    model = replace(
+        cfg.model, kernels="torch", megatron_overrides=megatron_overrides(cfg.model, cfg.train, c)
+    )
     try:
         family = build(model)
         family.layout = {
