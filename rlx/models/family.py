@@ -12,8 +12,10 @@ combination fails before any process starts). megatron is imported lazily, so HF
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -328,11 +330,24 @@ class ModelFamily:
         return embeddings + cfg.num_layers * (attention + mlp + norms) + h
 
 
+def families() -> list[type]:
+    """The model family classes rlx ships (one per package under rlx.models)."""
+    import rlx.models
+
+    found = []
+    for info in pkgutil.iter_modules(rlx.models.__path__):
+        if info.ispkg:
+            module = importlib.import_module(f"rlx.models.{info.name}")
+            found += [
+                cls for cls in vars(module).values()
+                if isinstance(cls, type) and issubclass(cls, ModelFamily) and cls.hf_model_type
+            ]  # fmt: skip
+    return found
+
+
 def family_for(model_type: str | None) -> str | None:
     """The `_target_` of the family (a package `rlx.models.<name>`) whose checkpoints have
     config.json's `model_type`, or None."""
-    from rlx.models.hf_checkpoint import families
-
     return next((f"{c.__module__}.{c.__name__}" for c in families() if c.hf_model_type == model_type), None)
 
 

@@ -15,10 +15,8 @@ read. Everything here runs in the driver at compose time: config.json is read, n
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
-import pkgutil
 import re
 from pathlib import Path
 from typing import Any
@@ -130,29 +128,17 @@ def read_config(path: Path) -> dict[str, Any]:
     return hf
 
 
-def families() -> list[type]:
-    """The model family classes rlx ships (one per package under rlx.models)."""
-    import rlx.models
-    from rlx.models.family import ModelFamily
-
-    found = []
-    for info in pkgutil.iter_modules(rlx.models.__path__):
-        if info.ispkg:
-            module = importlib.import_module(f"rlx.models.{info.name}")
-            found += [
-                cls for cls in vars(module).values()
-                if isinstance(cls, type) and issubclass(cls, ModelFamily) and cls.hf_model_type
-            ]  # fmt: skip
-    return found
-
-
 def supported() -> str:
     """'Qwen3ForCausalLM (model_type qwen3), ...' for messages."""
+    from rlx.models.family import families
+
     return ", ".join(f"{cls.hf_architecture} (model_type {cls.hf_model_type})" for cls in families())
 
 
 def family_of(hf: dict[str, Any], where: Path) -> type:
     """The family class for config.json `hf` (read from `where`), by model_type and architectures."""
+    from rlx.models.family import families
+
     model_type, architectures = hf.get("model_type"), hf.get("architectures") or []
     for cls in families():
         if cls.hf_model_type == model_type and (not architectures or cls.hf_architecture in architectures):
