@@ -279,9 +279,8 @@ def engines(cfg: RlxConfig, classes: Classes) -> list[str]:
             f"rollout.gpus_per_engine={per} is more than cluster.gpus_per_node={c.gpus_per_node} (an engine's "
             f"GPUs are on one node); set rollout.gpus_per_engine={largest_divisor(c.gpus_per_node, per)}"
         )
-    limit = getattr(
-        classes.get("rollout"), "max_gpus_per_engine", None
-    )  # the launcher's own (rlx.rollout.launchers)
+    # the most GPUs the launcher says one of its engines takes (rlx.rollout.launchers)
+    limit = getattr(classes.get("rollout"), "max_gpus_per_engine", None)
     if limit is not None and per > limit:
         errors.append(
             f"rollout.gpus_per_engine={per} with rollout._target_={r._target_!r}: its engine runs on at most "

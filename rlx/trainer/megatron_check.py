@@ -19,8 +19,8 @@ from typing import Any
 from rlx.config.build import build
 from rlx.errors import ConfigError
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE
+from rlx.trainer.pipeline import VIRTUAL_STAGES_KEY, virtual_stages
 
-VIRTUAL_STAGES_KEY = "virtual_pipeline_model_parallel_size"  # in model.megatron_overrides
 # TransformerConfig field -> the rlx key that sets it
 KEYS = {
     "num_layers": "model.num_layers",
@@ -59,7 +59,7 @@ def megatron_overrides(model_cfg, train_cfg, cluster_cfg) -> dict[str, Any]:
     unbatched p2p ops), then `model.megatron_overrides` (the user's, last)."""
     pipeline: dict[str, Any] = {}
     if cluster_cfg.pipeline_parallel_size > 1:
-        interleaved = model_cfg.megatron_overrides.get(VIRTUAL_STAGES_KEY) is not None
+        interleaved = virtual_stages(model_cfg.megatron_overrides) is not None
         pipeline |= {"variable_seq_lengths": not interleaved, "batch_p2p_comm": not interleaved}
         if not model_cfg.num_moe_experts:  # megatron refuses its default (allgather) even when dense
             pipeline["moe_token_dispatcher_type"] = "alltoall"

@@ -58,11 +58,8 @@ async def _await_results(pendings: list[Pending], request: Request) -> list:
 @generate_routes.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request):
     """SGLang's /generate: single or batch, input_ids or text; SSE with one event if `stream`."""
-    body, engine, scheduler = (
-        await json_body(request),
-        server_of(request).engine,
-        server_of(request).scheduler,
-    )
+    body, server = await json_body(request), server_of(request)
+    engine, scheduler = server.engine, server.scheduler
     try:
         items, single = parse_generate(body, engine)
     except (ValueError, TypeError) as exc:

@@ -49,11 +49,8 @@ async def _load(request: Request, named: list, body: dict[str, Any]) -> JSONResp
 @weight_routes.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request):
     """Load new weights between steps (requests in flight finish first, unless abort_all_requests)."""
-    body, engine, scheduler = (
-        await json_body(request),
-        server_of(request).engine,
-        server_of(request).scheduler,
-    )
+    body, server = await json_body(request), server_of(request)
+    engine, scheduler = server.engine, server.scheduler
     path, version = body.get("model_path"), body.get("weight_version")
     if body.get("abort_all_requests"):
         scheduler.abort(abort_all=True)
@@ -70,11 +67,8 @@ async def update_weights_from_disk(request: Request):
 
 @weight_routes.post("/update_weight_version")
 async def update_weight_version(request: Request):
-    body, engine, scheduler = (
-        await json_body(request),
-        server_of(request).engine,
-        server_of(request).scheduler,
-    )
+    body, server = await json_body(request), server_of(request)
+    engine, scheduler = server.engine, server.scheduler
     if body.get("new_version") is None:
         raise ValueError("new_version is required")
     if body.get("abort_all_requests", True):
