@@ -109,14 +109,16 @@ def shape_errors(m: ModelConfig) -> list[str]:
             "key/value group serves as many query heads); set model.num_query_groups to a divisor of "
             f"{heads} (1 = multi-query, {heads} = one group per head)"
         )
-    rotary = (
-        (m.qk_pos_emb_head_dim or 0) if m.kv_lora_rank else round((m.kv_channels or 0) * m.rotary_percent)
-    )
-    key = "model.qk_pos_emb_head_dim" if m.kv_lora_rank else "model.kv_channels × model.rotary_percent"
+    mla = bool(m.kv_lora_rank)
+    rotary = (m.qk_pos_emb_head_dim or 0) if mla else round((m.kv_channels or 0) * m.rotary_percent)
     if rotary % 2:
+        what, change = (
+            ("model.qk_pos_emb_head_dim", "model.qk_pos_emb_head_dim")
+            if mla
+            else ("model.kv_channels × model.rotary_percent", "model.kv_channels or model.rotary_percent")
+        )
         errors.append(
-            f"{key} = {rotary} rotary dimensions: RoPE rotates pairs, so it must be even; change "
-            f"{'model.qk_pos_emb_head_dim' if m.kv_lora_rank else 'model.kv_channels or model.rotary_percent'}"
+            f"{what} = {rotary} rotary dimensions: RoPE rotates pairs, so it must be even; change {change}"
         )
     if m.num_moe_experts and m.moe_router_topk > m.num_moe_experts:
         errors.append(
