@@ -1,4 +1,5 @@
-"""The loop on one GPU, trainer and engine colocated (cluster=1gpu); skipped without a GPU.
+"""The loop on one GPU, trainer and engine colocated (cluster=1gpu); skipped without a GPU. The runs
+share the directory's Ray (tests/gpu/conftest.py).
 
 Run on a CUDA machine (docs/gpu.md):  python -m pytest tests/gpu -q
 """
@@ -11,7 +12,10 @@ import torch
 from rlx.config.compose import compose
 from rlx.runtime import run
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("gpu_ray"),
+]
 
 SHORT = [
     "rollout.batch_size=8",
@@ -22,28 +26,17 @@ SHORT = [
 FP32_ENGINE = "+rollout.engine_args.dtype=float32"  # the trainer's precision, for exact logprobs
 
 
-def test_colocated_loop_trains_and_hands_the_gpu_back_and_forth(tmp_path):
-    history = run(
-        compose([f"run.output_dir={tmp_path}", "cluster=1gpu", FP32_ENGINE, "run.num_rollout=3", *SHORT])
-    )
-    assert len(history) == 3
-    # trainer and engine in fp32 on the same GPU (TF32 off): the engine serves the trainer's weights
-    assert all(h["train/logprob_abs_diff"] <= 1e-4 for h in history), [
-        h["train/logprob_abs_diff"] for h in history
-    ]
-    assert all(h["train/grad_norm"] > 0 for h in history)
-    for h in history:  # the trainer's leftovers while the engine generates (goal: under 2 GiB)
-        assert h["colocate/trainer_offloaded_process_reserved_gib"] < 2.0, h
-
-
-def test_trainer_state_kept_on_the_gpu_when_offload_trainer_is_false(tmp_path):
-    """cluster.offload_trainer=false: the weights and Adam state stay beside the engine (its KV
-    cache sized from what is left), gradient buffers are freed; the engine still serves exactly
-    the trainer's weights at every step, and the trainer keeps its state's bytes on the GPU: fp32
-    weights and Adam's two moments, 12 bytes a parameter, and not the 4 of its gradients. The toy
-    model's state (under 1 MB) would hide inside the allocator's 2 MiB blocks: the layers are
-    widened to 7.9M parameters (94.5 MB of state). What else each side leaves behind (pages that a
-    few live tensors keep mapped) is allowed 16 MiB either way: the gradients (31.5 MB) are not."""
+def test_colocated_loop_hands_the_gpu_back_and_forth_with_the_trainer_state_offloaded_or_kept(tmp_path):
+    """Trainer and engine in fp32 on one GPU (TF32 off), 3 steps, the trainer's state offloaded to
+    the CPU while the engine generates (the default) or kept on the GPU (`cluster.offload_trainer=
+    false`: weights and Adam state stay beside the engine, its KV cache sized from what is left,
+    gradient buffers freed). Either way the engine serves exactly the trainer's weights at every
+    step and the trainer takes optimizer steps; offloaded, the trainer leaves under 2 GiB behind
+    while the engine generates. Kept, it keeps its state's bytes on the GPU: fp32 weights and Adam's
+    two moments, 12 bytes a parameter, and not the 4 of its gradients. The toy model's state (under
+    1 MB) would hide inside the allocator's 2 MiB blocks: the layers are widened to 7.9M parameters
+    (94.5 MB of state). What else each side leaves behind (pages that a few live tensors keep
+    mapped) is allowed 16 MiB either way: the gradients (31.5 MB) are not."""
     layers, width, ffn, heads, groups, d, vocab = 2, 512, 2048, 8, 4, 64, 16
     shape = [f"model.hidden_size={width}", f"model.ffn_hidden_size={ffn}", f"model.num_attention_heads={heads}",
              f"model.num_query_groups={groups}", f"model.kv_channels={d}"]  # fmt: skip
@@ -56,8 +49,14 @@ def test_trainer_state_kept_on_the_gpu_when_offload_trainer_is_false(tmp_path):
         history = run(compose([f"run.output_dir={tmp_path / str(offload)}", "cluster=1gpu",
                                f"cluster.offload_trainer={str(offload).lower()}", FP32_ENGINE,
                                "run.num_rollout=3", *SHORT, *shape]))  # fmt: skip
-        assert all(h["train/logprob_abs_diff"] <= 1e-4 for h in history), history
+        assert len(history) == 3
+        # steps 1 and 2 are generated with weights the trainer changed and pushed to the engine
+        assert all(h["train/logprob_abs_diff"] <= 1e-4 for h in history), [
+            h["train/logprob_abs_diff"] for h in history
+        ]
+        assert all(h["train/grad_norm"] > 0 for h in history)
         kept[offload] = [h["colocate/trainer_offloaded_process_reserved_gib"] for h in history]
+    assert max(kept[True]) < 2.0, kept  # the trainer's leftovers while the engine generates
     more = min(kept[False]) - max(kept[True])
     assert abs(more - state_gib) <= 16 / 1024, (kept, state_gib)
 

@@ -1,6 +1,6 @@
 """Model parallelism on two GPUs (NCCL) takes the steps one GPU takes: the batches a bf16 run on one
-GPU dumped are trained again with `debug.train_only` on one GPU and under TP=2, PP=2 and CP=2,
-and the per-step losses, entropies and gradient norms agree within bf16 tolerance. Skipped without
+GPU dumped are trained again with `debug.train_only` under TP=2, PP=2 and CP=2, and the per-step
+losses, entropies and gradient norms agree with the one-GPU run's within bf16 tolerance. Skipped without
 two GPUs.
 
 Run on a CUDA machine (docs/gpu.md):  python -m pytest tests/gpu/test_parallel_gpu.py -q -s
@@ -18,7 +18,10 @@ import torch
 from rlx.config.compose import compose
 from rlx.runtime import run
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+    pytest.mark.usefixtures("gpu_ray"),  # the runs share the directory's Ray (tests/gpu/conftest.py)
+]
 
 STEPS = 3
 # tiny Qwen3 (2 layers, 4 heads, 2 KV groups): PP=2 holds a layer per stage, TP=2 a KV group per rank
@@ -36,14 +39,6 @@ TOLERANCE = {"train/entropy": 5e-3, "train/grad_norm": 3e-2}
 LOSS_ABS = 2e-3  # the GRPO loss is near 0: absolute
 
 
-@pytest.fixture(scope="module")
-def dumped(tmp_path_factory):
-    """A run on one GPU (trainer and engine colocated) whose batches are replayed below."""
-    out = tmp_path_factory.mktemp("one_gpu")
-    run(compose([f"run.output_dir={out}", "cluster=1gpu", *COMMON]))
-    return out
-
-
 def train_only(out, dumped, gpus: int, layout: list[str]) -> list[dict]:
     cluster = [f"cluster.gpus_per_node={gpus}", f"cluster.num_trainer_procs={gpus}", "cluster.num_rollout_gpus=0",
                "cluster.colocate=false"]  # fmt: skip
@@ -51,8 +46,12 @@ def train_only(out, dumped, gpus: int, layout: list[str]) -> list[dict]:
                         *cluster, *COMMON, *layout]))  # fmt: skip
 
 
-def test_tp_pp_cp_take_the_one_gpu_steps(dumped, tmp_path):
-    one = train_only(tmp_path / "one", dumped, 1, [])
+def test_tp_pp_cp_take_the_one_gpu_steps(tmp_path):
+    """The one-GPU steps are those of the run that dumped the batches (trainer and engine colocated):
+    trained again from its dumps, a run takes the steps it took (tests/integration/test_run_modes.py
+    checks this replay on the CPU)."""
+    dumped = tmp_path / "one_gpu"
+    one = run(compose([f"run.output_dir={dumped}", "cluster=1gpu", *COMMON]))
     times = {"1 GPU": statistics.median(h["time/train_s"] for h in one[1:])}
     failures = []
     for name, layout in LAYOUTS.items():

@@ -24,7 +24,10 @@ from rlx.config.compose import compose
 from rlx.runtime import run
 from rlx.weight_sync.distributed import WeightReceiver, WeightSender
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+    pytest.mark.usefixtures("gpu_ray"),  # the runs share the directory's Ray (tests/gpu/conftest.py)
+]
 
 SPLIT = ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1",
          "cluster.colocate=false", "+rollout.engine_args.dtype=float32", "run.num_rollout=3",
