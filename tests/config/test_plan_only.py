@@ -1,0 +1,69 @@
+"""`python launch.py ... run.plan_only=true` prints the memory plan and starts nothing: the real
+command line, with a `ray` package that fails on import first on the path, so any Ray start (or
+import) on the way fails the test. A plan that does not fit is printed, then refused (status 1);
+a CPU config has no plan. About 8 s a case (composing checks Megatron's config)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=79.6"]
+
+
+@pytest.fixture(scope="module")
+def no_ray(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("no_ray")
+    (root / "ray").mkdir()
+    (root / "ray" / "__init__.py").write_text("raise ImportError('run.plan_only imported ray')\n")
+    return root
+
+
+def plan_only(no_ray: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """The command's result, its stdout from the plan's first line on (megatron logs a few lines
+    when the config's Megatron check imports it)."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(no_ray), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "launch.py", "run.plan_only=true", f"hydra.run.dir={tmp_path}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    start = done.stdout.find("memory plan:")
+    done.stdout = done.stdout[start:] if start >= 0 else done.stdout
+    return done
+
+
+def test_plan_only_prints_the_plan_and_starts_nothing(no_ray, tmp_path):
+    done = plan_only(no_ray, tmp_path, *GPU)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16, TP=1")
+    assert lines[1] == "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)"
+    assert lines[2].startswith("colocated GPU (trainer rank + engine) x 1")
+    for term in ("policy weights", "gradients", "optimizer state", "activations", "KV cache", "CUDA graphs"):
+        assert f"    {term}" in done.stdout, term
+    assert "to spare" in done.stdout and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "config.yaml").exists()  # no run started
+
+
+def test_plan_only_prints_a_plan_that_does_not_fit_then_refuses_it(no_ray, tmp_path):
+    wide = ["model.tiny=true", "model=glm4_9b", "rollout.max_response_len=1024"]  # 9.4B on one GPU
+    done = plan_only(no_ray, tmp_path, *GPU, *wide)
+    assert done.returncode == 1
+    assert done.stdout.startswith("memory plan: glm4_9b (9.40B parameters)")
+    assert "OVER the GPU's 79.6 GiB" in done.stdout
+    assert "error: this run would be refused:" in done.stderr
+    assert "memory plan: the colocated GPU (trainer rank + engine) needs" in done.stderr
+    assert "cluster.tensor_parallel_size" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cpu_run_has_no_plan(no_ray, tmp_path):
+    done = plan_only(no_ray, tmp_path, "cluster.gpu_memory_gib=0.001")  # the default job: CPU
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
+    )
