@@ -29,6 +29,7 @@ from rlx.memory.terms import GIB, Phase, Plan, Role, Setup, count, gib
 from rlx.memory.trainer import resident_while_generating, trainer_phases
 
 PLAN_ONLY = "`python launch.py ... run.plan_only=true` prints the whole plan"
+TIGHT = 0.10  # less spare than this share of a GPU is flagged in the printed plan
 
 
 def plan_memory(
@@ -57,7 +58,23 @@ def plan_memory(
     if s.with_engines and not (c.colocate and s.with_trainer):
         engine = Phase("generating", tuple(engine_terms(s, p, [], gpu_bytes)))
         roles.append(Role("engine GPU", c.num_rollout_gpus, (engine,), kind="engine"))
-    return Plan(tuple(roles), gpu_bytes, gpu_source, headline(s, p.total), notes(s))
+    return Plan(tuple(roles), gpu_bytes, gpu_source, headline(s, p.total), notes(s) + tight(roles, gpu_bytes))
+
+
+def tight(roles: list[Role], gpu_bytes: int | None) -> tuple[str, ...]:
+    """A warning for each GPU kind whose trainer fits with less than TIGHT to spare, the plan being
+    approximate. (An engine's KV cache fills the share of the GPU it is given, by design.)"""
+    if gpu_bytes is None:
+        return ()
+    found = []
+    for role in roles:
+        trainer = [p.bytes for p in role.phases if p.name != "generating"]
+        if trainer and 0 <= gpu_bytes - max(trainer) < TIGHT * gpu_bytes:
+            found.append(
+                f"{role.name}: the trainer's peak leaves {1 - max(trainer) / gpu_bytes:.0%} of the GPU: too little "
+                "for an estimate (it read 4-9% below the peaks measured so far, docs/benchmarks.md); give it more room"
+            )
+    return tuple(found)
 
 
 def headline(s: Setup, num_params: int) -> str:
@@ -154,7 +171,7 @@ def kv_message(s: Setup, plan: Plan, index: int) -> str | None:
         fixes.append("cluster.offload_trainer=true")
     fixes += ["rollout.gpus_per_engine (an engine over more GPUs, where the launcher allows)"]
     return (
-        f"memory plan: the engines' KV cache on a {plan.roles[index].name} holds {tokens:,} tokens, fewer than one "
+        f"memory plan: the engines' KV cache on each {plan.roles[index].name} holds {tokens:,} tokens, fewer than one "
         f"sample of {s.sample_len:,} (the engine would refuse it): {FRACTION}={engine_arg(s, 'mem_fraction_static')} "
         f"of {gib(plan.gpu_bytes)} GiB ({plan.gpu_source}) less the {gib(loaded)} GiB already in use leaves too "
         f"little; set {' or '.join(fixes)}. {PLAN_ONLY}"

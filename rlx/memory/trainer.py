@@ -151,7 +151,7 @@ def optimizer_term(s: Setup, params: RankParams, name: str) -> Term:
             1,
         )
     num_bytes = round(per_param * (params.dense / dense_shards + params.expert / expert_shards))
-    sharded = f", 1/{dense_shards} a rank" if dense_shards > 1 else ""
+    sharded = f"; a 1/{dense_shards} shard" if dense_shards > 1 else ""
     return Term(f"{name} ({what}{sharded})", num_bytes, optimizer_knobs(s))
 
 

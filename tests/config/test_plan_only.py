@@ -67,3 +67,26 @@ def test_a_cpu_run_has_no_plan(no_ray, tmp_path):
     assert done.stdout.strip() == (
         "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
     )
+
+
+def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
+    """`rlx.runtime.run` prepares a run (config, checkpoint, data) before Ray starts; on a GPU
+    cluster its first log lines are the plan, on CPU there is none. Composed here, not run."""
+    import logging
+
+    from rlx.config.compose import compose
+    from rlx.runtime import _prepare
+
+    gpu, cpu = (
+        compose([*overrides, f"run.output_dir={tmp_path / name}"])
+        for name, overrides in (("gpu", GPU), ("cpu", []))
+    )
+    with caplog.at_level(logging.INFO):
+        caplog.clear()  # what composing logged (megatron's import)
+        _prepare(gpu)
+    assert caplog.records[0].getMessage().startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16")
+    assert "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)" in caplog.records[0].getMessage()
+    with caplog.at_level(logging.INFO):
+        caplog.clear()
+        _prepare(cpu)
+    assert not [r for r in caplog.records if "memory plan" in r.getMessage()]

@@ -331,3 +331,13 @@ def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
     assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
     # bf16 Qwen3-0.6B, micro-batch 8 of 6 + 512 tokens: between its weights alone and an 80 GiB GPU
     assert 0.6e9 * 16 / GIB < bench.predicted_peak_gib(cfg, 6.2) < 79.6
+
+
+def test_a_plan_that_fits_with_little_to_spare_says_so():
+    alone = setup(with_engines=False)  # a trainer alone (debug.train_only)
+    peak = plan_memory(alone, None).roles[0].peak.bytes
+    roomy, tight = (plan_memory(alone, round(peak / share)) for share in (0.85, 0.95))
+    assert not [n for n in roomy.notes if "too little" in n]
+    (note,) = [n for n in tight.notes if "too little" in n]
+    assert note.startswith("trainer GPU: the trainer's peak leaves 5% of the GPU: too little for an estimate")
+    assert memory_errors(alone, tight) == []  # a warning, not a refusal
