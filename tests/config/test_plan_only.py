@@ -1,7 +1,8 @@
-"""`python launch.py ... run.plan_only=true` prints the memory plan and starts nothing: the real
-command line, with a `ray` package that fails on import first on the path, so any Ray start (or
-import) on the way fails the test. A plan that does not fit is printed, then refused (status 1);
-a CPU config has no plan. About 8 s a case (composing checks Megatron's config)."""
+"""The memory plan where the config is composed: a GPU run that cannot fit is refused naming the
+knob, and `python launch.py ... run.plan_only=true` prints the plan and starts nothing (the real
+command line, with a `ray` package that fails on import first on the path, so any Ray start or
+import on the way fails the test; a plan that does not fit is printed, then refused, status 1; a
+CPU config has no plan). About 8 s a command line (composing checks Megatron's config)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,49 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
         caplog.clear()
         _prepare(cpu)
     assert not [r for r in caplog.records if "memory plan" in r.getMessage()]
+
+
+# a Qwen3-1.7B shape (never written: composing builds no weights), samples of 1,024 + 7,168 tokens,
+# split over two GPUs of 79.6 GiB
+WIDE = ["model.tiny=true", "model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
+        "model.num_attention_heads=16", "model.num_query_groups=8", "model.kv_channels=128",
+        "model.vocab_size=151936", "model.max_position_embeddings=40960", "data.max_prompt_len=1024",
+        "rollout.max_response_len=7168", "rollout.batch_size=8", "train.precision=bf16",
+        "cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1",
+        "cluster.gpu_memory_gib=79.6"]  # fmt: skip
+
+
+def test_a_gpu_run_that_cannot_fit_is_refused_when_composing_naming_the_knob():
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose([*WIDE, "train.micro_batch_size=8"])
+    message = str(refused.value)
+    assert "memory plan: the trainer GPU needs" in message and "at its peak (training)" in message
+    assert "more than the 79.6 GiB of a GPU (cluster.gpu_memory_gib=79.6)" in message
+    assert "largest terms (GiB): activations" in message
+    assert (
+        "set train.micro_batch_size=2 (the plan then predicts" in message
+    )  # 4 rows do not fit: 8,192 tokens each
+    compose([*WIDE, "train.micro_batch_size=2"])  # what it advises composes
+
+
+def test_an_engine_cache_that_cannot_hold_one_sample_is_refused_when_composing():
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose([*WIDE, "train.micro_batch_size=1", "+rollout.engine_args.mem_fraction_static=0.05"])
+    message = str(refused.value)
+    assert "memory plan: the engines' KV cache on each engine GPU holds" in message
+    assert (
+        "fewer than one sample of 8,192" in message
+        and "set rollout.engine_args.mem_fraction_static=0.06" in message
+    )
+
+
+def test_cpu_runs_are_never_refused_for_memory():
+    from rlx.config.compose import compose
+
+    compose(["cluster.gpu_memory_gib=0.001"])  # the default job (CPU): no plan, no refusal
