@@ -58,9 +58,25 @@ def gpu_memory(rc: RlxConfig) -> tuple[int | None, str]:
     return seen, "this machine's GPUs, by nvidia-smi; cluster.gpu_memory_gib sets it"
 
 
-def memory_plan(rc: RlxConfig) -> Plan | None:
-    """The plan of a GPU run (None on CPU)."""
+def no_plan(rc: RlxConfig) -> str | None:
+    """Why the run has no plan (None: it has one): a CPU run, or a model class of the user's own
+    that is no rlx `ModelFamily` (the plan counts parameters with the family's `num_parameters`)."""
     if rc.cluster.gpus_per_node == 0:
+        return "a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
+    from rlx.config.build import locate
+    from rlx.models.family import ModelFamily
+
+    family = locate(rc.model._target_)
+    if not (isinstance(family, type) and issubclass(family, ModelFamily)):
+        return (
+            f"model._target_={rc.model._target_} is no rlx ModelFamily, whose parameter count the plan needs"
+        )
+    return None
+
+
+def memory_plan(rc: RlxConfig) -> Plan | None:
+    """The plan of a GPU run (None: `no_plan` says why)."""
+    if no_plan(rc):
         return None
     return plan_memory(memory_setup(rc), *gpu_memory(rc))
 
@@ -70,9 +86,7 @@ def print_plan(rc: RlxConfig) -> None:
     this config would get, after the plan, as a ConfigError."""
     plan = memory_plan(rc)
     if plan is None:
-        print(
-            "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
-        )
+        print(f"memory plan: none for {no_plan(rc)}")
         return
     print(report(plan), flush=True)
     if errors := memory_errors(memory_setup(rc), plan):

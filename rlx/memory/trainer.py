@@ -116,9 +116,7 @@ def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True
     policy = rank_params(
         p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
     )
-    # LoRA (train.lora.*, on its way): a frozen base keeps its weights but has no gradient buffer and
-    # no optimizer state; `trainable` is then the adapters' parameters alone, and `policy` the base's.
-    trainable = policy
+    trainable = trainable_params(s, policy)
     terms = [
         Term(f"policy weights ({t.precision}, {count(policy.total)} parameters)", policy.total * e, (TP, PP))
     ]
@@ -136,6 +134,15 @@ def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True
         what = "weights, gradients, optimizer state" if gradients else "weights, optimizer state"
         terms.append(Term(f"critic ({what})", kept, (TP, PP)))
     return terms
+
+
+def trainable_params(s: Setup, policy: RankParams) -> RankParams:
+    """The rank's parameters that have a gradient buffer and optimizer state: all of the policy's.
+    This is where LoRA (train.lora.*, being added on another branch) changes the plan: a frozen
+    base keeps its weights (`policy`) but has no gradient buffer, no optimizer state and no step
+    temporary, so this returns the adapters' parameters alone (rank x (in + out features) per
+    target module and layer, split as the layer they adapt)."""
+    return policy
 
 
 def optimizer_term(s: Setup, params: RankParams, name: str) -> Term:
@@ -219,7 +226,8 @@ def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     policy = rank_params(
         p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
     )
-    moments = optimizer_term(s, policy, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
+    trainable = trainable_params(s, policy)
+    moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
     return [Term("Adam's step temporary (sqrt of v, fp32)", moments, optimizer_knobs(s))]
 
 

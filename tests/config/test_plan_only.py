@@ -137,3 +137,20 @@ def test_cpu_runs_are_never_refused_for_memory():
     from rlx.config.compose import compose
 
     compose(["cluster.gpu_memory_gib=0.001"])  # the default job (CPU): no plan, no refusal
+
+
+def test_a_model_class_of_the_users_own_has_no_plan():
+    from rlx.cluster import ClusterConfig
+    from rlx.config.memory_check import memory_plan, no_plan
+    from rlx.config.schema import RlxConfig
+    from rlx.models.config import ModelConfig
+
+    own = RlxConfig(
+        model=ModelConfig(_target_="collections.OrderedDict"), cluster=ClusterConfig(gpus_per_node=1)
+    )
+    assert memory_plan(own) is None
+    assert no_plan(own) == (
+        "model._target_=collections.OrderedDict is no rlx ModelFamily, whose parameter count the plan needs"
+    )
+    assert no_plan(RlxConfig()).startswith("a CPU run")
+    assert no_plan(RlxConfig(cluster=ClusterConfig(gpus_per_node=1))) is None
