@@ -96,9 +96,7 @@ def layer_workspace_bytes(s: Setup, tokens: int) -> int:
     """One layer's intermediates for `tokens` tokens on one engine GPU (q/k/v, attention output,
     the MLP's gate and up projections and its activation, a few hidden-sized tensors)."""
     m, tp = s.model, s.rollout.gpus_per_engine
-    heads = (
-        m.num_attention_heads + 2 * m.num_query_groups
-    ) * m.kv_channels + m.num_attention_heads * m.kv_channels
+    heads = (2 * m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels  # q, k, v; attention output
     ffn = m.moe_router_topk * (m.moe_ffn_hidden_size or 0) if m.num_moe_experts else m.ffn_hidden_size
     return tokens * (heads // tp + 3 * ffn // tp + 4 * m.hidden_size) * dtype_bytes(s)
 

@@ -164,9 +164,10 @@ def kv_message(s: Setup, plan: Plan, index: int) -> str | None:
         return None
     loaded = sum(t.bytes for t in before_cache(s, p, others))
     need = loaded + (s.sample_len + 2 * engine_arg(s, "page_size")) * kv_bytes_per_token(s)
-    fixes = (
-        [f"{FRACTION}={math.ceil(need / plan.gpu_bytes * 100) / 100}"] if need < 0.95 * plan.gpu_bytes else []
-    )
+    fraction = math.ceil(need / plan.gpu_bytes * 100) / 100
+    raised = plan_memory(engine(s, mem_fraction_static=fraction), plan.gpu_bytes, params=p).roles[index]
+    fits = fraction < 1 and raised.phases[-1].bytes <= plan.gpu_bytes  # the graphs and workspace still fit
+    fixes = [f"{FRACTION}={fraction}"] if fits else []
     if others and not s.cluster.offload_trainer:
         fixes.append("cluster.offload_trainer=true")
     fixes += ["rollout.gpus_per_engine (an engine over more GPUs, where the launcher allows)"]
@@ -200,7 +201,7 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
     found: dict[str, list] = {}
     if phase == "generating":
         if role.kind == "colocated" and not c.offload_trainer:
-            found["cluster.offload_trainer"] = [(True, cluster(offload_trainer=True))]
+            found["cluster.offload_trainer"] = [("true", cluster(offload_trainer=True))]
         fraction = engine_arg(s, "mem_fraction_static")
         found[FRACTION] = [
             (f / 100, engine(s, mem_fraction_static=f / 100))
@@ -231,13 +232,25 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
         and c.num_trainer_procs // (c.tensor_parallel_size * c.pipeline_parallel_size) > 1
     ):
         found["train.distributed_optimizer"] = [("true", train(distributed_optimizer=True))]
-    tp = c.tensor_parallel_size * 2
-    m = s.model
-    if c.gpus_per_node % tp == 0 and c.num_trainer_procs % (tp * c.pipeline_parallel_size * c.context_parallel_size) == 0 and all(
-        n % tp == 0 for n in (m.num_attention_heads, m.num_query_groups, m.vocab_size)
-    ):  # fmt: skip
+    if tensor_parallel_fits(s, tp := c.tensor_parallel_size * 2):
         found["cluster.tensor_parallel_size"] = [(tp, cluster(tensor_parallel_size=tp))]
     return found
+
+
+def tensor_parallel_fits(s: Setup, tp: int) -> bool:
+    """Whether the layout rules (rlx.config.layout) would accept TP = `tp`: within a node, dividing
+    the ranks (with PP, CP, and EP's groups), the heads, the KV groups and the vocabulary."""
+    c, m = s.cluster, s.model
+    ranks = (
+        tp * c.pipeline_parallel_size * c.context_parallel_size,
+        tp * c.pipeline_parallel_size * c.expert_parallel_size,
+    )
+    sizes = (m.num_attention_heads, m.num_query_groups, m.vocab_size)
+    return (
+        c.gpus_per_node % tp == 0
+        and all(c.num_trainer_procs % r == 0 for r in ranks)
+        and all(n % tp == 0 for n in sizes)
+    )
 
 
 def engine(s: Setup, **args) -> Setup:

@@ -250,6 +250,6 @@ def resident_while_generating(s: Setup, p: ModelParams, stage: int) -> list[Term
         return [context_term("trainer, offloaded to CPU")]
     kept = static_terms(s, p, stage, gradients=False)
     knob = ("cluster.offload_trainer=true",)
-    return [Term(f"trainer's {t.name} (cluster.offload_trainer=false)", t.bytes, knob) for t in kept] + [
+    return [Term(f"trainer's {t.name.split(' (')[0]}, kept on the GPU", t.bytes, knob) for t in kept] + [
         context_term("trainer")
     ]

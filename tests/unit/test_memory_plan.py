@@ -220,8 +220,8 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
     kept = {k: v for k, v in generating.items() if k.startswith("trainer's")}
     # offload_trainer=false: weights and optimizer state stay, the gradient buffer is freed
     assert kept == {
-        "trainer's policy weights": TINY_PARAMS * 2,
-        "trainer's optimizer state": TINY_PARAMS * 12,
+        "trainer's policy weights, kept on the GPU": TINY_PARAMS * 2,
+        "trainer's optimizer state, kept on the GPU": TINY_PARAMS * 12,
     }
 
 
@@ -341,3 +341,16 @@ def test_a_plan_that_fits_with_little_to_spare_says_so():
     (note,) = [n for n in tight.notes if "too little" in n]
     assert note.startswith("trainer GPU: the trainer's peak leaves 5% of the GPU: too little for an estimate")
     assert memory_errors(alone, tight) == []  # a warning, not a refusal
+
+
+def test_the_advice_offers_offloading_and_tensor_parallelism_only_where_they_apply():
+    # a colocated GPU whose trainer state, kept beside the engine, leaves its KV cache nothing
+    s = replace(over_setup(1), cluster=ClusterConfig(gpus_per_node=2, num_trainer_procs=2, num_rollout_gpus=2,
+                                                     colocate=True, offload_trainer=False))  # fmt: skip
+    errors = memory_errors(s, plan_memory(s, round(30 * GIB), "cluster.gpu_memory_gib=30"))
+    assert any("cluster.offload_trainer=true" in e for e in errors), errors
+    from rlx.memory.plan import tensor_parallel_fits
+
+    # TP=2 over 2 ranks on nodes of 2: 16 heads, 8 groups, 151,936 entries divide; TP=4 leaves the node
+    assert tensor_parallel_fits(s, 2) and not tensor_parallel_fits(s, 4)
+    assert not tensor_parallel_fits(replace(s, model=replace(s.model, num_query_groups=1)), 2)
