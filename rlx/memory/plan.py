@@ -69,7 +69,7 @@ def tight(roles: list[Role], gpu_bytes: int | None) -> tuple[str, ...]:
     found = []
     for role in roles:
         trainer = [p.bytes for p in role.phases if p.name != "generating"]
-        if trainer and 0 <= gpu_bytes - max(trainer) < TIGHT * gpu_bytes:
+        if trainer and (1 - TIGHT) * gpu_bytes < max(trainer) <= gpu_bytes:
             found.append(
                 f"{role.name}: the trainer's peak leaves {1 - max(trainer) / gpu_bytes:.0%} of the GPU: too little "
                 "for an estimate (it read 4-9% below the peaks measured so far, docs/benchmarks.md); give it more room"
@@ -180,16 +180,24 @@ def kv_message(s: Setup, plan: Plan, index: int) -> str | None:
 
 
 def fitting(s: Setup, plan: Plan, index: int) -> list[tuple[str, object, int]]:
-    """(key, value, predicted peak) of each single setting that brings role `index` under the GPU's memory."""
+    """(key, value, predicted peak) of each single setting that brings role `index` under the GPU's
+    memory with room to spare (`comfortable`)."""
     role, p = plan.roles[index], model_params(s.model)  # no candidate changes the model
     found = []
     for key, candidates in candidates_for(s, role).items():
         for value, changed in candidates:
-            after = plan_memory(changed, plan.gpu_bytes, params=p).roles[index].peak.bytes
-            if after <= plan.gpu_bytes:
-                found.append((key, value, after))
+            after = plan_memory(changed, plan.gpu_bytes, params=p).roles[index]
+            if comfortable(after, plan.gpu_bytes):
+                found.append((key, value, after.peak.bytes))
                 break
     return found
+
+
+def comfortable(role: Role, gpu_bytes: int) -> bool:
+    """Whether `role` fits a GPU of `gpu_bytes`, its trainer with TIGHT to spare (what `tight` would
+    not flag; an engine's cache fills the fraction it is given, by design)."""
+    trainer = [p.bytes for p in role.phases if p.name != "generating"]
+    return role.peak.bytes <= gpu_bytes and max(trainer, default=0) <= (1 - TIGHT) * gpu_bytes
 
 
 def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]]:

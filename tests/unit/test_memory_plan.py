@@ -244,8 +244,8 @@ def test_a_run_over_the_gpu_is_refused_naming_the_knob_that_fits():
     )
     assert "more than the 79.6 GiB of a GPU (cluster.gpu_memory_gib=79.6)" in message
     assert "largest terms (GiB): activations" in message
-    # the micro-batch it names fits, the next larger does not
-    fits = {m: plan_memory(over_setup(m), gpu).roles[0].peak.bytes <= gpu for m in (1, 2, 4, 8)}
+    # the micro-batch it names fits with 10% to spare (what the plan does not flag), the next larger does not
+    fits = {m: plan_memory(over_setup(m), gpu).roles[0].peak.bytes <= 0.9 * gpu for m in (1, 2, 4, 8)}
     largest = max(m for m, ok in fits.items() if ok)
     assert largest < 8 and not fits[2 * largest]
     after = plan_memory(over_setup(largest), gpu).roles[0].peak.bytes
