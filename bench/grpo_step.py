@@ -14,7 +14,9 @@ a real checkpoint by path (`--model`; its family and shape from config.json), bf
 reports the median of all but the first (CUDA graph capture, kernel compilation, allocator
 warm-up), as one JSON line: seconds per phase, tokens/s per GPU counted both ways (NeMo-RL's:
 prompt + response tokens of the step / step time / GPUs; and response tokens alone), the trainer's peak memory and, colocated, the memory
-each side leaves behind. Record the figures with machine and date in docs/benchmarks.md.
+each side leaves behind. Beside the measured peak (`trainer_peak_mem_gib`, rank 0's
+torch.cuda.max_memory_allocated) stands the memory plan's prediction of it (`predicted_trainer_peak_gib`,
+rlx.memory) and their ratio: the plan's goal is within 15%. Record the figures with machine and date in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
+def predicted_peak_gib(cfg, mean_prompt_len: float) -> float:
+    """The memory plan's trainer peak (rank 0's torch.cuda.max_memory_allocated, in GiB) for the
+    composed `cfg`, its samples counted with prompts of the batch's mean length (the plan's own
+    default, data.max_prompt_len unset, counts none)."""
+    from dataclasses import replace
+
+    from rlx.config.compose import to_object
+    from rlx.config.memory_check import memory_setup
+    from rlx.memory import GIB, trainer_peak_allocated
+
+    setup = memory_setup(to_object(cfg))
+    return trainer_peak_allocated(replace(setup, prompt_len=round(mean_prompt_len))) / GIB
+
+
 def main(argv: list[str]) -> None:
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -89,7 +105,8 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.output_dir or tmp
         start = time.perf_counter()
-        history = run(compose([f"run.output_dir={out}", *overrides_for(args), *extra]))
+        cfg = compose([f"run.output_dir={out}", *overrides_for(args), *extra])
+        history = run(cfg)
         wall = time.perf_counter() - start
     timed = history[1:] or history
     median = lambda key: statistics.median(h[key] for h in timed if key in h)  # noqa: E731
@@ -107,8 +124,13 @@ def main(argv: list[str]) -> None:
         "response_tokens_per_s_per_gpu": round(tokens / median("time/step_s") / num_gpus),
         "rollout_tokens_per_s": round(median("perf/rollout_tokens_per_s")),
         "trainer_peak_mem_gib": round(median("perf/trainer_peak_mem_gib"), 2),
+        # the memory plan's prediction of that figure (rlx.memory; the goal: within 15%)
+        "predicted_trainer_peak_gib": round(predicted_peak_gib(cfg, prompt_tokens / (args.prompts * args.n)), 2),
         "overrides": extra,
     }  # fmt: skip
+    result["predicted_over_measured"] = round(
+        result["predicted_trainer_peak_gib"] / result["trainer_peak_mem_gib"], 3
+    )
     for key in ("colocate/trainer_offloaded_process_reserved_gib", "colocate/before_onload_device_used_gib"):
         if key in timed[-1]:
             result[key.split("/")[1]] = round(median(key), 2)

@@ -104,6 +104,21 @@ def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> t
     return n_matmul, causal, palm
 
 
+def predicted_peak_gib(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int) -> float:
+    """The memory plan's (rlx.memory) prediction of max_memory_allocated for this bench's step: bf16,
+    no distributed optimizer, `micro_batch` rows of `seq_len`. Its logits term is the RL trainer's
+    loss (bf16 logits and their gradient); this bench's loss is megatron's cross entropy, which
+    takes the logits in fp32, so the bench's own logits cost about 2 x tokens x vocabulary bytes more."""
+    from rlx.cluster import ClusterConfig
+    from rlx.memory import GIB, Setup, trainer_peak_allocated
+    from rlx.rollout.config import RolloutConfig
+    from rlx.trainer.config import TrainConfig
+
+    train = TrainConfig(precision="bf16", micro_batch_size=micro_batch, global_batch_size=micro_batch * accum)
+    setup = Setup(cfg, train, ClusterConfig(gpus_per_node=1), RolloutConfig(max_response_len=seq_len))
+    return trainer_peak_allocated(setup) / GIB
+
+
 def build_training(cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True):
     """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU. `fuse_wgrad`: weight
     gradients accumulated into the fp32 grad buffer by their GEMMs where the kernel set does so,
@@ -340,6 +355,7 @@ def main(argv: list[str]) -> dict:
         "share_of_measured_matmul": flops_causal * tokens_per_s / (H200_BF16_MEASURED_TFLOPS * 1e12),
         "peak_tflops": args.peak_tflops,
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len),
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,
@@ -360,7 +376,8 @@ def main(argv: list[str]) -> dict:
         f"(bf16 dense spec); MFU (PaLM convention, 12*L*s*a*d) {result['mfu_palm']:.1%}; "
         f"{result['share_of_measured_matmul']:.1%} of the measured {H200_BF16_MEASURED_TFLOPS:.0f} TFLOP/s matmul\n"
         f"  peak memory {result['max_memory_allocated_gib']:.1f} GiB allocated, "
-        f"{result['max_memory_reserved_gib']:.1f} GiB reserved"
+        f"{result['max_memory_reserved_gib']:.1f} GiB reserved; the memory plan predicts "
+        f"{result['predicted_peak_gib']:.1f} GiB (rlx.memory; its logits are the RL loss's bf16, this loss's fp32)"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -29,6 +29,10 @@ class ClusterConfig:
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced
     # chunks, keys and values all-gathered in attention), for sequences too long for one rank
     context_parallel_size: int = 1
+    # the memory of one GPU in GiB (nvidia-smi's memory.total / 1024; an H100 80GB: 79.6): the memory
+    # plan (rlx.memory) refuses, before anything starts, a run whose predicted peak on some GPU is more;
+    # null: this machine's GPUs' (nvidia-smi), no refusal where it sees none (the job's node checks again)
+    gpu_memory_gib: float | None = None
     ray_address: str | None = None  # None: start a local Ray (on loopback); "auto" or host:port: join one
     # UNSAFE. A run of several nodes needs a Ray that requires Ray's token (RAY_AUTH_MODE=token; SLURM
     # jobs make one per job): without one, anyone who reaches a node can run code on it. true: a
@@ -51,6 +55,7 @@ class ClusterConfig:
         "tensor_parallel_size": AT_LEAST_1,
         "pipeline_parallel_size": AT_LEAST_1,
         "context_parallel_size": AT_LEAST_1,
+        "gpu_memory_gib": POSITIVE,
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
         "ray_join_timeout_s": POSITIVE,

@@ -21,6 +21,7 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
+from rlx.config.memory_check import memory_plan
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
@@ -29,6 +30,7 @@ from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
 from rlx.gc_freeze import freeze_startup_objects
 from rlx.launcher import ray_start
+from rlx.memory import report
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
@@ -231,6 +233,8 @@ def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
+    if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
+        log.info("%s", report(memory))
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's

@@ -46,6 +46,9 @@ class RunConfig:
     project: str = "rlx"  # the W&B project, the MLflow experiment
     tags: list[str] = field(default_factory=list)  # the run's tags in W&B and MLflow
     progress: bool = True  # progress bar on the console
+    # print the memory plan (each GPU's predicted peak, term by term: rlx.memory) and exit, starting
+    # nothing; a GPU run logs the same plan as its first lines
+    plan_only: bool = False
 
     RULES: ClassVar[dict[str, Rule]] = {
         "num_rollout": NON_NEGATIVE,

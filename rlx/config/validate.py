@@ -26,6 +26,7 @@ from rlx.config.layout import (
     placement,
     positive,
 )
+from rlx.config.memory_check import memory_rule
 from rlx.config.rules import field_errors
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
@@ -142,6 +143,8 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         errors += rule(cfg, classes)
     if not errors:  # Megatron's own checks last: they import megatron-core (seconds, once a process)
         errors += _megatron(cfg, classes)
+    if not errors and not cfg.run.plan_only:  # the plan needs a model and layout the rules accept;
+        errors += memory_rule(cfg, classes)  # run.plan_only prints it, refusal included (rlx.launcher.job)
     if errors:
         raise ConfigError(_listing(errors))
     if isinstance(composed, DictConfig):

@@ -17,7 +17,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from rlx.config.compose import to_object
 from rlx.config.from_checkpoint import apply_checkpoint
+from rlx.config.memory_check import print_plan
 from rlx.config.validate import validate
 from rlx.errors import UserError
 from rlx.launcher import nodes
@@ -49,6 +51,9 @@ def run_on_nodes(cfg: DictConfig, overrides: list[str] | None = None) -> nodes.N
     `overrides`: the job's command-line overrides (which model keys the user set)."""
     apply_checkpoint(cfg, overrides or [])  # the model from model.hf_checkpoint's config.json
     validate(cfg)  # on every node, so a bad config never leaves workers waiting for a head
+    if cfg.run.plan_only:  # the memory plan alone: no Ray, no process started
+        print_plan(to_object(cfg))
+        return nodes.node_role(os.environ)
     from rlx.runtime import run  # ray, torch, transformers: seconds, after validation
 
     role = nodes.node_role(os.environ)

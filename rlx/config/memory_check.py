@@ -1,0 +1,99 @@
+"""The memory plan (`rlx.memory`) of a composed config: what it reads from the whole config (the
+data's prompt length, the algorithm's extra models, the checkpoint's dtype, the GPU's memory),
+the compose-time rule of `rlx.config.validate`, and the plan `run.plan_only=true` prints and
+every GPU run logs first. CPU configs (`cluster.gpus_per_node=0`) have no plan."""
+
+from __future__ import annotations
+
+import json
+
+from rlx.config.build import build
+from rlx.config.layout import Classes
+from rlx.config.schema import RlxConfig
+from rlx.errors import ConfigError
+from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report
+from rlx.memory.gpus import visible_gpu_bytes
+
+
+def memory_setup(rc: RlxConfig) -> Setup:
+    """The plan's inputs from the composed config."""
+    try:  # the algorithm says which models it adds (checked by its own rules first)
+        algo = build(rc.algo)
+        needs_ref, needs_critic = bool(algo.needs_ref), bool(algo.needs_critic)
+    except Exception:  # a user's class that does not build or declare them: the policy alone
+        needs_ref = needs_critic = False
+    return Setup(
+        model=rc.model,
+        train=rc.train,
+        cluster=rc.cluster,
+        rollout=rc.rollout,
+        prompt_len=rc.data.max_prompt_len or 0,
+        needs_ref=needs_ref,
+        needs_critic=needs_critic,
+        checkpoint_dtype=checkpoint_dtype(rc.model.hf_checkpoint),
+        with_trainer=not rc.debug.rollout_only,
+        with_engines=not rc.debug.train_only,
+    )
+
+
+def checkpoint_dtype(hf_checkpoint: str | None) -> str | None:
+    """config.json's dtype of a local checkpoint directory; None for a tiny model or an unreadable one."""
+    if not hf_checkpoint:
+        return None
+    from rlx.models.hf_checkpoint import local_path
+
+    try:
+        config = json.loads((local_path(hf_checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if isinstance(dtype, str) else None
+
+
+def gpu_memory(rc: RlxConfig) -> tuple[int | None, str]:
+    """(bytes of one GPU, where that came from): `cluster.gpu_memory_gib`, else nvidia-smi's."""
+    if rc.cluster.gpu_memory_gib is not None:
+        return round(rc.cluster.gpu_memory_gib * GIB), f"cluster.gpu_memory_gib={rc.cluster.gpu_memory_gib:g}"
+    seen = visible_gpu_bytes()
+    return seen, "this machine's GPUs, by nvidia-smi; cluster.gpu_memory_gib sets it"
+
+
+def no_plan(rc: RlxConfig) -> str | None:
+    """Why the run has no plan (None: it has one): a CPU run, or a model class of the user's own
+    that is no rlx `ModelFamily` (the plan counts parameters with the family's `num_parameters`)."""
+    if rc.cluster.gpus_per_node == 0:
+        return "a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
+    from rlx.config.build import locate
+    from rlx.models.family import ModelFamily
+
+    family = locate(rc.model._target_)
+    if not (isinstance(family, type) and issubclass(family, ModelFamily)):
+        return (
+            f"model._target_={rc.model._target_} is no rlx ModelFamily, whose parameter count the plan needs"
+        )
+    return None
+
+
+def memory_plan(rc: RlxConfig) -> Plan | None:
+    """The plan of a GPU run (None: `no_plan` says why)."""
+    if no_plan(rc):
+        return None
+    return plan_memory(memory_setup(rc), *gpu_memory(rc))
+
+
+def print_plan(rc: RlxConfig) -> None:
+    """`run.plan_only=true`: print the plan (or why a CPU run has none); raise the refusal a run of
+    this config would get, after the plan, as a ConfigError."""
+    plan = memory_plan(rc)
+    if plan is None:
+        print(f"memory plan: none for {no_plan(rc)}")
+        return
+    print(report(plan), flush=True)
+    if errors := memory_errors(memory_setup(rc), plan):
+        raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def memory_rule(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """`rlx.config.validate`'s rule: a GPU run whose plan does not fit its GPUs is refused."""
+    plan = memory_plan(cfg)
+    return [] if plan is None else memory_errors(memory_setup(cfg), plan)

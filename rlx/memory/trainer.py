@@ -1,0 +1,255 @@
+"""The trainer's terms of the memory plan: what one trainer rank holds, per pipeline stage.
+
+What the trainer builds (`rlx.trainer.trainable.wrap_for_training`, `rlx.trainer.megatron`):
+
+- the policy's weights in `train.precision` (bf16: megatron's Float16Module casts every
+  parameter, norms included, to bf16);
+- megatron DDP's gradient buffer, fp32 whatever the precision (`grad_reduce_in_fp32=True`), whole
+  on every rank, also under the distributed optimizer (which reduce-scatters into it);
+- the optimizer's state: Adam's two moments in fp32, and in bf16/fp16 an fp32 master copy of every
+  weight (12 bytes a parameter; fp32 training: 8); `train.distributed_optimizer=true` shards it
+  over the data- and context-parallel ranks (experts: over the expert-data-parallel ranks);
+- the reference model's weights (algorithms with a KL term) and PPO's critic (weights, gradient
+  buffer, optimizer state; its activations, without logits, never exceed the policy's and come
+  at another time of the step);
+- activations (`rlx.memory.activations`) of the micro-batches a stage holds at once: under
+  megatron's 1F1B schedule stage r of P keeps min(P - r, micro-batches) of them (the first stage
+  P, i.e. all layers' worth), with virtual stages Korthikanti's L·(1 + (P - 1)/(P·V)) on the first;
+- on the last stage, the logits of one micro-batch and their gradient (this rank's vocabulary
+  shard, activation dtype);
+- in the forward-only passes (old and reference log-probs, the critic's values), which keep no
+  activations: that micro-batch's logits and one layer's activations at a time;
+- in the optimizer step, torch's multi-tensor Adam's temporary sqrt(v) (fp32, the size of the state).
+
+Predicted is torch's allocated memory (`torch.cuda.max_memory_allocated`, which the loop logs as
+`perf/trainer_peak_mem_gib`), plus the process's CUDA context. Not counted: the caching
+allocator's reserve beyond it (fragmentation), NCCL's buffers, small temporaries (norms' fp32
+statistics, gradient clipping's norms), and an unbalanced MoE routing.
+"""
+
+from __future__ import annotations
+
+from rlx.memory.activations import Layout, MicroBatch, layer_bytes, logits_bytes, mask_bytes
+from rlx.memory.params import ModelParams, RankParams, rank_params, stage_layers
+from rlx.memory.terms import CUDA_CONTEXT_BYTES, PRECISION_BYTES, Phase, Setup, Term, count
+
+GRAD_BYTES = 4  # megatron DDP's gradient buffer is fp32 (grad_reduce_in_fp32=True)
+TP, PP, CP = "cluster.tensor_parallel_size", "cluster.pipeline_parallel_size", "cluster.context_parallel_size"
+
+
+def optimizer_bytes_per_param(precision: str) -> int:
+    """Adam's m and v in fp32, plus an fp32 master weight when the model is half precision."""
+    return 8 if precision == "fp32" else 12
+
+
+def micro_batch_key(s: Setup, forward_only: bool = False) -> str:
+    """The key that sets the size of a (training, or forward-only) micro-batch."""
+    t = s.train
+    if forward_only:
+        if t.max_tokens_per_micro_batch is not None:
+            return "train.logprob_max_tokens_per_micro_batch"
+        return "train.logprob_micro_batch_size"
+    return (
+        "train.max_tokens_per_micro_batch"
+        if t.max_tokens_per_micro_batch is not None
+        else "train.micro_batch_size"
+    )
+
+
+def micro_batch(s: Setup, forward_only: bool = False) -> MicroBatch:
+    """The largest micro-batch the trainer makes: `rows` samples of the longest sample (right-padded
+    to the pad multiple), or one packed row of the token budget."""
+    c, t = s.cluster, s.train
+    pad = c.tensor_parallel_size * (1 if c.context_parallel_size == 1 else 2 * c.context_parallel_size)
+    budget = t.max_tokens_per_micro_batch
+    if forward_only and t.logprob_max_tokens_per_micro_batch is not None:
+        budget = t.logprob_max_tokens_per_micro_batch
+    if budget is not None:
+        return MicroBatch(1, -(-budget // pad) * pad, packed=True)
+    rows = (t.logprob_micro_batch_size if forward_only else None) or t.micro_batch_size
+    return MicroBatch(rows, -(-s.sample_len // pad) * pad)
+
+
+def layout(s: Setup) -> Layout:
+    m, c = s.model, s.cluster
+    moe_or_mla = bool(m.num_moe_experts or m.kv_lora_rank)
+    sp = m.megatron_overrides.get("sequence_parallel", bool(m.num_moe_experts) and c.tensor_parallel_size > 1)
+    return Layout(
+        tp=c.tensor_parallel_size,
+        cp=c.context_parallel_size,
+        sequence_parallel=bool(sp),
+        dtype_bytes=PRECISION_BYTES[s.train.precision],
+        # MoE and MLA families keep megatron's unfused layers (rlx.models.moe_family.fusion_kwargs)
+        fused_swiglu=not moe_or_mla and m.kernels != "torch",
+    )
+
+
+def micro_batches_per_step(s: Setup) -> int:
+    """A rank's micro-batches per optimizer step (packed: as many as samples of the longest length need)."""
+    t = s.train
+    samples = max(t.global_batch_size // s.data_parallel_size, 1)
+    if t.max_tokens_per_micro_batch is not None:
+        return -(-samples * s.sample_len // t.max_tokens_per_micro_batch)
+    return max(samples // t.micro_batch_size, 1)
+
+
+def in_flight(s: Setup, stage: int) -> tuple[int, str]:
+    """(layers x micro-batches, in words) whose activations stage `stage` holds at once under
+    megatron's schedule: 1F1B's warm-up keeps min(P - stage, M) micro-batches of the stage's layers;
+    the interleaved one (V virtual stages) min(2(P - stage - 1) + (V - 1)P + 1, M·V) chunks of
+    L / (P·V) layers."""
+    pp, num_layers = s.cluster.pipeline_parallel_size, s.model.num_layers
+    vp = s.model.megatron_overrides.get("virtual_pipeline_model_parallel_size") or 1
+    m = micro_batches_per_step(s)
+    if vp == 1:
+        layers, mbs = len(stage_layers(num_layers, pp, stage)), min(pp - stage, m)
+        return layers * mbs, f"{layers} layers" + (f" × {mbs} micro-batches" if mbs > 1 else "")
+    chunks, chunk_layers = min(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp), num_layers // (pp * vp)
+    return chunks * chunk_layers, f"{chunks} chunks of {chunk_layers} layers in flight"
+
+
+def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True) -> list[Term]:
+    """What the rank holds all step: weights, gradient buffer, optimizer state; reference; critic.
+    `gradients=False`: without the gradient buffers (a colocated trainer frees them for the engine)."""
+    c, t = s.cluster, s.train
+    e = PRECISION_BYTES[t.precision]
+    policy = rank_params(
+        p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
+    )
+    trainable = trainable_params(s, policy)
+    terms = [
+        Term(f"policy weights ({t.precision}, {count(policy.total)} parameters)", policy.total * e, (TP, PP))
+    ]
+    if gradients:
+        terms.append(Term("gradients (fp32 grad buffer)", trainable.total * GRAD_BYTES, (TP, PP)))
+    terms.append(optimizer_term(s, trainable, "optimizer state"))
+    if s.needs_ref:
+        terms.append(Term(f"reference model ({t.precision} weights)", policy.total * e, (TP, PP)))
+    if s.needs_critic:
+        critic = rank_params(
+            p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage,
+            value_head=True,
+        )  # fmt: skip
+        kept = critic.total * (e + GRAD_BYTES * gradients) + optimizer_term(s, critic, "").bytes
+        what = "weights, gradients, optimizer state" if gradients else "weights, optimizer state"
+        terms.append(Term(f"critic ({what})", kept, (TP, PP)))
+    return terms
+
+
+def trainable_params(s: Setup, policy: RankParams) -> RankParams:
+    """The rank's parameters that have a gradient buffer and optimizer state: all of the policy's.
+    This is where LoRA (train.lora.*, being added on another branch) changes the plan: a frozen
+    base keeps its weights (`policy`) but has no gradient buffer, no optimizer state and no step
+    temporary, so this returns the adapters' parameters alone (rank x (in + out features) per
+    target module and layer, split as the layer they adapt)."""
+    return policy
+
+
+def optimizer_term(s: Setup, params: RankParams, name: str) -> Term:
+    c, t = s.cluster, s.train
+    per_param = optimizer_bytes_per_param(t.precision)
+    what = "Adam m, v" if t.precision == "fp32" else "fp32 master + Adam m, v"
+    dense_shards = expert_shards = 1
+    if t.distributed_optimizer:
+        dense_shards = max(c.num_trainer_procs // (c.tensor_parallel_size * c.pipeline_parallel_size), 1)
+        expert_shards = max(
+            c.num_trainer_procs
+            // (c.tensor_parallel_size * c.expert_parallel_size * c.pipeline_parallel_size),
+            1,
+        )
+    num_bytes = round(per_param * (params.dense / dense_shards + params.expert / expert_shards))
+    sharded = f"; a 1/{dense_shards} shard" if dense_shards > 1 else ""
+    return Term(f"{name} ({what}{sharded})", num_bytes, optimizer_knobs(s))
+
+
+def optimizer_knobs(s: Setup) -> tuple[str, ...]:
+    """What shrinks the optimizer state: sharding it, where there are data-parallel ranks to share it."""
+    c = s.cluster
+    shardable = not s.train.distributed_optimizer and s.data_parallel_size * c.context_parallel_size > 1
+    return ("train.distributed_optimizer=true", TP, PP) if shardable else (TP, PP)
+
+
+def training_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
+    """What a training micro-batch adds: activations of the micro-batches in flight, packed masks,
+    on the last stage the logits and their gradient."""
+    lay, mb = layout(s), micro_batch(s)
+    key, recompute = micro_batch_key(s), s.train.recompute
+    layers, held = in_flight(s, stage)
+    stage_moe = [p.moe_layers[i] for i in stage_layers(p.num_layers, s.cluster.pipeline_parallel_size, stage)]
+    frac_moe = sum(stage_moe) / len(stage_moe)
+    per_layer = (1 - frac_moe) * layer_bytes(s.model, lay, mb, moe=False, recompute=recompute)
+    per_layer += frac_moe * layer_bytes(s.model, lay, mb, moe=True, recompute=recompute)
+    shape = f"{mb.rows} × {mb.seq_len:,} tokens" if not mb.packed else f"packed {mb.seq_len:,}-token rows"
+    act_knobs = (key, "train.recompute=full", CP, TP)
+    terms = [Term(f"activations ({shape}, {held})", round(per_layer * layers), act_knobs)]
+    if recompute == "full":  # the layer being rebuilt in the backward holds all of its activations
+        whole = layer_bytes(s.model, lay, mb, moe=frac_moe >= 0.5)
+        terms.append(Term("activations of the layer being recomputed", whole, act_knobs))
+    if mb.packed:
+        # the micro-batches in flight, each with its own mask (packing runs 1F1B only: no virtual stages)
+        mbs = layers // len(stage_moe)
+        terms.append(Term("packed attention masks (boolean, L × L)", mask_bytes(mb, lay.cp) * mbs, (key, CP)))
+    if stage == s.cluster.pipeline_parallel_size - 1:
+        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes, with_grad=True)
+        vocab = s.model.vocab_size // lay.tp
+        terms.append(
+            Term(f"logits and their gradient ({vocab:,}-way vocabulary shard)", logits, (key, TP, CP))
+        )
+    return terms
+
+
+def forward_only_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
+    """What a forward-only micro-batch adds: one layer's activations at a time, the last stage's logits."""
+    lay, mb = layout(s), micro_batch(s, forward_only=True)
+    key = micro_batch_key(s, forward_only=True)
+    moe = any(p.moe_layers)
+    shape = (
+        f"{mb.rows} × {mb.seq_len:,} tokens" if not mb.packed else f"a packed row of {mb.seq_len:,} tokens"
+    )
+    terms = [Term(f"one layer's activations ({shape})", layer_bytes(s.model, lay, mb, moe=moe), (key,))]
+    if mb.packed:
+        terms.append(Term("packed attention mask (boolean, L × L)", mask_bytes(mb, lay.cp), (key, CP)))
+    if stage == s.cluster.pipeline_parallel_size - 1:
+        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes, with_grad=False)
+        terms.append(Term("logits (forward only)", logits, (key, TP)))
+    return terms
+
+
+def context_term(who: str) -> Term:
+    return Term(f"CUDA context ({who})", CUDA_CONTEXT_BYTES)
+
+
+def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
+    """What the optimizer step adds: torch's multi-tensor Adam (megatron's fallback without apex)
+    computes sqrt(v) for all of its weights at once, one fp32 temporary of the state's size."""
+    c = s.cluster
+    policy = rank_params(
+        p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
+    )
+    trainable = trainable_params(s, policy)
+    moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
+    return [Term("Adam's step temporary (sqrt of v, fp32)", moments, optimizer_knobs(s))]
+
+
+def trainer_phases(s: Setup, p: ModelParams, stage: int, *, context: bool = True) -> tuple[Phase, ...]:
+    """(training, forward-only passes, optimizer step) of a rank of pipeline stage `stage`;
+    `context=False`: torch's allocated memory alone, without the process's CUDA context."""
+    static, context = static_terms(s, p, stage), [context_term("trainer")] * context
+    return (
+        Phase("training", tuple(static + training_terms(s, p, stage) + context)),
+        Phase("forward-only passes", tuple(static + forward_only_terms(s, p, stage) + context)),
+        Phase("optimizer step", tuple(static + step_terms(s, p, stage) + context)),
+    )
+
+
+def resident_while_generating(s: Setup, p: ModelParams, stage: int) -> list[Term]:
+    """What a colocated trainer rank leaves on the GPU while its engine generates: its CUDA context,
+    and with `cluster.offload_trainer=false` its weights and optimizer state (the gradient buffer and
+    the allocator's cache are freed either way: `rlx.trainer.offload`)."""
+    if s.cluster.offload_trainer:
+        return [context_term("trainer, offloaded to CPU")]
+    kept = static_terms(s, p, stage, gradients=False)
+    knob = ("cluster.offload_trainer=true",)
+    return [Term(f"trainer's {t.name.split(' (')[0]}, kept on the GPU", t.bytes, knob) for t in kept] + [
+        context_term("trainer")
+    ]

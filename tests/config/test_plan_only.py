@@ -1,0 +1,156 @@
+"""The memory plan where the config is composed: a GPU run that cannot fit is refused naming the
+knob, and `python launch.py ... run.plan_only=true` prints the plan and starts nothing (the real
+command line, with a `ray` package that fails on import first on the path, so any Ray start or
+import on the way fails the test; a plan that does not fit is printed, then refused, status 1; a
+CPU config has no plan). About 8 s a command line (composing checks Megatron's config)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=79.6"]
+
+
+@pytest.fixture(scope="module")
+def no_ray(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("no_ray")
+    (root / "ray").mkdir()
+    (root / "ray" / "__init__.py").write_text("raise ImportError('run.plan_only imported ray')\n")
+    return root
+
+
+def plan_only(no_ray: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """The command's result, its stdout from the plan's first line on (megatron logs a few lines
+    when the config's Megatron check imports it)."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(no_ray), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "launch.py", "run.plan_only=true", f"hydra.run.dir={tmp_path}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    start = done.stdout.find("memory plan:")
+    done.stdout = done.stdout[start:] if start >= 0 else done.stdout
+    return done
+
+
+def test_plan_only_prints_the_plan_and_starts_nothing(no_ray, tmp_path):
+    done = plan_only(no_ray, tmp_path, *GPU)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16, TP=1")
+    assert lines[1] == "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)"
+    assert lines[2].startswith("colocated GPU (trainer rank + engine) x 1")
+    for term in ("policy weights", "gradients", "optimizer state", "activations", "KV cache", "CUDA graphs"):
+        assert f"    {term}" in done.stdout, term
+    assert "to spare" in done.stdout and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "config.yaml").exists()  # no run started
+
+
+def test_plan_only_prints_a_plan_that_does_not_fit_then_refuses_it(no_ray, tmp_path):
+    wide = ["model.tiny=true", "model=glm4_9b", "rollout.max_response_len=1024"]  # 9.4B on one GPU
+    done = plan_only(no_ray, tmp_path, *GPU, *wide)
+    assert done.returncode == 1
+    assert done.stdout.startswith("memory plan: glm4_9b (9.40B parameters)")
+    assert "OVER the GPU's 79.6 GiB" in done.stdout
+    assert "error: this run would be refused:" in done.stderr
+    assert "memory plan: the colocated GPU (trainer rank + engine) needs" in done.stderr
+    assert "cluster.tensor_parallel_size" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cpu_run_has_no_plan(no_ray, tmp_path):
+    done = plan_only(no_ray, tmp_path, "cluster.gpu_memory_gib=0.001")  # the default job: CPU
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
+    )
+
+
+def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
+    """`rlx.runtime.run` prepares a run (config, checkpoint, data) before Ray starts; on a GPU
+    cluster its first log lines are the plan, on CPU there is none. Composed here, not run."""
+    import logging
+
+    from rlx.config.compose import compose
+    from rlx.runtime import _prepare
+
+    gpu, cpu = (
+        compose([*overrides, f"run.output_dir={tmp_path / name}"])
+        for name, overrides in (("gpu", GPU), ("cpu", []))
+    )
+    with caplog.at_level(logging.INFO):
+        caplog.clear()  # what composing logged (megatron's import)
+        _prepare(gpu)
+    assert caplog.records[0].getMessage().startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16")
+    assert "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)" in caplog.records[0].getMessage()
+    with caplog.at_level(logging.INFO):
+        caplog.clear()
+        _prepare(cpu)
+    assert not [r for r in caplog.records if "memory plan" in r.getMessage()]
+
+
+# a Qwen3-1.7B shape (never written: composing builds no weights), samples of 1,024 + 7,168 tokens,
+# split over two GPUs of 79.6 GiB
+WIDE = ["model.tiny=true", "model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
+        "model.num_attention_heads=16", "model.num_query_groups=8", "model.kv_channels=128",
+        "model.vocab_size=151936", "model.max_position_embeddings=40960", "data.max_prompt_len=1024",
+        "rollout.max_response_len=7168", "rollout.batch_size=8", "train.precision=bf16",
+        "cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1",
+        "cluster.gpu_memory_gib=79.6"]  # fmt: skip
+
+
+def test_a_gpu_run_that_cannot_fit_is_refused_when_composing_naming_the_knob():
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose([*WIDE, "train.micro_batch_size=8"])
+    message = str(refused.value)
+    assert "memory plan: the trainer GPU needs" in message and "at its peak (training)" in message
+    assert "more than the 79.6 GiB of a GPU (cluster.gpu_memory_gib=79.6)" in message
+    assert "largest terms (GiB): activations" in message
+    assert (
+        "set train.micro_batch_size=2 (the plan then predicts" in message
+    )  # 4 rows do not fit: 8,192 tokens each
+    compose([*WIDE, "train.micro_batch_size=2"])  # what it advises composes
+
+
+def test_an_engine_cache_that_cannot_hold_one_sample_is_refused_when_composing():
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose([*WIDE, "train.micro_batch_size=1", "+rollout.engine_args.mem_fraction_static=0.05"])
+    message = str(refused.value)
+    assert "memory plan: the engines' KV cache on each engine GPU holds" in message
+    assert (
+        "fewer than one sample of 8,192" in message
+        and "set rollout.engine_args.mem_fraction_static=0.06" in message
+    )
+
+
+def test_cpu_runs_are_never_refused_for_memory():
+    from rlx.config.compose import compose
+
+    compose(["cluster.gpu_memory_gib=0.001"])  # the default job (CPU): no plan, no refusal
+
+
+def test_a_model_class_of_the_users_own_has_no_plan():
+    from rlx.cluster import ClusterConfig
+    from rlx.config.memory_check import memory_plan, no_plan
+    from rlx.config.schema import RlxConfig
+    from rlx.models.config import ModelConfig
+
+    own = RlxConfig(
+        model=ModelConfig(_target_="collections.OrderedDict"), cluster=ClusterConfig(gpus_per_node=1)
+    )
+    assert memory_plan(own) is None
+    assert no_plan(own) == (
+        "model._target_=collections.OrderedDict is no rlx ModelFamily, whose parameter count the plan needs"
+    )
+    assert no_plan(RlxConfig()).startswith("a CPU run")
+    assert no_plan(RlxConfig(cluster=ClusterConfig(gpus_per_node=1))) is None

@@ -1,0 +1,356 @@
+"""The memory plan (rlx.memory) on known small shapes, against bytes worked out by hand here.
+
+The shape is the schema's default model (tiny Qwen3): 2 layers, hidden h=64, FFN f=128, a=4 heads,
+g=2 KV groups of d=16, a 16-token vocabulary, tied embeddings, q/k norms. Samples are 8 prompt +
+24 response = 32 tokens. CPU only: nothing is built but the family's parameter count.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import replace
+
+import pytest
+
+from rlx.cluster import ClusterConfig
+from rlx.memory import GIB, Setup, memory_errors, plan_memory, report, trainer_peak_allocated
+from rlx.memory.engine import ENGINE_DEFAULTS, kv_bytes_per_token, kv_cache
+from rlx.memory.gpus import visible_gpu_bytes
+from rlx.memory.params import model_params, rank_params
+from rlx.memory.terms import CUDA_CONTEXT_BYTES
+from rlx.memory.trainer import trainer_phases
+from rlx.models.config import ModelConfig
+from rlx.rollout.config import RolloutConfig
+from rlx.trainer.config import TrainConfig
+
+TINY = ModelConfig()  # the default tiny Qwen3
+# ModelFamily.num_parameters() by hand, per layer:
+#   attention h·(a·d + 2·g·d) + a·d·h = 64·(64 + 64) + 64·64 = 12,288; q/k norms 2·16 = 32
+#   MLP 3·h·f = 3·64·128 = 24,576; two norms 2·64 = 128          -> 37,024 a layer
+# 2 layers 74,048 + embedding 16·64 = 1,024 (tied: once) + final norm 64 = 75,136
+TINY_PARAMS = 75_136
+PER_LAYER = (TINY_PARAMS - 1_024) / 2  # 37,056: a layer and half the final norm
+
+
+def setup(model: ModelConfig = TINY, **kw) -> Setup:
+    """bf16, micro-batch 2 of 32-token samples, one GPU split from its engine, unless `kw` says otherwise."""
+    train = TrainConfig(
+        **{"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 8} | kw.pop("train", {})
+    )
+    cluster = ClusterConfig(**{"gpus_per_node": 2, "num_rollout_gpus": 1} | kw.pop("cluster", {}))
+    rollout = RolloutConfig(max_response_len=24, **kw.pop("rollout", {}))
+    return Setup(model, train, cluster, rollout, prompt_len=8, **kw)
+
+
+def terms(phase) -> dict[str, int]:
+    """A phase's terms by the name before its parenthesis."""
+    return {t.name.split(" (")[0]: t.bytes for t in phase.terms}
+
+
+def test_parameters_are_the_familys_count_split_by_placement():
+    p = model_params(TINY)
+    assert (p.total, p.embedding, p.output, p.experts) == (TINY_PARAMS, 1_024, 0, 0)
+    assert p.per_layer == PER_LAYER
+    # TP=2: half of each layer and of the embedding: 2·37,056/2 + 1,024/2 = 37,568
+    assert rank_params(p, tp=2, pp=1, ep=1, stage=0).total == 37_568
+    # PP=2, one layer a stage; tied: the first stage has the embedding, the last its own copy
+    assert rank_params(p, tp=1, pp=2, ep=1, stage=0).total == 37_056 + 1_024
+    assert rank_params(p, tp=1, pp=2, ep=1, stage=1).total == 37_056 + 1_024
+    # PPO's critic: the vocabulary head replaced by hidden -> 1 (64 + 1)
+    assert rank_params(p, tp=1, pp=1, ep=1, stage=0, value_head=True).total == TINY_PARAMS + 65
+
+
+def test_training_terms_of_one_gpu_by_hand():
+    training, forward, step = trainer_phases(setup(), model_params(TINY), 0)
+    # activations a token and layer (bf16, e = 2; fused SwiGLU; rlx.memory.activations):
+    #   attention e·[2h + (a+2g)d + (a+g)d + a·d] + 4a = 2·(128 + 128 + 96 + 64) + 16 = 848
+    #   MLP       e·[2h + 2f + f]                      = 2·(128 + 256 + 128)       = 1,024
+    # 1,872 bytes × 2 rows × 32 tokens = 119,808 a layer; 2 layers = 239,616
+    assert terms(training) == {
+        "policy weights": TINY_PARAMS * 2,  # 150,272
+        "gradients": TINY_PARAMS * 4,  # fp32 grad buffer: 300,544
+        "optimizer state": TINY_PARAMS * 12,  # fp32 master + m + v: 901,632
+        "activations": 239_616,
+        "logits and their gradient": 64 * 16 * 2 * 2,  # 64 tokens × 16 vocab × bf16 × (logits + grad)
+        "CUDA context": CUDA_CONTEXT_BYTES,
+    }
+    assert training.bytes == 150_272 + 300_544 + 901_632 + 239_616 + 4_096 + CUDA_CONTEXT_BYTES
+    # forward only: one layer at a time (119,808) and the logits without a gradient (2,048)
+    assert terms(forward)["one layer's activations"] == 119_808
+    assert terms(forward)["logits"] == 2_048
+    # the optimizer step: Adam's sqrt(v), fp32, 4 bytes a parameter
+    assert terms(step)["Adam's step temporary"] == TINY_PARAMS * 4
+    # what bench/grpo_step.py prints beside torch's max_memory_allocated: the largest phase less the
+    # CUDA context; here the step's (1,352,448 of state + 300,544) over training's (+ 243,712)
+    assert trainer_peak_allocated(setup()) == step.bytes - CUDA_CONTEXT_BYTES == 1_652_992
+
+
+def test_fp32_keeps_no_master_copy_and_unfused_swiglu_keeps_the_gate():
+    s = setup(model=replace(TINY, kernels="torch"), train={"precision": "fp32"})
+    training = terms(trainer_phases(s, model_params(TINY), 0)[0])
+    assert training["optimizer state"] == TINY_PARAMS * 8  # Adam m, v; the fp32 weights are the masters
+    # e = 4: attention 4·416 + 16 = 1,680; MLP 4·(2h + 3f + f) = 4·(128 + 384 + 128) = 2,560
+    assert training["activations"] == (1_680 + 2_560) * 64 * 2
+
+
+def test_tensor_parallel_and_the_distributed_optimizer():
+    s = setup(
+        cluster={"num_trainer_procs": 4, "tensor_parallel_size": 2}, train={"distributed_optimizer": True}
+    )
+    training = terms(trainer_phases(s, model_params(TINY), 0)[0])
+    assert training["policy weights"] == 37_568 * 2
+    assert training["gradients"] == 37_568 * 4  # the grad buffer is whole on every rank
+    assert training["optimizer state"] == 37_568 * 12 // 2  # sharded over DP = 4 / TP = 2
+    # heads and FFN split over TP (no sequence parallelism for a dense model):
+    #   attention 2·(128 + 128/2 + 96/2 + 64/2) + 16/2 = 552; MLP 2·(128 + 256/2 + 128/2) = 640
+    assert training["activations"] == (552 + 640) * 64 * 2
+    assert training["logits and their gradient"] == 64 * 8 * 2 * 2  # an 8-way vocabulary shard
+
+
+def test_pipeline_stages_hold_their_micro_batches_in_flight():
+    # PP=2 over 4 ranks: DP 2, 8 samples -> 4 a rank -> 2 micro-batches; 1F1B: the first stage
+    # holds min(2, 2) of its one layer, the last one, plus the logits
+    s = setup(cluster={"num_trainer_procs": 4, "pipeline_parallel_size": 2})
+    p = model_params(TINY)
+    first, last = (terms(trainer_phases(s, p, stage)[0]) for stage in (0, 1))
+    assert first["activations"] == 2 * 119_808 and "logits and their gradient" not in first
+    assert last["activations"] == 119_808 and last["logits and their gradient"] == 4_096
+    assert [r.name for r in plan_memory(s, None).roles] == [
+        "trainer GPU (first pipeline stage)", "trainer GPU (last pipeline stage)", "engine GPU"
+    ]  # fmt: skip
+
+
+def test_context_parallel_keeps_the_whole_sequences_keys_and_values():
+    # CP=2: each rank 32 of the 64 tokens; SDPA keeps the all-gathered k and v (2·g·d·CP a token):
+    # attention 2·(128 + 128 + (64 + 2·32·2) + 64) + 16 = 1,040; MLP 1,024
+    s = setup(cluster={"num_trainer_procs": 2, "context_parallel_size": 2})
+    training = terms(trainer_phases(s, model_params(TINY), 0)[0])
+    assert training["activations"] == (1_040 + 1_024) * 32 * 2
+    assert training["logits and their gradient"] == 32 * 16 * 2 * 2
+
+
+def test_recompute_and_packing():
+    p = model_params(TINY)
+    full = terms(trainer_phases(setup(train={"recompute": "full"}), p, 0)[0])
+    assert full["activations"] == 64 * 2 * 64 * 2  # each layer's input: 64 tokens × h × bf16, 2 layers
+    assert full["activations of the layer being recomputed"] == 119_808
+    # packing: one row of the 40-token budget; SDPA keeps a bf16 bias of the row per query token
+    # and layer (e·L = 80 bytes), the row has its 40 × 40 boolean mask
+    packed = terms(trainer_phases(setup(train={"max_tokens_per_micro_batch": 40}), p, 0)[0])
+    assert packed["activations"] == (1_872 + 80) * 40 * 2
+    assert packed["packed attention masks"] == 40 * 40
+    # selective recompute rebuilds the core attention: no bias, no log-sum-exp (4a = 16) kept
+    selective = terms(
+        trainer_phases(setup(train={"max_tokens_per_micro_batch": 40, "recompute": "selective"}), p, 0)[0]
+    )
+    assert selective["activations"] == (1_872 - 16) * 40 * 2
+
+
+def test_reference_model_and_critic():
+    p = model_params(TINY)
+    training = terms(trainer_phases(setup(needs_ref=True, needs_critic=True), p, 0)[0])
+    assert training["reference model"] == TINY_PARAMS * 2  # bf16 weights only
+    critic = TINY_PARAMS + 65
+    assert training["critic"] == critic * (2 + 4 + 12)  # weights, fp32 grads, master + m + v
+
+
+def test_moe_experts_split_over_expert_parallel_ranks():
+    moe = replace(
+        TINY, _target_="rlx.models.qwen3_moe.Qwen3Moe", tie_word_embeddings=False, num_moe_experts=8,
+        moe_router_topk=2, moe_ffn_hidden_size=32,
+    )  # fmt: skip
+    p = model_params(moe)
+    # Qwen3Moe.num_parameters: attention h·d·(2a + 2g) + 2d = 12,320; experts 8·(h + 3·h·32) = 49,664;
+    # norms 128: 62,112 a layer; ×2 + embedding and lm_head 2·1,024 + final norm 64 = 126,336
+    assert p.total == 126_336 and p.experts == 2 * 8 * 3 * 64 * 32  # 98,304 routed-expert weights
+    # TP=2, EP=2 on 4 ranks: dense (126,336 - 2,048 - 98,304) / 2 = 12,992 a layer, halved by TP,
+    # plus the embedding and the lm_head halved; experts 98,304 / (EP 2 × TP 2)
+    r = rank_params(p, tp=2, pp=1, ep=2, stage=0)
+    assert (r.dense, r.expert) == (12_992 + 1_024, 24_576)
+    s = setup(model=moe, cluster={"num_trainer_procs": 4, "tensor_parallel_size": 2, "expert_parallel_size": 2},
+              train={"distributed_optimizer": True})  # fmt: skip
+    training = terms(trainer_phases(s, p, 0)[0])
+    # dense state over DP×CP = 4/2 ranks, experts over 4/(2·2) = 1 rank
+    assert training["optimizer state"] == 12 * (14_016 // 2 + 24_576)
+    # sequence parallel (MoE under TP): h-sized tensors halved, h_s = 32; bf16
+    #   attention 2·(2·32 + 128/2 + 96/2 + 64/2) + 8 = 424
+    #   MoE MLP   2·(2·32 + E=8 + k=2·(2h + 4·32/2)) = 2·(72 + 2·192) = 912
+    assert training["activations"] == (424 + 912) * 64 * 2
+
+
+def test_engine_kv_cache_by_hand():
+    s = setup()
+    # 2 (k, v) × 2 layers × 2 KV heads × 16 × bf16 (an fp32 tiny checkpoint served in the trainer's bf16)
+    assert kv_bytes_per_token(s) == 256
+    # blocks of 16 tokens = 4,096 bytes. On a 1 GiB GPU: round(0.88 × 1,073,741,824) = 944,892,805,
+    # less the weights (150,272) and a CUDA context (536,870,912) = 407,871,621 = 99,578 blocks and a
+    # bit; capped by 256 running requests × 4 blocks (context 64) = 1,024, + 1 reserved block
+    budget = round(0.88 * GIB) - TINY_PARAMS * 2 - CUDA_CONTEXT_BYTES
+    assert budget == 407_871_621 and budget // 4_096 == 99_578
+    assert kv_cache(s, budget) == (1_025 * 4_096, 1_024 * 16)
+    # max_total_tokens=100: ceil(100 / 16) = 7 blocks, + 1
+    assert kv_cache(setup(rollout={"engine_args": {"max_total_tokens": 100}}), budget) == (8 * 4_096, 7 * 16)
+    many = setup(rollout={"engine_args": {"max_running_requests": 10**6}})  # the budget decides
+    assert kv_cache(many, budget) == (99_579 * 4_096, 99_578 * 16)
+    engine = terms(plan_memory(many, GIB).roles[-1].phases[0])
+    assert engine["KV cache"] == 99_579 * 4_096 and engine["engine weights"] == TINY_PARAMS * 2
+
+
+def test_the_engine_sizes_its_cache_as_the_planner_does():
+    from rlx.engine.config import EngineArgs
+    from rlx.engine.kv_cache import num_blocks_for_budget
+
+    defaults = EngineArgs(model_path="x")
+    assert {k: getattr(defaults, k) for k in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
+    s = setup(rollout={"engine_args": {"max_total_tokens": 5_000}})
+    for budget in (0, 4_095, 4_096, 10**6, 10**9):
+        blocks = num_blocks_for_budget(budget, 4_096, 16, 5_000, 256 * 4)
+        assert kv_cache(s, budget) == (blocks * 4_096, (blocks - 1) * 16)
+
+
+def test_colocated_gpu_holds_what_the_other_side_leaves():
+    s = setup(cluster={"gpus_per_node": 1, "colocate": True, "offload_trainer": False})
+    role = plan_memory(s, GIB).roles[0]
+    assert role.kind == "colocated" and [p.name for p in role.phases] == [
+        "training", "forward-only passes", "optimizer step", "generating"
+    ]  # fmt: skip
+    training, generating = terms(role.phases[0]), terms(role.phases[3])
+    assert training["CUDA context"] == CUDA_CONTEXT_BYTES  # dict: the engine's, released, named the same
+    kept = {k: v for k, v in generating.items() if k.startswith("trainer's")}
+    # offload_trainer=false: weights and optimizer state stay, the gradient buffer is freed
+    assert kept == {
+        "trainer's policy weights, kept on the GPU": TINY_PARAMS * 2,
+        "trainer's optimizer state, kept on the GPU": TINY_PARAMS * 12,
+    }
+
+
+def over_setup(micro_batch: int) -> Setup:
+    """A 1.7B-wide shape whose activations at long samples outgrow an 80 GiB GPU."""
+    wide = replace(TINY, num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16,
+                   num_query_groups=8, kv_channels=128, vocab_size=151936, max_position_embeddings=40960)  # fmt: skip
+    return replace(setup(model=wide, train={"micro_batch_size": micro_batch, "global_batch_size": 64}),
+                   prompt_len=1024, rollout=RolloutConfig(max_response_len=7168))  # fmt: skip
+
+
+def test_a_run_over_the_gpu_is_refused_naming_the_knob_that_fits():
+    s, gpu = over_setup(8), round(79.6 * GIB)
+    plan = plan_memory(s, gpu, "cluster.gpu_memory_gib=79.6")
+    (message,) = memory_errors(s, plan)
+    trainer = plan.roles[0]
+    assert trainer.peak.bytes > gpu
+    assert message.startswith(
+        f"memory plan: the trainer GPU needs {trainer.peak.bytes / GIB:.1f} GiB at its peak (training)"
+    )
+    assert "more than the 79.6 GiB of a GPU (cluster.gpu_memory_gib=79.6)" in message
+    assert "largest terms (GiB): activations" in message
+    # the micro-batch it names fits with 10% to spare (what the plan does not flag), the next larger does not
+    fits = {m: plan_memory(over_setup(m), gpu).roles[0].peak.bytes <= 0.9 * gpu for m in (1, 2, 4, 8)}
+    largest = max(m for m, ok in fits.items() if ok)
+    assert largest < 8 and not fits[2 * largest]
+    after = plan_memory(over_setup(largest), gpu).roles[0].peak.bytes
+    assert f"set train.micro_batch_size={largest} (the plan then predicts {after / GIB:.1f} GiB)" in message
+    assert "train.recompute=full" in message and "run.plan_only=true" in message
+
+
+def test_an_engine_cache_too_small_for_one_sample_is_refused_naming_the_fraction():
+    s = replace(
+        over_setup(1), rollout=RolloutConfig(max_response_len=7168, engine_args={"mem_fraction_static": 0.05})
+    )
+    gpu = round(79.6 * GIB)
+    errors = memory_errors(s, plan_memory(s, gpu, "cluster.gpu_memory_gib=79.6"))
+    (kv,) = [e for e in errors if "KV cache" in e]
+    # 8,192 tokens × (2 · 28 layers · 8 heads · 128 · bf16 = 114,688 bytes) do not fit in
+    # 0.05 × 79.6 GiB less the weights (1.72B × 2 bytes) and the engine's CUDA context
+    weights = model_params(s.model).total * 2
+    loaded = weights + CUDA_CONTEXT_BYTES
+    tokens = (round(0.05 * gpu) - loaded) // (114_688 * 16) * 16
+    assert f"holds {tokens:,} tokens, fewer than one sample of 8,192" in kv
+    need = (loaded + (8_192 + 32) * 114_688) / gpu  # one sample and two blocks' slack
+    assert f"rollout.engine_args.mem_fraction_static={-(-round(need * 1e6) // 10_000) / 100}" in kv
+
+
+def test_unknown_gpu_memory_refuses_nothing_and_says_so():
+    s = over_setup(8)
+    plan = plan_memory(s, None)
+    assert memory_errors(s, plan) == []
+    text = report(plan)
+    assert "GPU memory: unknown" in text and "cluster.gpu_memory_gib" in text
+
+
+def test_the_report_names_every_term_and_the_margin():
+    text = report(plan_memory(setup(), round(1.5 * GIB), "cluster.gpu_memory_gib=1.5"))
+    lines = text.splitlines()
+    assert lines[0] == (
+        "memory plan: tiny_qwen3 (75,136 parameters), bf16, TP=1 PP=1 CP=1 EP=1 DP=1, split: 1 trainer GPU + 1 engine GPU"
+    )
+    assert lines[1] == "GPU memory: 1.5 GiB (cluster.gpu_memory_gib=1.5)"
+    for name in ("policy weights", "gradients (fp32 grad buffer)", "optimizer state", "activations",
+                 "logits and their gradient", "engine weights", "KV cache", "CUDA graphs", "workspace"):  # fmt: skip
+        assert f"    {name}" in text, name
+    # the trainer's peak is its optimizer step: 1,652,992 bytes + its CUDA context = 538,523,904, which
+    # leaves 1,610,612,736 - 538,523,904 = 1,072,088,832 bytes (1.0 GiB, 67%) of a 1.5 GiB GPU
+    assert "  peak 0.5 GiB (optimizer step): 1.0 GiB (67%) to spare" in lines
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    """An `nvidia-smi` on PATH printing two GPUs (index, MiB)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, 81559'\necho '1, 40960'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    visible_gpu_bytes.cache_clear()
+    yield
+    visible_gpu_bytes.cache_clear()
+
+
+def test_gpu_memory_is_read_from_nvidia_smi(fake_smi, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpu_bytes() == 40960 * 2**20  # the smallest GPU
+    visible_gpu_bytes.cache_clear()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert visible_gpu_bytes() == 81559 * 2**20  # the visible one: 79.6 GiB
+
+
+def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
+    import importlib.util
+    from pathlib import Path
+
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import memory_setup
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py"
+    spec = importlib.util.spec_from_file_location("grpo_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.argparse.Namespace(shape="0.6b", model=None, prompt_file=None, split=True, prompts=16, n=8,
+                                    response_len=512, micro_batch=8, steps=3)  # fmt: skip
+    cfg = compose(bench.overrides_for(args))
+    setup = replace(memory_setup(to_object(cfg)), prompt_len=6)
+    assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
+    # bf16 Qwen3-0.6B, micro-batch 8 of 6 + 512 tokens: between its weights alone and an 80 GiB GPU
+    assert 0.6e9 * 16 / GIB < bench.predicted_peak_gib(cfg, 6.2) < 79.6
+
+
+def test_a_plan_that_fits_with_little_to_spare_says_so():
+    alone = setup(with_engines=False)  # a trainer alone (debug.train_only)
+    peak = plan_memory(alone, None).roles[0].peak.bytes
+    roomy, tight = (plan_memory(alone, round(peak / share)) for share in (0.85, 0.95))
+    assert not [n for n in roomy.notes if "too little" in n]
+    (note,) = [n for n in tight.notes if "too little" in n]
+    assert note.startswith("trainer GPU: the trainer's peak leaves 5% of the GPU: too little for an estimate")
+    assert memory_errors(alone, tight) == []  # a warning, not a refusal
+
+
+def test_the_advice_offers_offloading_and_tensor_parallelism_only_where_they_apply():
+    # a colocated GPU whose trainer state, kept beside the engine, leaves its KV cache nothing
+    s = replace(over_setup(1), cluster=ClusterConfig(gpus_per_node=2, num_trainer_procs=2, num_rollout_gpus=2,
+                                                     colocate=True, offload_trainer=False))  # fmt: skip
+    errors = memory_errors(s, plan_memory(s, round(30 * GIB), "cluster.gpu_memory_gib=30"))
+    assert any("cluster.offload_trainer=true" in e for e in errors), errors
+    from rlx.memory.plan import tensor_parallel_fits
+
+    # TP=2 over 2 ranks on nodes of 2: 16 heads, 8 groups, 151,936 entries divide; TP=4 leaves the node
+    assert tensor_parallel_fits(s, 2) and not tensor_parallel_fits(s, 4)
+    assert not tensor_parallel_fits(replace(s, model=replace(s.model, num_query_groups=1)), 2)
