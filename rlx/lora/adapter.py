@@ -77,6 +77,9 @@ class LoRAAdapter(torch.nn.Module):
                 param.partition_dim = split_dim
             if split_dim is None and self.sequence_parallel:
                 param.sequence_parallel = True
+            # a routed expert's (allreduce False): DDP reduces it over the expert-data-parallel
+            # group, not over all data-parallel ranks, which hold other experts
+            param.allreduce = getattr(weight, "allreduce", True)
         self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.enabled = True
 
