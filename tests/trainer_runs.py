@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config.compose import compose, to_object
 from rlx.config.build import build
+from rlx.config.compose import compose, to_object
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup
 

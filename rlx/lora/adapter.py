@@ -69,7 +69,10 @@ class LoRAAdapter(torch.nn.Module):
         kwargs = {"dtype": weight.dtype, "device": weight.device}
         self.a = torch.nn.Parameter(a.to(**kwargs).contiguous())
         self.b = torch.nn.Parameter(b.to(**kwargs))
-        for param, split_dim in ((self.a, 1 if row_parallel else None), (self.b, None if row_parallel else 0)):
+        for param, split_dim in (
+            (self.a, 1 if row_parallel else None),
+            (self.b, None if row_parallel else 0),
+        ):
             setattr(param, ADAPTER_ATTR, True)
             # megatron's marks: which factor is split over TP, which sums its gradient over TP
             param.tensor_model_parallel = split_dim is not None and tp_size > 1

@@ -96,10 +96,10 @@ def _global_name(model: torch.nn.Module, name: str) -> str:
     if match is None:
         return name
     layer = model.decoder.layers[int(match.group(1))]
-    name = f"decoder.layers.{layer.layer_number - 1}.{name[match.end():]}"
+    name = f"decoder.layers.{layer.layer_number - 1}.{name[match.end() :]}"
     expert = _LOCAL_EXPERT.search(name)
     if expert is not None:
         num_local = layer.mlp.experts.num_local_experts
         global_expert = ps.get_expert_model_parallel_rank() * num_local + int(expert.group(1))
-        name = f"{name[: expert.start()]}.experts.{global_expert}.{name[expert.end():]}"
+        name = f"{name[: expert.start()]}.experts.{global_expert}.{name[expert.end() :]}"
     return name

@@ -26,7 +26,9 @@ from rlx.lora.apply import ROUTED_EXPERT, adapters
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 
 
-def peft_tensors(bridge, chunk: torch.nn.Module, tp_group, tp_size: int) -> Iterator[tuple[str, torch.Tensor]]:
+def peft_tensors(
+    bridge, chunk: torch.nn.Module, tp_group, tp_size: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(PEFT key, tensor) of every adapter of this rank's model `chunk`, whole over TP; `bridge`
     is the family's `WeightBridge` (its table maps each adapted weight to HF modules). A
     collective over `tp_group`, like the bridge's export: every TP rank must consume it in step."""

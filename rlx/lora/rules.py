@@ -31,7 +31,9 @@ def lora_errors(cfg, family, needs_critic: bool) -> list[str]:
         return errors
     names = family.lora_modules()
     if not lora.target_modules:
-        errors.append(f"train.lora.target_modules is empty; list layers to adapt from {_listing(names)}, or [{ALL_LINEAR}]")
+        errors.append(
+            f"train.lora.target_modules is empty; list layers to adapt from {_listing(names)}, or [{ALL_LINEAR}]"
+        )
     for name in lora.target_modules:
         if name == ALL_LINEAR or name in names:
             continue

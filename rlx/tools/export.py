@@ -58,7 +58,9 @@ def export(
     rc = to_object(OmegaConf.merge(OmegaConf.structured(RlxConfig), recorded))
     lora = rc.train.lora if rc.train.lora.enabled else None
     if adapter and lora is None:
-        raise ConfigError(f"--adapter: {run_dir} trained every weight (train.lora.rank unset): it has no adapters")
+        raise ConfigError(
+            f"--adapter: {run_dir} trained every weight (train.lora.rank unset): it has no adapters"
+        )
     out = Path(out) if out else run_dir / ("hf_adapter_export" if adapter else "hf_export")
 
     family = build(rc.model)

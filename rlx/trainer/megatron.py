@@ -293,7 +293,10 @@ class MegatronTrainer:
         if self.lora is None:
             raise ValueError("export_adapter: this policy has no LoRA adapters (train.lora.rank is unset)")
         bridge = self.family.weight_bridge()
-        tp = (parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_world_size())
+        tp = (
+            parallel_state.get_tensor_model_parallel_group(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+        )
         named = gather_stages([peft_tensors(bridge, chunk, *tp) for chunk in self.policy.chunks])
         if self.rank != 0:
             for _ in named:  # every rank takes part in the gathers

@@ -216,7 +216,11 @@ class Trainable:
                 f"{_lora_text(self.lora)}: resume with the train.lora settings it was written with"
             )
         common = load_checkpoint(
-            self.chunks, self.optimizer, ckpt_dir, (_NUM_UPDATES, *common_keys), adapters_only=self.lora is not None
+            self.chunks,
+            self.optimizer,
+            ckpt_dir,
+            (_NUM_UPDATES, *common_keys),
+            adapters_only=self.lora is not None,
         )
         self.num_updates = int(common.pop(_NUM_UPDATES) or 0)  # checkpoints before the schedule: 0
         return common
@@ -340,7 +344,8 @@ def _sharded_state(
     chunks, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any], adapters_only: bool
 ) -> dict:
     model_state = {
-        key: _model_state(chunk, adapters_only) for key, chunk in zip(_model_keys(chunks), chunks, strict=True)
+        key: _model_state(chunk, adapters_only)
+        for key, chunk in zip(_model_keys(chunks), chunks, strict=True)
     }
     state = {**model_state, **common}
     if with_optimizer:

@@ -16,7 +16,11 @@ import trainer_runs  # tests/ is on sys.path (conftest)
 from trainer_runs import assert_same_run
 
 LORA = ("train.lora.rank=4", "train.lora.alpha=8")
-TP2_PP2 = ("cluster.num_trainer_procs=4", "cluster.tensor_parallel_size=2", "cluster.pipeline_parallel_size=2")
+TP2_PP2 = (
+    "cluster.num_trainer_procs=4",
+    "cluster.tensor_parallel_size=2",
+    "cluster.pipeline_parallel_size=2",
+)
 DP2 = ("cluster.num_trainer_procs=2",)
 MOE = ("model=tiny_qwen3_moe",)
 train = functools.partial(trainer_runs.train, shape=(32, (3, 6), (1, 7)))
@@ -50,7 +54,9 @@ def test_lora_dp2_matches_one_rank(one_rank, tmp_path):
 
 def test_lora_moe_under_sequence_parallel_tp2_matches_one_rank(ray_session, tmp_path):
     base = train(tmp_path, "moe_one_rank", *LORA, *MOE)
-    tp2 = train(tmp_path, "moe_tp2", *LORA, *MOE, "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2")
+    tp2 = train(
+        tmp_path, "moe_tp2", *LORA, *MOE, "cluster.num_trainer_procs=2", "cluster.tensor_parallel_size=2"
+    )
     assert_same_run("lora moe tp2", tp2, base)
 
 
@@ -59,5 +65,7 @@ def test_lora_on_routed_experts_under_ep2_matches_one_rank(ray_session, tmp_path
     base = train(tmp_path, "experts_one_rank", *experts)
     initial = trainer_runs.initial_weights(tmp_path, *MOE)
     assert any(".experts." in k and (base[1][0][k] - initial[k]).abs().max() > 1e-4 for k in initial)
-    ep2 = train(tmp_path, "experts_ep2", *experts, "cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2")
+    ep2 = train(
+        tmp_path, "experts_ep2", *experts, "cluster.num_trainer_procs=2", "cluster.expert_parallel_size=2"
+    )
     assert_same_run("lora experts ep2", ep2, base)

@@ -71,7 +71,9 @@ def trained(tmp_path_factory):
             "trainable": [n for n, p in trainer.model.module.named_parameters() if p.requires_grad],
             "optimizer_params": [p for g in trainer.policy.optimizer.param_groups for p in g["params"]],
             "grad_buffer_numel": sum(b.numel_unpadded for b in trainer.model.buffers),
-            "adapters": {name: (a.a.detach().clone(), a.b.detach().clone()) for name, a in adapters(trainer.model)},
+            "adapters": {
+                name: (a.a.detach().clone(), a.b.detach().clone()) for name, a in adapters(trainer.model)
+            },
             "layer": _one_layer_by_hand(trainer),
         }
     finally:
@@ -164,7 +166,9 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path):
         uninterrupted = trainer.train(samples)
     finally:
         trainer.shutdown()
-    model_keys = [k for k in dist_checkpointing.load_tensors_metadata(str(tmp_path / "ckpt")) if "optimizer" not in k]
+    model_keys = [
+        k for k in dist_checkpointing.load_tensors_metadata(str(tmp_path / "ckpt")) if "optimizer" not in k
+    ]
     assert model_keys and all(k.endswith(("_lora.a", "_lora.b")) for k in model_keys), model_keys
     trainer = _trainer(tmp_path, *LORA)
     try:
@@ -201,8 +205,13 @@ CONFIG_ERRORS = [
     (["train.lora.rank=4", "algo=ppo"], "LoRA trains the policy only, and this algorithm trains a critic"),
     (["train.lora.rank=4", "train.lora.experts=true"], "model=tiny_qwen3 has no routed experts"),
     (
-        ["train.lora.rank=4", "train.lora.experts=true", "model=tiny_qwen3_moe", "cluster.num_trainer_procs=2",
-         "cluster.tensor_parallel_size=2"],
+        [
+            "train.lora.rank=4",
+            "train.lora.experts=true",
+            "model=tiny_qwen3_moe",
+            "cluster.num_trainer_procs=2",
+            "cluster.tensor_parallel_size=2",
+        ],
         "train.lora.experts=true with cluster.tensor_parallel_size=2",
     ),  # fmt: skip
 ]
