@@ -72,7 +72,7 @@ class Trainable:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.num_updates = 0
-        # the chunks' LoRA settings (rlx.lora), or None: checkpoints then hold the adapters only
+        # the chunks' LoRA settings (rlx.lora): checkpoints then hold the adapters only; None: all
         self.lora = lora
         # colocated GPUs: yield to the engines (the optimizer state goes with the first chunk)
         self.offloaders = [
