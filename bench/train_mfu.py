@@ -5,6 +5,7 @@
     python bench/train_mfu.py kernels=torch                        # megatron's unfused layers (no fusions)
     python bench/train_mfu.py kernels=compile                      # torch.compile'd norms/RoPE, no liger
     python bench/train_mfu.py --compile-layers                     # and torch.compile of each whole layer
+    python bench/train_mfu.py --lora-rank 64                       # LoRA adapters on every linear layer, base frozen
     python bench/train_mfu.py num_layers=36 hidden_size=2560 ffn_hidden_size=9728 \\
         num_attention_heads=32                                    # Qwen3-4B shape
     # on the GPU machine:
@@ -39,7 +40,10 @@ FLOPs (model FLOPs: what the model needs, not what the kernels do), per trained 
 MFU = model FLOPs/s over 989.4 TFLOP/s, the H100/H200 SXM dense bf16 datasheet peak (override
 with --peak-tflops). The share of the bf16 matmul rate measured on the H200 machine (about
 790 TFLOP/s, the device README) is printed as well. Dense models only (MoE and MLA would need
-active-parameter and latent-attention counts). Measured figures: docs/benchmarks.md;
+active-parameter and latent-attention counts). With `--lora-rank`, the base weights are frozen
+(no weight gradient, no optimizer state) and the adapters train (`rlx.lora`); FLOPs are still
+counted as full fine-tuning's 6 * N_matmul, so its MFU compares throughput, not work done.
+Measured figures: docs/benchmarks.md;
 `bench/plain_mfu.py` is the yardstick (the same shape in plain torch under torch.compile).
 """
 
@@ -57,6 +61,9 @@ import torch
 from omegaconf import OmegaConf
 
 from rlx.config import build
+from rlx.lora.adapter import is_adapter
+from rlx.lora.apply import apply_lora
+from rlx.lora.config import LoRAConfig
 from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.trainer.parallel import destroy_distributed, init_distributed
@@ -94,7 +101,9 @@ def model_config(overrides: list[str]) -> ModelConfig:
 def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> tuple[int, int, int]:
     """(N_matmul, model FLOPs per token with causal attention, with PaLM's non-causal count)."""
     decoder_matmul = sum(
-        p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embedding" not in name
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.dim() == 2 and "embedding" not in name and not is_adapter(p)
     )
     has_output_weight = any("output_layer" in name for name, _ in model.named_parameters())
     n_matmul = decoder_matmul + (0 if has_output_weight else cfg.vocab_size * cfg.hidden_size)
@@ -119,10 +128,13 @@ def predicted_peak_gib(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: 
     return trainer_peak_allocated(setup) / GIB
 
 
-def build_training(cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True):
+def build_training(
+    cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True, lora: LoRAConfig | None = None
+):
     """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU. `fuse_wgrad`: weight
     gradients accumulated into the fp32 grad buffer by their GEMMs where the kernel set does so,
-    as in the trainer (rlx.models.kernels.fuse_weight_gradients)."""
+    as in the trainer (rlx.models.kernels.fuse_weight_gradients). `lora`: adapters on the model,
+    the rest frozen, as the trainer puts them (rlx.lora.apply)."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -133,6 +145,8 @@ def build_training(cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad
     family = build(cfg)
     # Torch norms are built on the CPU; Megatron-LM's get_model moves the whole model too.
     gpt = family.build_model(params_dtype=torch.bfloat16).to(device)
+    if lora is not None:
+        apply_lora(gpt, lora, seed=0)
     model = DistributedDataParallel(
         config=gpt.config,
         ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
@@ -270,6 +284,10 @@ def main(argv: list[str]) -> dict:
         action="store_true",
         help="bf16 weight gradients added to the fp32 grad buffer by DDP's hook (megatron's path without apex)",
     )
+    parser.add_argument(
+        "--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (base frozen)"
+    )
+    parser.add_argument("--lora-alpha", type=float, default=16.0)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--profile",
@@ -289,11 +307,15 @@ def main(argv: list[str]) -> dict:
         port = sock.getsockname()[1]
     device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
     try:
-        model, optimizer, gpt = build_training(cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad)
+        lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha) if args.lora_rank else None
+        model, optimizer, gpt = build_training(
+            cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad, lora=lora
+        )
         if args.compile_layers:
             compile_layers(gpt)
         n_matmul, flops_causal, flops_palm = flops_per_token(gpt, cfg, args.seq_len)
-        n_params = sum(p.numel() for p in gpt.parameters())
+        n_params = sum(p.numel() for p in gpt.parameters() if not is_adapter(p))
+        n_trainable = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
         generator = torch.Generator(device=device).manual_seed(args.seed)
         micro_batches = []
         for _ in range(args.accum):
@@ -339,6 +361,8 @@ def main(argv: list[str]) -> dict:
         "model": cfg.name,
         "overrides": args.overrides,
         "params": n_params,
+        "trainable_params": n_trainable,
+        "lora_rank": args.lora_rank,
         "matmul_params": n_matmul,
         "seq_len": args.seq_len,
         "micro_batch": args.micro_batch,

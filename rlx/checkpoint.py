@@ -114,10 +114,13 @@ def load_state(path: Path) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text())
 
 
-def export_hf(trainer, out_dir: Path, source_hf_dir: Path) -> Path:
-    """Write the trainer's policy as a loadable HF directory: weight shards + config and tokenizer."""
+def export_hf(trainer, out_dir: Path, source_hf_dir: Path, adapter_dir: Path | None = None) -> Path:
+    """Write the trainer's policy as a loadable HF directory: weight shards + config and tokenizer
+    (a LoRA policy merged); with `adapter_dir`, its LoRA adapters there too, in PEFT's format."""
     trainer.export_weights(str(out_dir))
     copy_hf_side_files(source_hf_dir, out_dir)
+    if adapter_dir is not None:
+        trainer.export_adapter(str(adapter_dir))
     return out_dir
 
 

@@ -213,7 +213,8 @@ def _finish(job: _Job, parts: _Parts, version: int, history: list) -> None:
         log.info(parts.tracker.log(rc.run.num_rollout, final))
     if rc.run.save_hf and parts.trainer is not None:
         parts.turns.to_trainer()
-        checkpoint.export_hf(parts.trainer, job.out / "hf", job.hf_dir)
+        adapter = job.out / "hf_adapter" if rc.train.lora.enabled else None  # PEFT's format
+        checkpoint.export_hf(parts.trainer, job.out / "hf", job.hf_dir, adapter)
 
 
 @dataclass

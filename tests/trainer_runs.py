@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from rlx.config.build import build
 from rlx.config.compose import compose, to_object
-from rlx.models.qwen3 import Qwen3
 from rlx.sample import Sample
 from rlx.trainer.group import TrainerGroup
 
@@ -71,7 +71,7 @@ def train(
     each rollout's metrics and the exported weights after each. With `save_after`=k a checkpoint
     `<name>_ckpt` is written after rollout k."""
     cfg = config(tmp_path, shape[0], *overrides)
-    samples = random_samples(Qwen3(cfg.model).checkpoint_dir(), *shape)
+    samples = random_samples(build(cfg.model).checkpoint_dir(), *shape)
     group = TrainerGroup(cfg)
     history, exports = [], []
     try:
@@ -89,9 +89,10 @@ def train(
     return history, exports
 
 
-def initial_weights(tmp_path) -> dict[str, torch.Tensor]:
-    """The default policy's weights before any step (the checkpoint the trainer starts from)."""
-    return load_file(Qwen3(config(tmp_path, 8).model).checkpoint_dir() / "model.safetensors")
+def initial_weights(tmp_path, *overrides) -> dict[str, torch.Tensor]:
+    """The policy's weights before any step (the checkpoint the trainer starts from): the
+    default model's, or that of `overrides` (e.g. model=tiny_qwen3_moe)."""
+    return load_file(build(config(tmp_path, 8, *overrides).model).checkpoint_dir() / "model.safetensors")
 
 
 def assert_same_run(name, got, expected, keys=COMPARED):

@@ -32,7 +32,9 @@ class RunConfig:
     # else start fresh (jobs that SLURM requeues). A checkpoint is unpickled, so code: rlx loads one
     # only from a directory with rlx's run record (config.yaml, run_info.json); load only your own
     resume_from: str | None = None
-    save_hf: bool = False  # at the end, write the trained policy as an HF directory under hf/
+    # at the end, write the trained policy as an HF directory under hf/ (LoRA: merged, and its
+    # adapters in PEFT's format under hf_adapter/)
+    save_hf: bool = False
     # evaluate the data.eval sets every N steps, before the first and after the last (0: never)
     eval_interval: int = 0
     # stop the run (with the first failure's reason) when at least this fraction of a round's samples

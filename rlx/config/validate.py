@@ -14,6 +14,7 @@ from hydra._internal.utils import _locate  # what hydra.utils.get_class uses, mi
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlx.config.build import build
 from rlx.config.keys import CONF_DIR, unknown_key_errors, yaml_value
 from rlx.config.layout import (
     Classes,
@@ -77,6 +78,7 @@ SWITCHED_KEYS: dict[str, tuple[str, ...]] = {
             "token_dispatcher_type",
         )
     ),  # fmt: skip
+    "train.lora.rank": tuple(f"train.lora.{k}" for k in ("alpha", "dropout", "target_modules", "experts")),
     "model.kv_lora_rank": tuple(
         f"model.{k}" for k in ("q_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
     ),
@@ -138,7 +140,7 @@ def validate(cfg: DictConfig | RlxConfig) -> None:
         nodes,
         placement,
     )
-    for rule in (*rules, _model_shape, _loggers, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths,
+    for rule in (*rules, _model_shape, _lora, _loggers, _reward, _rollout_mode, _debug, _evaluation, _group_size, _lengths,
                  _checkpoint):  # fmt: skip
         errors += rule(cfg, classes)
     if not errors:  # Megatron's own checks last: they import megatron-core (seconds, once a process)
@@ -178,6 +180,18 @@ def _megatron(cfg: RlxConfig, classes: Classes) -> list[str]:
     from rlx.trainer.megatron_check import megatron_errors
 
     return megatron_errors(cfg)
+
+
+def _lora(cfg: RlxConfig, classes: Classes) -> list[str]:
+    """train.lora: its fields, its layer names against the model's, the algorithm (rlx.lora.rules)."""
+    from rlx.lora.rules import lora_errors
+    from rlx.models.family import ModelFamily
+
+    model, algo = classes.get("model"), classes.get("algo")
+    if not cfg.train.lora.enabled:
+        return lora_errors(cfg, None, False)
+    family = build(cfg.model) if isinstance(model, type) and issubclass(model, ModelFamily) else None
+    return lora_errors(cfg, family, bool(algo and build(cfg.algo).needs_critic))
 
 
 def _reward(cfg: RlxConfig, classes: Classes) -> list[str]:

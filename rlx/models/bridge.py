@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlx.lora.adapter import is_adapter, merged_weight
+
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
@@ -199,6 +201,8 @@ def named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, int | None, 
     model = unwrap(model)
     layers = model.decoder.layers if hasattr(model, "decoder") else None
     for name, param in model.named_parameters():
+        if is_adapter(param):  # LoRA's factors: exported merged into their layer's weight
+            continue
         match = _LAYER.match(name)
         if match is None:
             yield name, None, param
@@ -247,7 +251,7 @@ class WeightBridge:
             mapping = self._mapping(template)
             if not mapping.export:
                 continue
-            local = param.detach()
+            local = merged_weight(param)  # with its LoRA update, if adapted
             if mapping.tp_dim is None or tp_size == 1:
                 shards = [local.clone()]
             else:

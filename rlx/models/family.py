@@ -308,6 +308,12 @@ class ModelFamily:
         )
         return gather_stages([bridge.export(chunk, **groups) for chunk in as_chunks(model)])
 
+    def lora_modules(self) -> tuple[str, ...]:
+        """Megatron's names of the decoder's tensor-parallel linear layers, the ones LoRA can adapt
+        (`train.lora.target_modules`): attention's fused q/k/v and output projections, the MLP's
+        fused gate/up and down projections."""
+        return ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
     # ---- size ----------------------------------------------------------------------------------
 
     def num_parameters(self) -> int:

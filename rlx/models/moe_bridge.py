@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlx.lora.adapter import is_adapter, merged_weight
 from rlx.models.bridge import (
     GatedMLP,
     Replicated,
@@ -85,7 +86,7 @@ def model_tensors(model: torch.nn.Module, ep_rank: int = 0, ep_size: int = 1) ->
     """Every parameter, then the state buffers, with global layer and expert indices."""
     model = unwrap(model)
     layers = model.decoder.layers if hasattr(model, "decoder") else None
-    named = list(model.named_parameters())
+    named = [(n, p) for n, p in model.named_parameters() if not is_adapter(p)]  # LoRA: merged on export
     named += [(n, b) for n, b in model.named_buffers() if n.endswith(_STATE_BUFFERS)]
     for name, tensor in named:
         match = _LAYER.match(name)
@@ -153,9 +154,10 @@ def _gather(
     tensor: torch.Tensor, mapping: TensorMapping, size: int, group: dist.ProcessGroup | None
 ) -> list[torch.Tensor]:
     """Every rank's shard of a split tensor, in rank order (one copy if replicated)."""
+    local = merged_weight(tensor)  # with its LoRA update, if adapted
     if mapping.tp_dim is None or size == 1:
-        return [tensor.detach().clone()]
-    return _all_gather(tensor.detach(), size, group)
+        return [local.clone()]
+    return _all_gather(local, size, group)
 
 
 def _all_gather(tensor: torch.Tensor, size: int, group: dist.ProcessGroup | None) -> list[torch.Tensor]:

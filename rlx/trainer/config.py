@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH, Rule, one_of
+from rlx.lora.config import LoRAConfig
 
 # train.precision -> the torch dtype (by name) the trainer builds its models in
 PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -62,6 +63,8 @@ class TrainConfig:
     recompute: str = "none"  # none | full | selective: activation recompute, memory for compute
     # shard the optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
     distributed_optimizer: bool = False
+    # low-rank adapters on the policy, its base weights frozen (rlx.lora); off unless lora.rank is set
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     RULES: ClassVar[dict[str, Rule]] = {
         "global_batch_size": AT_LEAST_1,

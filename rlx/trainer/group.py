@@ -212,6 +212,9 @@ class TrainerGroup:
     def export_weights(self, out_dir: str) -> str:
         return self._call("export_weights", out_dir)[0]
 
+    def export_adapter(self, out_dir: str) -> str:
+        return self._call("export_adapter", out_dir)[0]
+
     def save(self, ckpt_dir: str) -> None:
         self._call("save", ckpt_dir)
 

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -29,6 +29,8 @@ from rlx.algo.config import AlgoConfig
 from rlx.algo.policy_gradient import flat_loss_mask
 from rlx.cluster import ClusterConfig
 from rlx.config import build
+from rlx.lora.apply import apply_lora
+from rlx.lora.apply import disabled as adapters_disabled
 from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.sample import Sample
@@ -97,13 +99,21 @@ class MegatronTrainer:
         # half-precision logits reach the loss as they are (Float16Module would copy them to fp32)
         self._logits_kwargs = {} if params_dtype == torch.float32 else {"fp32_output": False}
 
+        chunks = build_chunks(self.family, hf_dir, params_dtype, self.device)
+        self.lora = train_cfg.lora if train_cfg.lora.enabled else None
+        if self.lora is not None:  # adapters before DDP and the optimizer: they alone train
+            for chunk in chunks:
+                apply_lora(chunk, self.lora, seed)
         self.policy = Trainable(
-            build_chunks(self.family, hf_dir, params_dtype, self.device), train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
+            chunks, train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
             forward_step=self._forward_step, device=self.device, pad_multiple=pad_multiple,
             fuse_wgrad=self.family.kernels().wgrad_accumulation,
+            lora=None if self.lora is None else asdict(self.lora),
         )  # fmt: skip
-        self.ref_chunks = None  # the reference model's chunks (frozen)
-        if self.algo.needs_ref:
+        # The reference model's chunks (frozen); under LoRA the reference is the policy's own
+        # base, its adapters switched off (`_reference_logprobs`): no second copy.
+        self.ref_chunks = None
+        if self.algo.needs_ref and self.lora is None:
             chunks = build_chunks(self.family, hf_dir, params_dtype, self.device)
             self.ref_chunks = [half_precision(chunk).eval() for chunk in chunks]
             self._ref_offloaders = [Offloader(chunk) for chunk in self.ref_chunks]
@@ -175,6 +185,14 @@ class MegatronTrainer:
             samples, lambda shard: self.policy.forward_only(shard, "logprob", "logp", chunks)
         )
 
+    def _reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Log-probs under the frozen reference: its own chunks, or under LoRA the policy with its
+        adapters off (the base model the adapters started from)."""
+        if self.ref_chunks is not None:
+            return self._logprobs(self.ref_chunks, samples)
+        with adapters_disabled(self.policy.chunks):
+            return self._logprobs(self.policy.chunks, samples)
+
     # ---- training ---------------------------------------------------------------------------
 
     def train(self, samples: list[Sample], profile: tuple[str, int] | None = None) -> dict[str, float]:
@@ -192,8 +210,8 @@ class MegatronTrainer:
         # without old_logp, the loss takes the training forward's own (see train.old_logprobs)
         recompute = not self._old_logp_from_training_pass(samples)
         logprobs = {"old_logp": self._logprobs(self.policy.chunks, samples)} if recompute else {}
-        if self.ref_chunks is not None:
-            logprobs["ref_logp"] = self._logprobs(self.ref_chunks, samples)
+        if self.algo.needs_ref:
+            logprobs["ref_logp"] = self._reference_logprobs(samples)
         inputs = dict(logprobs)
         if self.critic is not None:  # values go to the algorithm, not into every policy micro-batch
             inputs["values"] = self._on_dp_shards(samples, self.critic.values)
@@ -202,7 +220,7 @@ class MegatronTrainer:
         metrics = advantage_stats(samples, result.advantages)
         if recompute:
             metrics |= logprob_gap(samples, logprobs["old_logp"])
-        if recompute or self.ref_chunks is not None or self.critic is not None:  # a pass ran
+        if recompute or self.algo.needs_ref or self.critic is not None:  # a pass ran
             metrics["time/logprobs_s"] = logprobs_s
         metrics |= {f"train/{k}": v for k, v in result.metrics.items()}
 
@@ -262,6 +280,29 @@ class MegatronTrainer:
             return None
         write_weight_shards(named, Path(out_dir), bucket_bytes)
         return out_dir
+
+    def export_adapter(self, out_dir: str) -> str | None:
+        """Write the policy's LoRA adapters as a PEFT directory (`rlx.lora.peft`) for its base
+        model, the HF checkpoint it trains from. A collective over the model-parallel group;
+        global rank 0 writes and returns the path."""
+        from megatron.core import parallel_state
+
+        from rlx.lora.peft import peft_tensors, write_peft
+        from rlx.models.stages import gather_stages
+
+        if self.lora is None:
+            raise ValueError("export_adapter: this policy has no LoRA adapters (train.lora.rank is unset)")
+        bridge = self.family.weight_bridge()
+        tp = (
+            parallel_state.get_tensor_model_parallel_group(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+        )
+        named = gather_stages([peft_tensors(bridge, chunk, *tp) for chunk in self.policy.chunks])
+        if self.rank != 0:
+            for _ in named:  # every rank takes part in the gathers
+                pass
+            return None
+        return str(write_peft(named, Path(out_dir), asdict(self.lora), self.family.checkpoint_dir()))
 
     def push_weights(self, method: str, engine_urls: list[str], version: int, bucket_bytes: int) -> int:
         """Send the policy's HF-named weights straight to the engines (`rlx.trainer.weight_push`):

@@ -34,6 +34,7 @@ from rlx.trainer.pipeline import broadcast_metrics, broadcast_rows, is_last_stag
 from rlx.trainer.schedule import lr_factor
 
 _NUM_UPDATES = "num_updates"  # kept in the checkpoint: the LR schedule continues after a resume
+_LORA = "lora"  # the LoRA settings a checkpoint's adapters were made with (None: a full model)
 
 
 class Trainable:
@@ -46,6 +47,7 @@ class Trainable:
     `forward_step(mode, num_microbatches, data_iterator, model)` is the owner's megatron forward
     step; its loss function reads each micro-batch's global counts, `MicroBatch.num_global_*`.
     The learning rate follows `rlx.trainer.schedule` from `peak_lr` over `total_steps` updates.
+    `lora`: the settings the chunks' adapters were made with (`rlx.lora.apply`), or None.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class Trainable:
         device: torch.device,
         pad_multiple: int,
         fuse_wgrad: bool = False,
+        lora: dict | None = None,
     ):
         from megatron.core import parallel_state
 
@@ -69,6 +72,8 @@ class Trainable:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.num_updates = 0
+        # the chunks' LoRA settings (rlx.lora): checkpoints then hold the adapters only; None: all
+        self.lora = lora
         # colocated GPUs: yield to the engines (the optimizer state goes with the first chunk)
         self.offloaders = [
             Offloader(c, self.optimizer if i == 0 else None) for i, c in enumerate(self.chunks)
@@ -193,14 +198,36 @@ class Trainable:
     def save(self, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
         """Megatron distributed checkpoint of model, optimizer, the update count and `common`."""
         save_checkpoint(
-            self.chunks, self.optimizer, ckpt_dir, {_NUM_UPDATES: self.num_updates, **(common or {})}
+            self.chunks,
+            self.optimizer,
+            ckpt_dir,
+            {_NUM_UPDATES: self.num_updates, _LORA: self.lora, **(common or {})},
+            adapters_only=self.lora is not None,
         )
 
     def load(self, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict[str, Any]:
         """Restore what `save` wrote, whatever TP/PP/DP wrote it; the saved values of `common_keys`."""
-        common = load_checkpoint(self.chunks, self.optimizer, ckpt_dir, (_NUM_UPDATES, *common_keys))
+        from megatron.core import dist_checkpointing
+
+        saved = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_LORA)
+        if saved != self.lora:
+            raise ValueError(
+                f"{ckpt_dir} was written with LoRA {_lora_text(saved)}, this run trains with "
+                f"{_lora_text(self.lora)}: resume with the train.lora settings it was written with"
+            )
+        common = load_checkpoint(
+            self.chunks,
+            self.optimizer,
+            ckpt_dir,
+            (_NUM_UPDATES, *common_keys),
+            adapters_only=self.lora is not None,
+        )
         self.num_updates = int(common.pop(_NUM_UPDATES) or 0)  # checkpoints before the schedule: 0
         return common
+
+
+def _lora_text(lora: dict | None) -> str:
+    return "off (every weight trained)" if lora is None else ", ".join(f"{k}={v}" for k, v in lora.items())
 
 
 def wrap_for_training(
@@ -313,9 +340,12 @@ def _model_keys(chunks) -> list[str]:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
 
-def _sharded_state(chunks, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any]) -> dict:
+def _sharded_state(
+    chunks, optimizer, is_loading: bool, with_optimizer: bool, common: dict[str, Any], adapters_only: bool
+) -> dict:
     model_state = {
-        key: chunk.module.sharded_state_dict() for key, chunk in zip(_model_keys(chunks), chunks, strict=True)
+        key: _model_state(chunk, adapters_only)
+        for key, chunk in zip(_model_keys(chunks), chunks, strict=True)
     }
     state = {**model_state, **common}
     if with_optimizer:
@@ -323,23 +353,38 @@ def _sharded_state(chunks, optimizer, is_loading: bool, with_optimizer: bool, co
     return state
 
 
-def save_checkpoint(chunks, optimizer, ckpt_dir: str | Path, common: dict[str, Any] | None = None) -> None:
+def _model_state(chunk, adapters_only: bool) -> dict:
+    """A chunk's sharded state dict: all of it, or (LoRA) its adapters' factors only."""
+    from rlx.lora.adapter import is_adapter_key
+
+    state = chunk.module.sharded_state_dict()
+    return {k: v for k, v in state.items() if is_adapter_key(k)} if adapters_only else state
+
+
+def save_checkpoint(
+    chunks, optimizer, ckpt_dir: str | Path, common: dict[str, Any] | None = None, adapters_only: bool = False
+) -> None:
     """Megatron distributed checkpoint of model and optimizer (a collective over all ranks);
     `common` holds small picklable values stored once (global rank 0 writes them).
 
     An optimizer that has not stepped yet (the policy while the critic warms up) has no Adam
     state, which megatron can save but not load back; it is left out, and `load_checkpoint`
-    then leaves the loading optimizer as built, which is the same thing.
+    then leaves the loading optimizer as built, which is the same thing. `adapters_only` (LoRA):
+    the model's adapters alone, the frozen base weights being the HF checkpoint's.
     """
     from megatron.core import dist_checkpointing
 
     stepped = _has_stepped(optimizer)
     common = (common or {}) | ({} if stepped else {_OPTIMIZER_STEPPED: False})
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(_sharded_state(chunks, optimizer, False, stepped, common), str(ckpt_dir))
+    dist_checkpointing.save(
+        _sharded_state(chunks, optimizer, False, stepped, common, adapters_only), str(ckpt_dir)
+    )
 
 
-def load_checkpoint(chunks, optimizer, ckpt_dir: str | Path, common_keys: tuple[str, ...] = ()) -> dict:
+def load_checkpoint(
+    chunks, optimizer, ckpt_dir: str | Path, common_keys: tuple[str, ...] = (), adapters_only: bool = False
+) -> dict:
     """Restore model and optimizer from `save_checkpoint`'s directory, whatever TP/PP/DP wrote it,
     into a freshly built model and optimizer; returns the saved `common` values named by
     `common_keys`."""
@@ -348,10 +393,11 @@ def load_checkpoint(chunks, optimizer, ckpt_dir: str | Path, common_keys: tuple[
     stepped = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_OPTIMIZER_STEPPED, True)
     placeholders = dict.fromkeys(common_keys)
     state = dist_checkpointing.load(
-        _sharded_state(chunks, optimizer, True, stepped, placeholders), str(ckpt_dir)
+        _sharded_state(chunks, optimizer, True, stepped, placeholders, adapters_only), str(ckpt_dir)
     )
     for key, chunk in zip(_model_keys(chunks), chunks, strict=True):
-        chunk.module.load_state_dict(state[key])
+        # LoRA: the adapters only (dist_checkpointing raises for any it lacks); the base stays
+        chunk.module.load_state_dict(state[key], strict=not adapters_only)
     if stepped:
         optimizer.load_state_dict(state["optimizer"])
     return {key: state[key] for key in common_keys}

@@ -102,6 +102,13 @@ class DeepseekV3(MoEFamily):
     def weight_mappings(self):
         return bridge.weight_mappings(self.cfg)
 
+    def lora_modules(self) -> tuple[str, ...]:
+        """Multi-latent attention's tensor-parallel projections (q, or q's up-projection under
+        q_lora_rank; kv's up-projection; the output), then the MLP's. The latent down-projections
+        are whole on every rank (plain linears), not adapted."""
+        q = "linear_q_up_proj" if self.cfg.q_lora_rank else "linear_q_proj"
+        return (q, "linear_kv_up_proj", "linear_proj", "linear_fc1", "linear_fc2")
+
     def num_parameters(self, mtp_layers: int = 0) -> int:
         """Parameters of the HF model, from the shape alone; `mtp_layers` adds DeepSeek-V3's
         multi-token-prediction modules as its checkpoint stores them.

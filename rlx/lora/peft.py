@@ -1,0 +1,89 @@
+"""A trained policy's adapters in PEFT's format, which the `peft` package loads onto the base
+model in transformers (`PeftModel.from_pretrained(base, DIR)`):
+
+    DIR/adapter_config.json          peft_type LORA, r, lora_alpha, lora_dropout, target_modules
+    DIR/adapter_model.safetensors    base_model.model.<HF module>.lora_A.weight [r, in], .lora_B.weight [out, r]
+
+Megatron fuses layers HF keeps apart (q/k/v in `linear_qkv`, gate/up in `linear_fc1`); the
+fused layer's update B @ A splits by B's rows exactly as its weight does, so each HF module gets
+the shared A and its own rows of B, through the weight bridge's own mapping of the layer's
+weight (`TensorMapping.to_hf`, applied to B instead of W). A row-parallel layer's A is gathered
+over TP the way its weight is. The result is the same update, module by module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlx.lora.adapter import BASE_ATTR, LoRAAdapter
+from rlx.lora.apply import ROUTED_EXPERT, adapters
+
+CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+
+
+def peft_tensors(
+    bridge, chunk: torch.nn.Module, tp_group, tp_size: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(PEFT key, tensor) of every adapter of this rank's model `chunk`, whole over TP; `bridge`
+    is the family's `WeightBridge` (its table maps each adapted weight to HF modules). A
+    collective over `tp_group`, like the bridge's export: every TP rank must consume it in step."""
+    from rlx.models.bridge import named_parameters
+
+    for name, _ in adapters(chunk):
+        if ROUTED_EXPERT in name:
+            raise ValueError(
+                f"{name}: routed experts' adapters (train.lora.experts=true) have no PEFT export here; "
+                "export the merged model instead (run.save_hf=true, or python -m rlx.tools.export RUN)"
+            )
+    for template, layer, param in named_parameters(chunk):
+        adapter: LoRAAdapter | None = getattr(param, BASE_ATTR, None)
+        if adapter is None:
+            continue
+        mapping = bridge._mapping(template)
+        split, whole = (adapter.a, adapter.b) if adapter.row_parallel else (adapter.b, adapter.a)
+        shards = _gather(split.detach(), tp_group, tp_size)
+        parts = mapping.to_hf(shards)  # the split factor laid out as HF's modules
+        for hf_name, part in zip(mapping.hf, parts, strict=True):
+            module = f"base_model.model.{hf_name.format(i=layer).removesuffix('.weight')}"
+            a, b = (part, whole.detach()) if adapter.row_parallel else (whole.detach(), part)
+            yield f"{module}.lora_A.weight", a.clone()  # shared by q/k/v (gate/up): one copy each
+            yield f"{module}.lora_B.weight", b.contiguous()
+
+
+def write_peft(named: Iterator[tuple[str, torch.Tensor]], out_dir: Path, lora: dict, base_model: str) -> Path:
+    """Write the PEFT directory from `peft_tensors`' pairs (every stage's) and the run's
+    `train.lora` settings `lora`; `base_model`: the HF directory the adapters go on."""
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.to("cpu") for name, tensor in named}
+    modules = sorted({name.split(".")[-3] for name in tensors})  # ...<module>.lora_A.weight
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base_model),
+        "r": lora["rank"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora["dropout"],
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "inference_mode": True,
+    }
+    (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+def _gather(local: torch.Tensor, group, size: int) -> list[torch.Tensor]:
+    if size == 1:
+        return [local.clone()]
+    shards = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(shards, local.contiguous(), group=group)
+    return shards
