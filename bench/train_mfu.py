@@ -113,7 +113,9 @@ def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> t
     return n_matmul, causal, palm
 
 
-def predicted_peak_gib(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int) -> float:
+def predicted_peak_gib(
+    cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora: LoRAConfig | None = None
+) -> float:
     """The memory plan's (rlx.memory) prediction of max_memory_allocated for this bench's step: bf16,
     no distributed optimizer, `micro_batch` rows of `seq_len`. Its logits term is the RL trainer's
     loss (bf16 logits and their gradient); this bench's loss is megatron's cross entropy, which
@@ -123,7 +125,12 @@ def predicted_peak_gib(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: 
     from rlx.rollout.config import RolloutConfig
     from rlx.trainer.config import TrainConfig
 
-    train = TrainConfig(precision="bf16", micro_batch_size=micro_batch, global_batch_size=micro_batch * accum)
+    train = TrainConfig(
+        precision="bf16",
+        micro_batch_size=micro_batch,
+        global_batch_size=micro_batch * accum,
+        lora=lora or LoRAConfig(),
+    )
     setup = Setup(cfg, train, ClusterConfig(gpus_per_node=1), RolloutConfig(max_response_len=seq_len))
     return trainer_peak_allocated(setup) / GIB
 
@@ -379,7 +386,7 @@ def main(argv: list[str]) -> dict:
         "share_of_measured_matmul": flops_causal * tokens_per_s / (H200_BF16_MEASURED_TFLOPS * 1e12),
         "peak_tflops": args.peak_tflops,
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len),
+        "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len, lora),
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,

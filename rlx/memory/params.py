@@ -106,6 +106,49 @@ def rank_params(
     return RankParams(round(dense), round(expert))
 
 
+def lora_params(model: ModelConfig, lora, *, tp: int, pp: int, ep: int, stage: int) -> RankParams:
+    """The LoRA adapters (`train.lora`, rlx.lora) a trainer rank of pipeline stage `stage` holds: per
+    adapted layer A [rank, in] and B [out, rank], the factor on the layer's split dimension split
+    over TP like the layer (column-parallel: B; row-parallel: A). The layers: attention's projections
+    (fused q/k/v and output; MLA's q (or q up-) and kv up-projections), the dense MLP's or the shared
+    experts' fc1 (gate and up) and fc2, each routed expert's with `lora.experts` (over EP)."""
+    from rlx.lora.config import ALL_LINEAR
+
+    r, h, every = lora.rank, model.hidden_size, ALL_LINEAR in lora.target_modules
+
+    def column(name: str, inputs: int, outputs: int) -> float:
+        return r * (inputs + outputs / tp) if every or name in lora.target_modules else 0
+
+    def row(name: str, inputs: int, outputs: int) -> float:
+        return r * (inputs / tp + outputs) if every or name in lora.target_modules else 0
+
+    def mlp(ffn: int) -> float:
+        return column("linear_fc1", h, 2 * ffn) + row("linear_fc2", ffn, h) if ffn else 0
+
+    heads = model.num_attention_heads
+    if model.kv_lora_rank:  # multi-latent attention
+        q_out = heads * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+        attention = (
+            (column("linear_q_up_proj", model.q_lora_rank, q_out) if model.q_lora_rank
+             else column("linear_q_proj", h, q_out))
+            + column("linear_kv_up_proj", model.kv_lora_rank, heads * (model.qk_head_dim + model.v_head_dim))
+            + row("linear_proj", heads * model.v_head_dim, h)
+        )  # fmt: skip
+    else:
+        q, kv = heads * model.kv_channels, model.num_query_groups * model.kv_channels
+        attention = column("linear_qkv", h, q + 2 * kv) + row("linear_proj", q, h)
+    dense = expert = 0.0
+    for i in stage_layers(model.num_layers, pp, stage):
+        dense += attention
+        if not model.num_moe_experts or i < model.moe_first_dense_layers:
+            dense += mlp(model.ffn_hidden_size)
+            continue
+        dense += mlp(model.moe_shared_expert_intermediate_size or 0)
+        if lora.experts:  # (rlx.lora.rules: adapted experts run under TP 1)
+            expert += model.num_moe_experts / ep * mlp(model.moe_ffn_hidden_size)
+    return RankParams(round(dense), round(expert))
+
+
 def engine_params(p: ModelParams, gpus_per_engine: int) -> int:
     """The parameters one GPU of an engine holds: the whole model over the engine's tensor-parallel
     GPUs (rlx's own engine takes one; SGLang's replicates norms, counted as split here)."""

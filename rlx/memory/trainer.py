@@ -30,7 +30,7 @@ statistics, gradient clipping's norms), and an unbalanced MoE routing.
 from __future__ import annotations
 
 from rlx.memory.activations import Layout, MicroBatch, layer_bytes, logits_bytes, mask_bytes
-from rlx.memory.params import ModelParams, RankParams, rank_params, stage_layers
+from rlx.memory.params import ModelParams, RankParams, lora_params, rank_params, stage_layers
 from rlx.memory.terms import CUDA_CONTEXT_BYTES, PRECISION_BYTES, Phase, Setup, Term, count
 
 GRAD_BYTES = 4  # megatron DDP's gradient buffer is fp32 (grad_reduce_in_fp32=True)
@@ -116,14 +116,15 @@ def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True
     policy = rank_params(
         p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
     )
-    trainable = trainable_params(s, policy)
+    trainable = trainable_params(s, policy, stage)
     terms = [
         Term(f"policy weights ({t.precision}, {count(policy.total)} parameters)", policy.total * e, (TP, PP))
     ]
     if gradients:
-        terms.append(Term("gradients (fp32 grad buffer)", trainable.total * GRAD_BYTES, (TP, PP)))
+        what = f"LoRA adapters' {count(trainable.total)} parameters" if t.lora.enabled else "fp32 grad buffer"
+        terms.append(Term(f"gradients ({what})", trainable.total * GRAD_BYTES, (TP, PP)))
     terms.append(optimizer_term(s, trainable, "optimizer state"))
-    if s.needs_ref:
+    if s.needs_ref and not t.lora.enabled:  # under LoRA the reference is the base: no copy
         terms.append(Term(f"reference model ({t.precision} weights)", policy.total * e, (TP, PP)))
     if s.needs_critic:
         critic = rank_params(
@@ -136,13 +137,17 @@ def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True
     return terms
 
 
-def trainable_params(s: Setup, policy: RankParams) -> RankParams:
-    """The rank's parameters that have a gradient buffer and optimizer state: all of the policy's.
-    This is where LoRA (train.lora.*, being added on another branch) changes the plan: a frozen
-    base keeps its weights (`policy`) but has no gradient buffer, no optimizer state and no step
-    temporary, so this returns the adapters' parameters alone (rank x (in + out features) per
-    target module and layer, split as the layer they adapt)."""
-    return policy
+def trainable_params(s: Setup, policy: RankParams, stage: int) -> RankParams:
+    """The rank's parameters that have a gradient buffer and optimizer state: all of the policy's,
+    or under LoRA (train.lora) its adapters alone (rlx.memory.params.lora_params): the frozen base
+    keeps its weights but no gradient buffer, no optimizer state and no step temporary."""
+    if not s.train.lora.enabled:
+        return policy
+    c = s.cluster
+    return lora_params(
+        s.model, s.train.lora, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size,
+        ep=c.expert_parallel_size, stage=stage,
+    )  # fmt: skip
 
 
 def optimizer_term(s: Setup, params: RankParams, name: str) -> Term:
@@ -226,7 +231,7 @@ def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     policy = rank_params(
         p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
     )
-    trainable = trainable_params(s, policy)
+    trainable = trainable_params(s, policy, stage)
     moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
     return [Term("Adam's step temporary (sqrt of v, fp32)", moments, optimizer_knobs(s))]
 

@@ -155,6 +155,35 @@ def test_reference_model_and_critic():
     assert training["critic"] == critic * (2 + 4 + 12)  # weights, fp32 grads, master + m + v
 
 
+def test_lora_keeps_gradients_and_optimizer_state_for_the_adapters_only():
+    """rank 4 on every linear layer: A [4, in] and B [out, 4] (the layers' sizes in the module docstring;
+    q/k/v out a·d + 2·g·d = 128, fc1 out 2f = 256):
+        linear_qkv 4·64 + 128·4 = 768, linear_proj 4·64 + 64·4 = 512,
+        linear_fc1 4·64 + 256·4 = 1,280, linear_fc2 4·128 + 64·4 = 768   -> 3,328 a layer, 6,656 in all
+    (the count tests/unit/test_lora.py reads from the built model's gradient buffers)."""
+    from rlx.lora.config import LoRAConfig
+
+    lora = {"lora": LoRAConfig(rank=4)}
+    training, _, step = trainer_phases(setup(train=lora, needs_ref=True), model_params(TINY), 0)
+    assert terms(training) | {"activations": 0} == terms(
+        trainer_phases(setup(), model_params(TINY), 0)[0]
+    ) | {
+        "gradients": 6_656 * 4,
+        "optimizer state": 6_656 * 12,
+        "activations": 0,
+    }  # no reference model: the base is the reference (activations: the adapters' own are not counted)
+    assert terms(step)["Adam's step temporary"] == 6_656 * 4
+    # TP=2: the split factor halves (column-parallel B, row-parallel A):
+    #   qkv 256 + 64·4 = 512, proj 4·32 + 256 = 384, fc1 256 + 128·4 = 768, fc2 4·64 + 256 = 512
+    tp2 = setup(train=lora, cluster={"num_trainer_procs": 2, "tensor_parallel_size": 2})
+    assert terms(trainer_phases(tp2, model_params(TINY), 0)[0])["gradients"] == 2 * 2_176 * 4
+    # only the attention's projections: 768 + 512 a layer
+    attention = {"lora": LoRAConfig(rank=4, target_modules=["linear_qkv", "linear_proj"])}
+    assert (
+        terms(trainer_phases(setup(train=attention), model_params(TINY), 0)[0])["gradients"] == 2 * 1_280 * 4
+    )
+
+
 def test_moe_experts_split_over_expert_parallel_ranks():
     moe = replace(
         TINY, _target_="rlx.models.qwen3_moe.Qwen3Moe", tie_word_embeddings=False, num_moe_experts=8,
