@@ -213,8 +213,21 @@ def _finish(job: _Job, parts: _Parts, version: int, history: list) -> None:
         log.info(parts.tracker.log(rc.run.num_rollout, final))
     if rc.run.save_hf and parts.trainer is not None:
         parts.turns.to_trainer()
-        adapter = job.out / "hf_adapter" if rc.train.lora.enabled else None  # PEFT's format
+        adapter = _adapter_dir(rc, job.out)
         checkpoint.export_hf(parts.trainer, job.out / "hf", job.hf_dir, adapter)
+
+
+def _adapter_dir(rc: RlxConfig, out: Path) -> Path | None:
+    """Where a LoRA run's adapters go in PEFT's format beside the merged hf/ (None: not LoRA, or a
+    model whose adapters peft would load wrong, said once)."""
+    from rlx.lora.peft import unsupported
+
+    if not rc.train.lora.enabled:
+        return None
+    if reason := unsupported(rc.model, rc.train.lora):
+        log.warning("run.save_hf: no hf_adapter/: %s", reason)
+        return None
+    return out / "hf_adapter"
 
 
 @dataclass

@@ -21,9 +21,29 @@ import torch
 import torch.distributed as dist
 
 from rlx.lora.adapter import BASE_ATTR, LoRAAdapter
-from rlx.lora.apply import ROUTED_EXPERT, adapters
+from rlx.lora.config import ALL_LINEAR
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+
+
+def unsupported(model, lora) -> str | None:
+    """Why the adapters of `model` (a ModelConfig) under `lora` (its train.lora) have no PEFT export
+    that `peft` loads right, or None. peft (0.21) takes an MoE model's adapters as written for
+    transformers v4 and moves every `gate_proj` / `up_proj` / `down_proj` onto transformers v5's
+    fused routed experts, so the adapters of an MoE model's MLPs (dense layers, shared experts) would
+    load onto the experts; and routed experts' own adapters have no per-expert module there."""
+    if not model.num_moe_experts:
+        return None
+    mlp = ALL_LINEAR in lora.target_modules or {"linear_fc1", "linear_fc2"} & set(lora.target_modules)
+    dense_mlps = model.moe_first_dense_layers or model.moe_shared_expert_intermediate_size or lora.experts
+    if not (mlp and dense_mlps):
+        return None
+    return (
+        f"model={model.name} is an MoE model with adapted MLP layers, whose adapters peft loads onto the "
+        "fused routed experts (its transformers v4 -> v5 mapping); the merged model (hf/, or "
+        "python -m rlx.tools.export RUN) holds them all; for a PEFT adapter, adapt attention only "
+        "(train.lora.target_modules=[...] without linear_fc1 and linear_fc2)"
+    )
 
 
 def peft_tensors(
@@ -31,15 +51,10 @@ def peft_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(PEFT key, tensor) of every adapter of this rank's model `chunk`, whole over TP; `bridge`
     is the family's `WeightBridge` (its table maps each adapted weight to HF modules). A
-    collective over `tp_group`, like the bridge's export: every TP rank must consume it in step."""
+    collective over `tp_group`, like the bridge's export: every TP rank must consume it in step.
+    Check `unsupported` first."""
     from rlx.models.bridge import named_parameters
 
-    for name, _ in adapters(chunk):
-        if ROUTED_EXPERT in name:
-            raise ValueError(
-                f"{name}: routed experts' adapters (train.lora.experts=true) have no PEFT export here; "
-                "export the merged model instead (run.save_hf=true, or python -m rlx.tools.export RUN)"
-            )
     for template, layer, param in named_parameters(chunk):
         adapter: LoRAAdapter | None = getattr(param, BASE_ATTR, None)
         if adapter is None:

@@ -31,7 +31,7 @@ from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.lora.adapter import is_adapter_key
 from rlx.lora.apply import apply_lora
-from rlx.lora.peft import peft_tensors, write_peft
+from rlx.lora.peft import peft_tensors, unsupported, write_peft
 from rlx.ports import free_port
 from rlx.trainer.weights import write_weight_shards
 
@@ -61,6 +61,8 @@ def export(
         raise ConfigError(
             f"--adapter: {run_dir} trained every weight (train.lora.rank unset): it has no adapters"
         )
+    if adapter and (reason := unsupported(rc.model, lora)):
+        raise ConfigError(f"--adapter: no PEFT export: {reason}")
     out = Path(out) if out else run_dir / ("hf_adapter_export" if adapter else "hf_export")
 
     family = build(rc.model)

@@ -287,11 +287,13 @@ class MegatronTrainer:
         global rank 0 writes and returns the path."""
         from megatron.core import parallel_state
 
-        from rlx.lora.peft import peft_tensors, write_peft
+        from rlx.lora.peft import peft_tensors, unsupported, write_peft
         from rlx.models.stages import gather_stages
 
         if self.lora is None:
             raise ValueError("export_adapter: this policy has no LoRA adapters (train.lora.rank is unset)")
+        if reason := unsupported(self.family.cfg, self.lora):
+            raise ValueError(f"export_adapter: no PEFT export: {reason}")
         bridge = self.family.weight_bridge()
         tp = (
             parallel_state.get_tensor_model_parallel_group(),

@@ -187,6 +187,62 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path):
         trainer.shutdown()
 
 
+MLA = "train.lora.target_modules=[linear_q_up_proj,linear_kv_up_proj,linear_proj]"
+
+
+@pytest.mark.parametrize(
+    ("model", "targets", "peft_modules"),
+    [
+        ("tiny_llama3", [], {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+        ("tiny_glm4", [], {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}),
+        ("tiny_qwen3_moe", [], {"q_proj", "k_proj", "v_proj", "o_proj"}),  # routed experts: not adapted
+        ("tiny_deepseek_v3", [MLA], {"q_b_proj", "kv_b_proj", "o_proj"}),  # MLA's up-projections
+    ],
+)
+def test_every_family_exports_what_it_trained(model, targets, peft_modules, tmp_path):
+    """Each family's layers (GLM-4's fused gate_up and q/k/v biases, MoE attention, MLA's up-projections)
+    adapted and trained a step: the merged export in transformers and the PEFT adapter on the base give
+    the trainer's log-probs."""
+    from peft import PeftModel
+
+    trainer = _trainer(tmp_path, f"model={model}", *LORA, *targets)
+    try:
+        samples = _batch()
+        trainer.train(samples)
+        policy = trainer._logprobs(trainer.policy.chunks, samples)
+        base_dir = trainer.family.checkpoint_dir()
+        checkpoint.export_hf(trainer, tmp_path / "hf", base_dir, tmp_path / "hf_adapter")
+    finally:
+        trainer.shutdown()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    _assert_rows_close(_hf_logprobs(merged, samples), policy)
+    config = json.loads((tmp_path / "hf_adapter" / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == peft_modules
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, tmp_path / "hf_adapter").eval()
+    _assert_rows_close(_hf_logprobs(adapted, samples), policy)
+    with adapted.disable_adapter():
+        plain = _hf_logprobs(adapted, samples)
+    assert max((p - q).abs().max().item() for p, q in zip(plain, policy, strict=True)) > 1e-3
+
+
+def test_an_moe_models_mlp_adapters_get_the_merged_export_only(tmp_path):
+    """peft moves an MoE model's gate/up/down adapters onto its fused routed experts (transformers v5),
+    so DeepSeek-V3's dense layer and shared experts' adapters have no PEFT export: refused, naming the
+    way out, while the merged export holds them."""
+    trainer = _trainer(tmp_path, "model=tiny_deepseek_v3", *LORA)
+    try:
+        trainer.train(_batch())
+        trainer.export_weights(str(tmp_path / "hf"))
+        with pytest.raises(
+            ValueError, match="adapted MLP layers, whose adapters peft loads onto the fused routed"
+        ):
+            trainer.export_adapter(str(tmp_path / "hf_adapter"))
+    finally:
+        trainer.shutdown()
+    assert not (tmp_path / "hf_adapter").exists()
+
+
 CONFIG_ERRORS = [
     (["train.lora.rank=0"], "train.lora.rank=0 must be >= 1, or null to train every weight without LoRA"),
     (["train.lora.alpha=32"], "train.lora.alpha=32.0 takes effect only when train.lora.rank is set"),
