@@ -7,6 +7,11 @@
     python bench/grpo_step.py --shape 1.7b --output-dir prof -- debug.profile_train_steps=[2]
     python bench/grpo_step.py --model ~/.cache/rlx/SmolLM2-135M-Instruct \
         --prompt-file ~/.cache/rlx/arithmetic/train.jsonl --prompts 64 --response-len 96 --micro-batch 128
+    # issue 28's runs, on random weights of a shipped model option's shape (--layers cuts it):
+    python bench/grpo_step.py --option glm4_9b --gpus 4 --tp 2 --response-len 1024 --micro-batch 2
+    python bench/grpo_step.py --option glm4_9b --split 2+2 --tp 2 --response-len 1024 --micro-batch 2
+    python bench/grpo_step.py --option qwen3_30b_a3b --layers 20 --gpus 4 --ep 4 --micro-batch 2
+    python bench/grpo_step.py --option glm4_9b --gpus 4 --tp 2 --plan-only   # the memory plan alone, no GPU
 
 A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE), or
 a real checkpoint by path (`--model`; its family and shape from config.json), bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
@@ -45,23 +50,44 @@ PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync
           "time/colocate/engines_resume_kv_cache_s")  # fmt: skip
 
 
-def overrides_for(args: argparse.Namespace) -> list[str]:
+def gpu_counts(args: argparse.Namespace) -> tuple[int, int, bool]:
+    """(trainer GPUs, engine GPUs, colocated) of `--gpus` / `--split`."""
+    if args.split:
+        trainer, _, engines = args.split.partition("+")
+        return int(trainer), int(engines or trainer), False
+    return args.gpus, args.gpus, True
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    if args.model:
+        return [f"model.hf_checkpoint={args.model}"]  # family and shape from its config.json
+    if args.option:  # a shipped option's shape, random weights written once (like the tiny models)
+        layers = [f"model.num_layers={args.layers}"] if args.layers else []
+        name = f"bench_{args.option}" + (f"_{args.layers}l" if args.layers else "")
+        return [f"model={args.option}", "model.tiny=true", f"model.name={name}", *layers,
+                "+rollout.engine_args.dtype=bfloat16"]  # fmt: skip
     shape = {f"model.{k}": v for k, v in (SHAPES[args.shape] | COMMON).items()}
-    model = (
-        [f"model.hf_checkpoint={args.model}"]  # family and shape from its config.json
-        if args.model
-        else [f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()),
-              "+rollout.engine_args.dtype=bfloat16"]  # the random checkpoint is written in fp32
-    )  # fmt: skip
+    return [f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()),
+            "+rollout.engine_args.dtype=bfloat16"]  # the random checkpoint is written in fp32  # fmt: skip
+
+
+def overrides_for(args: argparse.Namespace) -> list[str]:
+    model = model_overrides(args)
     data = ["data=math", f"data.prompt_path={args.prompt_file}"] if args.prompt_file else []
-    placement = (
-        ["cluster.gpus_per_node=2", "cluster.num_trainer_procs=1", "cluster.num_rollout_gpus=1"]
-        if args.split
-        else ["cluster=1gpu"]
-    )
+    trainer_gpus, engine_gpus, colocated = gpu_counts(args)
+    if colocated and trainer_gpus == 1:
+        placement = ["cluster=1gpu"]
+    else:
+        placement = [f"cluster.gpus_per_node={trainer_gpus if colocated else trainer_gpus + engine_gpus}",
+                     f"cluster.num_trainer_procs={trainer_gpus}", f"cluster.num_rollout_gpus={engine_gpus}",
+                     f"cluster.colocate={str(colocated).lower()}", f"rollout.num_engines={engine_gpus}"]  # fmt: skip
+    parallel = [f"cluster.{key}_parallel_size={size}" for key, size in
+                (("tensor", args.tp), ("expert", args.ep), ("context", args.cp)) if size > 1]  # fmt: skip
+    if trainer_gpus > args.tp * args.cp:  # data-parallel ranks share the optimizer state
+        parallel.append("train.distributed_optimizer=true")
     batch = args.prompts * args.n
     return [
-        *model, *data, *placement, "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
+        *model, *data, *placement, *parallel, "train.precision=bf16", f"train.micro_batch_size={args.micro_batch}", f"train.global_batch_size={batch}",
         f"rollout.batch_size={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_response_len={args.response_len}", "rollout.ignore_eos=true", "rollout.temperature=1.0",
         f"run.num_rollout={args.steps}", "run.progress=false", "run.loggers=[jsonl]", "run.dump_rollouts=false",
@@ -82,20 +108,42 @@ def predicted_peak_gib(cfg, mean_prompt_len: float) -> float:
     return trainer_peak_allocated(replace(setup, prompt_len=round(mean_prompt_len))) / GIB
 
 
-def main(argv: list[str]) -> None:
-    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
     parser.add_argument("--model", help="an HF checkpoint directory instead of a random --shape")
     parser.add_argument("--prompt-file", help="prompts of a file (data=math) instead of the toy task's")
-    parser.add_argument("--split", action="store_true", help="trainer and engine on GPUs of their own")
+    parser.add_argument("--option", help="a shipped model option (conf/model) as the shape, e.g. glm4_9b")
+    parser.add_argument("--layers", type=int, help="with --option: cut the model to this many layers")
+    parser.add_argument("--gpus", type=int, default=1, help="colocated on this many GPUs (one engine each)")
+    parser.add_argument(
+        "--split",
+        nargs="?",
+        const="1+1",
+        help="T+E: trainer on T GPUs, one engine on each of E more (NCCL sync); alone: 1+1",
+    )
+    parser.add_argument("--tp", type=int, default=1, help="the trainer's tensor parallel size")
+    parser.add_argument("--ep", type=int, default=1, help="the trainer's expert parallel size")
+    parser.add_argument("--cp", type=int, default=1, help="the trainer's context parallel size")
+    parser.add_argument("--plan-only", action="store_true", help="print the memory plan and exit (no GPU)")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--response-len", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output-dir", help="keep the run directory here (default: a temporary one)")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = build_parser().parse_args(own)
+    if args.plan_only:
+        from rlx.config.compose import compose, to_object
+        from rlx.config.memory_check import print_plan
+
+        print_plan(to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(args), *extra])))
+        return
 
     import torch
 
@@ -110,11 +158,14 @@ def main(argv: list[str]) -> None:
         wall = time.perf_counter() - start
     timed = history[1:] or history
     median = lambda key: statistics.median(h[key] for h in timed if key in h)  # noqa: E731
-    num_gpus = 2 if args.split else 1
+    trainer_gpus, engine_gpus, colocated = gpu_counts(args)
+    num_gpus = trainer_gpus if colocated else trainer_gpus + engine_gpus
     tokens, prompt_tokens = median("rollout/num_tokens"), median("rollout/num_prompt_tokens")
     result = {
         "bench": "grpo_step", "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "shape": args.model or args.shape, "placement": "split" if args.split else "colocated", "gpus": num_gpus,
+        "shape": args.model or args.option or args.shape, "layers": args.layers,
+        "placement": "colocated" if colocated else f"split {trainer_gpus}+{engine_gpus}", "gpus": num_gpus,
+        "tp": args.tp, "ep": args.ep, "cp": args.cp,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
         "wall_s": round(wall, 1),
         # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);

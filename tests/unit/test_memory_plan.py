@@ -353,13 +353,70 @@ def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
     spec = importlib.util.spec_from_file_location("grpo_step", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    args = bench.argparse.Namespace(shape="0.6b", model=None, prompt_file=None, split=True, prompts=16, n=8,
-                                    response_len=512, micro_batch=8, steps=3)  # fmt: skip
+    args = bench.build_parser().parse_args(["--shape", "0.6b", "--split"])
     cfg = compose(bench.overrides_for(args))
     setup = replace(memory_setup(to_object(cfg)), prompt_len=6)
     assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
     # bf16 Qwen3-0.6B, micro-batch 8 of 6 + 512 tokens: between its weights alone and an 80 GiB GPU
     assert 0.6e9 * 16 / GIB < bench.predicted_peak_gib(cfg, 6.2) < 79.6
+
+
+def _grpo_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py"
+    spec = importlib.util.spec_from_file_location("grpo_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+H100_GIB = "cluster.gpu_memory_gib=79.6"
+
+
+@pytest.mark.parametrize(
+    ("argv", "layout"),
+    [
+        (["--option", "glm4_9b", "--gpus", "4", "--tp", "2", "--response-len", "1024", "--micro-batch", "2"],
+         {"gpus_per_node": 4, "num_trainer_procs": 4, "num_rollout_gpus": 4, "colocate": True, "tensor_parallel_size": 2}),
+        (["--option", "qwen3_30b_a3b", "--layers", "20", "--gpus", "4", "--ep", "4", "--micro-batch", "2"],
+         {"gpus_per_node": 4, "num_trainer_procs": 4, "colocate": True, "expert_parallel_size": 4}),
+    ],
+)  # fmt: skip
+def test_issue_28s_bench_runs_compose_and_fit_an_h100_by_the_plan(argv, layout):
+    """The 4-GPU runs bench/grpo_step.py documents compose on rlx's rules (the plan's refusal
+    included, at 79.6 GiB) into the layout they name: a GPU session can run them as written."""
+    from rlx.config.compose import compose, to_object
+
+    bench = _grpo_bench()
+    rc = to_object(compose([*bench.overrides_for(bench.build_parser().parse_args(argv)), H100_GIB]))
+    assert {k: getattr(rc.cluster, k) for k in layout} == layout
+    assert rc.train.distributed_optimizer and rc.rollout.num_engines == 4
+
+
+def test_a_9b_trainer_on_two_h100s_is_refused_by_the_plan():
+    """GLM-4-9B's trainer on 2 GPUs (split 2+2, TP=2, so DP=1: the optimizer state unsharded) needs
+    more than an H100: 9.40B / 2 parameters x (2 weights + 4 grads + 12 master and moments) + the
+    step's 4 bytes is 96.3 GiB; refused at compose, naming the GPU and the knobs."""
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    bench = _grpo_bench()
+    argv = [
+        "--option",
+        "glm4_9b",
+        "--split",
+        "2+2",
+        "--tp",
+        "2",
+        "--response-len",
+        "1024",
+        "--micro-batch",
+        "2",
+    ]
+    with pytest.raises(ConfigError, match=r"the trainer GPU needs 9\d\.\d GiB .* more than the 79.6 GiB"):
+        compose([*bench.overrides_for(bench.build_parser().parse_args(argv)), H100_GIB])
 
 
 def test_a_plan_that_fits_with_little_to_spare_says_so():
