@@ -10,23 +10,7 @@ import pytest
 # No test reaches the network: a Hugging Face repo id resolves from the local cache or fails at once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from helpers import TINY_SHAPE  # tests/ is on sys.path
-
-TINY_QWEN3 = dict(**TINY_SHAPE, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
-
-
-def tiny_qwen3_config():
-    """The tiny Qwen3 architecture the rollout tests load (vocabulary = the toy tasks' 16 words)."""
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**TINY_QWEN3)
-
-
-def write_tiny_qwen3(path: Path, seed: int = 0) -> Path:
-    """A random tiny Qwen3 HF checkpoint directory at `path`, initialised from `seed`."""
-    from rlx.models.tiny import write_tiny_checkpoint
-
-    return write_tiny_checkpoint(tiny_qwen3_config(), path, seed=seed)
+from helpers import write_tiny_qwen3  # tests/ is on sys.path
 
 
 @pytest.fixture(scope="session")

@@ -127,3 +127,22 @@ def digit_share(sample) -> float:
     policy gets a gradient even where no answer is right yet."""
     text = sample.response_text
     return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+
+TINY_QWEN3 = dict(**TINY_SHAPE, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
+
+
+def tiny_qwen3_config():
+    """The tiny Qwen3 architecture the rollout tests load (vocabulary = the toy tasks' 16 words)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**TINY_QWEN3)
+
+
+def write_tiny_qwen3(path: Path, seed: int = 0) -> Path:
+    """A random tiny Qwen3 HF checkpoint directory at `path`, initialised from `seed` (a test module
+    imports it from here, not from conftest: tests/gpu has a conftest of its own, and which one
+    `import conftest` finds depends on what a worker collected first)."""
+    from rlx.models.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tiny_qwen3_config(), path, seed=seed)

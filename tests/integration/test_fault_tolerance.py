@@ -15,7 +15,7 @@ import aiohttp
 import httpx
 import psutil
 import pytest
-from conftest import write_tiny_qwen3
+from helpers import write_tiny_qwen3
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 

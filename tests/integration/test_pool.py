@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import write_tiny_qwen3
+from helpers import write_tiny_qwen3
 from transformers import AutoTokenizer
 
 import rlx.actor_reuse

@@ -169,3 +169,15 @@ def test_the_composer_asks_launchers_what_they_declare_not_what_they_are_called(
             if re.search(r"_target_ *[!=]=|issubclass\(.*Launcher", line):
                 found.append(f"{module}:{number}: {line.strip()}")
     assert not found, found
+
+
+def test_no_test_imports_a_conftest():
+    """Two conftest.py files exist (tests/, tests/gpu/): which one `import conftest` finds depends on
+    what a worker collected first, so shared helpers live in tests/helpers.py."""
+    tests = Path(__file__).resolve().parents[1]
+    offenders = [
+        str(path.relative_to(tests))
+        for path in tests.rglob("*.py")
+        if re.search(r"^\s*(from conftest import|import conftest)", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == [], offenders
