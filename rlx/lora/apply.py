@@ -25,8 +25,8 @@ ROUTED_EXPERT = ".experts.local_experts."  # in the module name of a routed expe
 def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int) -> list[str]:
     """Adapters on `model`'s (a bare GPTModel chunk) decoder column- and row-parallel linear layers
     named in `cfg.target_modules` (all of them for all-linear; routed experts' only with
-    `cfg.experts`), every other parameter
-    frozen. Returns the adapted layers' names in the model's global numbering.
+    `cfg.experts`), every other parameter frozen. Returns the adapted layers' names in the model's
+    global numbering.
 
     A's initial value is drawn from `seed` and the layer's global name (its global layer and
     expert index), so every layout starts from the same adapters; B starts at zero."""

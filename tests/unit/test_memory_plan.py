@@ -342,25 +342,6 @@ def test_gpu_memory_is_read_from_nvidia_smi(fake_smi, monkeypatch):
     assert visible_gpu_bytes() == 81559 * 2**20  # the visible one: 79.6 GiB
 
 
-def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
-    import importlib.util
-    from pathlib import Path
-
-    from rlx.config.compose import compose, to_object
-    from rlx.config.memory_check import memory_setup
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py"
-    spec = importlib.util.spec_from_file_location("grpo_step", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    args = bench.build_parser().parse_args(["--shape", "0.6b", "--split"])
-    cfg = compose(bench.overrides_for(args))
-    setup = replace(memory_setup(to_object(cfg)), prompt_len=6)
-    assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
-    # bf16 Qwen3-0.6B, micro-batch 8 of 6 + 512 tokens: between its weights alone and an 80 GiB GPU
-    assert 0.6e9 * 16 / GIB < bench.predicted_peak_gib(cfg, 6.2) < 79.6
-
-
 def _grpo_bench():
     import importlib.util
     from pathlib import Path
@@ -370,6 +351,19 @@ def _grpo_bench():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import memory_setup
+
+    bench = _grpo_bench()
+    args = bench.build_parser().parse_args(["--shape", "0.6b", "--split"])
+    cfg = compose(bench.overrides_for(args))
+    setup = replace(memory_setup(to_object(cfg)), prompt_len=6)
+    assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
+    # bf16 Qwen3-0.6B, micro-batch 8 of 6 + 512 tokens: between its weights alone and an 80 GiB GPU
+    assert 0.6e9 * 16 / GIB < bench.predicted_peak_gib(cfg, 6.2) < 79.6
 
 
 H100_GIB = "cluster.gpu_memory_gib=79.6"
