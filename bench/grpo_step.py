@@ -38,7 +38,7 @@ SHAPES = {  # Qwen3-0.6B / Qwen3-1.7B shapes (published config.json values)
     "1.7b": dict(hidden_size=2048, ffn_hidden_size=6144, num_layers=28),
 }
 COMMON = dict(num_attention_heads=16, num_query_groups=8, kv_channels=128, vocab_size=151936,
-              max_position_embeddings=4096, rotary_base=1000000.0, tie_word_embeddings=True)  # fmt: skip
+              max_position_embeddings=40960, rotary_base=1000000.0, tie_word_embeddings=True)  # fmt: skip
 PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s",
           # colocated: the hand-overs (engines release + trainer onloads; the weight sync within the
           # second, with the engines' weights resumed before it and the trainer's offload after it)
@@ -73,7 +73,13 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
 
 def overrides_for(args: argparse.Namespace) -> list[str]:
     model = model_overrides(args)
-    data = ["data=math", f"data.prompt_path={args.prompt_file}"] if args.prompt_file else []
+    # the toy task's prompts are a few tokens: bound them, so packing budgets and the memory plan
+    # count samples of prompt + response rather than of the whole context
+    data = (
+        ["data=math", f"data.prompt_path={args.prompt_file}"]
+        if args.prompt_file
+        else ["data.max_prompt_len=64"]
+    )
     trainer_gpus, engine_gpus, colocated = gpu_counts(args)
     if colocated and trainer_gpus == 1:
         placement = ["cluster=1gpu"]
@@ -142,7 +148,14 @@ def main(argv: list[str]) -> None:
         from rlx.config.compose import compose, to_object
         from rlx.config.memory_check import print_plan
 
-        print_plan(to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(args), *extra])))
+        from rlx.errors import ConfigError
+
+        try:
+            print_plan(
+                to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(args), *extra]))
+            )
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
         return
 
     import torch
