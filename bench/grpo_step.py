@@ -147,7 +147,6 @@ def main(argv: list[str]) -> None:
     if args.plan_only:
         from rlx.config.compose import compose, to_object
         from rlx.config.memory_check import print_plan
-
         from rlx.errors import ConfigError
 
         try:
