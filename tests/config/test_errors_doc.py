@@ -12,6 +12,7 @@ SHORT = {  # the doc's abbreviations (explained at its top)
     "cluster": "tests/config/test_cluster.py",
     "bad_input": "tests/config/test_bad_input.py",
     "cmd": "tests/config/test_command_line.py",
+    "lora": "tests/unit/test_lora.py",
 }
 
 

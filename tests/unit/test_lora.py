@@ -273,7 +273,11 @@ CONFIG_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("overrides", "message"), CONFIG_ERRORS)
+CONFIG_ERROR_IDS = ["rank 0", "alpha alone", "dropout", "HF name", "MLA names", "empty targets", "critic",
+                    "experts on a dense model", "experts under TP"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "message"), CONFIG_ERRORS, ids=CONFIG_ERROR_IDS)
 def test_lora_mistakes_are_named_at_compose(overrides, message):
     from rlx.errors import ConfigError
 
