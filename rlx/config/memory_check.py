@@ -76,24 +76,31 @@ def no_plan(rc: RlxConfig) -> str | None:
 
 def memory_plan(rc: RlxConfig) -> Plan | None:
     """The plan of a GPU run (None: `no_plan` says why)."""
-    if no_plan(rc):
-        return None
-    return plan_memory(memory_setup(rc), *gpu_memory(rc))
+    planned = _planned(rc)
+    return None if planned is None else planned[1]
 
 
 def print_plan(rc: RlxConfig) -> None:
     """`run.plan_only=true`: print the plan (or why a CPU run has none); raise the refusal a run of
     this config would get, after the plan, as a ConfigError."""
-    plan = memory_plan(rc)
-    if plan is None:
-        print(f"memory plan: none for {no_plan(rc)}")
+    if (reason := no_plan(rc)) is not None:
+        print(f"memory plan: none for {reason}")
         return
+    setup, plan = _planned(rc)
     print(report(plan), flush=True)
-    if errors := memory_errors(memory_setup(rc), plan):
+    if errors := memory_errors(setup, plan):
         raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
 
 
 def memory_rule(cfg: RlxConfig, classes: Classes) -> list[str]:
     """`rlx.config.validate`'s rule: a GPU run whose plan does not fit its GPUs is refused."""
-    plan = memory_plan(cfg)
-    return [] if plan is None else memory_errors(memory_setup(cfg), plan)
+    planned = _planned(cfg)
+    return [] if planned is None else memory_errors(*planned)
+
+
+def _planned(rc: RlxConfig) -> tuple[Setup, Plan] | None:
+    """(the plan's inputs, the plan) of a GPU run, the inputs read once; None: `no_plan` says why."""
+    if no_plan(rc):
+        return None
+    setup = memory_setup(rc)
+    return setup, plan_memory(setup, *gpu_memory(rc))

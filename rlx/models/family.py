@@ -136,7 +136,7 @@ class ModelFamily:
     # ---- Megatron side ---------------------------------------------------------------------------
 
     # tp, pp, cp, ep of the layout, for a TransformerConfig built without megatron's parallel state
-    # (the driver's check at compose time, `rlx.models.megatron_check`); None: 1 each
+    # (the driver's check at compose time, `rlx.trainer.megatron_check`); None: 1 each
     layout: dict[str, int] | None = None
 
     def parallel_sizes(self) -> dict[str, int]:
