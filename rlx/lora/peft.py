@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from rlx.lora.adapter import BASE_ATTR, LoRAAdapter
 from rlx.lora.config import ALL_LINEAR
@@ -53,7 +52,7 @@ def peft_tensors(
     is the family's `WeightBridge` (its table maps each adapted weight to HF modules). A
     collective over `tp_group`, like the bridge's export: every TP rank must consume it in step.
     Check `unsupported` first."""
-    from rlx.models.bridge import named_parameters
+    from rlx.models.bridge import gather_shards, named_parameters
 
     for template, layer, param in named_parameters(chunk):
         adapter: LoRAAdapter | None = getattr(param, BASE_ATTR, None)
@@ -61,7 +60,7 @@ def peft_tensors(
             continue
         mapping = bridge._mapping(template)
         split, whole = (adapter.a, adapter.b) if adapter.row_parallel else (adapter.b, adapter.a)
-        shards = _gather(split.detach(), tp_group, tp_size)
+        shards = gather_shards(split.detach(), tp_size, tp_group)
         parts = mapping.to_hf(shards)  # the split factor laid out as HF's modules
         for hf_name, part in zip(mapping.hf, parts, strict=True):
             module = f"base_model.model.{hf_name.format(i=layer).removesuffix('.weight')}"
@@ -94,11 +93,3 @@ def write_peft(named: Iterator[tuple[str, torch.Tensor]], out_dir: Path, lora: d
     }
     (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=1))
     return out_dir
-
-
-def _gather(local: torch.Tensor, group, size: int) -> list[torch.Tensor]:
-    if size == 1:
-        return [local.clone()]
-    shards = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(shards, local.contiguous(), group=group)
-    return shards

@@ -251,15 +251,30 @@ class WeightBridge:
             mapping = self._mapping(template)
             if not mapping.export:
                 continue
-            local = merged_weight(param)  # with its LoRA update, if adapted
-            if mapping.tp_dim is None or tp_size == 1:
-                shards = [local.clone()]
-            else:
-                shards = [torch.empty_like(local) for _ in range(tp_size)]
-                dist.all_gather(shards, local.contiguous(), group=tp_group)
+            shards = tp_shards(param, mapping, tp_size, tp_group)
             for name, tensor in zip(mapping.hf, mapping.to_hf(shards), strict=True):
                 yield name.format(i=layer), tensor
             del shards
+
+
+def tp_shards(
+    param: torch.Tensor, mapping: TensorMapping, size: int, group: dist.ProcessGroup | None
+) -> list[torch.Tensor]:
+    """Every rank's shard of `param` as exported (with its LoRA update, if adapted), in rank order:
+    gathered over `group` (`size` ranks) when `mapping` splits it, else one copy."""
+    local = merged_weight(param)
+    if mapping.tp_dim is None or size == 1:
+        return [local.clone()]
+    return gather_shards(local, size, group)
+
+
+def gather_shards(tensor: torch.Tensor, size: int, group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+    """Every rank's `tensor` over `group` (`size` ranks), in rank order ([tensor] itself for one)."""
+    if size == 1:
+        return [tensor]
+    shards = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(shards, tensor.contiguous(), group=group)
+    return shards
 
 
 def _check_partitioning(template: str, mapping: TensorMapping, param: torch.nn.Parameter) -> None:

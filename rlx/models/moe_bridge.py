@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlx.lora.adapter import is_adapter, merged_weight
+from rlx.lora.adapter import is_adapter
 from rlx.models.bridge import (
     GatedMLP,
     Replicated,
@@ -30,6 +30,8 @@ from rlx.models.bridge import (
     Split,
     TensorMapping,
     WeightBridge,
+    gather_shards,
+    tp_shards,
     unwrap,
 )
 
@@ -139,33 +141,15 @@ class MoEWeightBridge(WeightBridge):
             if not mapping.export:
                 continue
             if not item.experts:
-                full = mapping.to_hf(_gather(item.tensor, mapping, groups.tp_size, groups.tp_group))
+                full = mapping.to_hf(tp_shards(item.tensor, mapping, groups.tp_size, groups.tp_group))
                 for name, tensor in zip(mapping.hf, full, strict=True):
                     yield name.format(i=item.layer), tensor
                 continue
-            full = mapping.to_hf(_gather(item.tensor, mapping, groups.etp_size, groups.etp_group))
+            full = mapping.to_hf(tp_shards(item.tensor, mapping, groups.etp_size, groups.etp_group))
             for name, per_rank in zip(mapping.hf, full, strict=True):
-                every_rank = _all_gather(per_rank, groups.ep_size, groups.ep_group)
+                every_rank = gather_shards(per_rank, groups.ep_size, groups.ep_group)
                 for expert, tensor in zip(item.experts, every_rank, strict=True):
                     yield name.format(i=item.layer, e=expert), tensor
-
-
-def _gather(
-    tensor: torch.Tensor, mapping: TensorMapping, size: int, group: dist.ProcessGroup | None
-) -> list[torch.Tensor]:
-    """Every rank's shard of a split tensor, in rank order (one copy if replicated)."""
-    local = merged_weight(tensor)  # with its LoRA update, if adapted
-    if mapping.tp_dim is None or size == 1:
-        return [local.clone()]
-    return _all_gather(local, size, group)
-
-
-def _all_gather(tensor: torch.Tensor, size: int, group: dist.ProcessGroup | None) -> list[torch.Tensor]:
-    if size == 1:
-        return [tensor]
-    shards = [torch.empty_like(tensor) for _ in range(size)]
-    dist.all_gather(shards, tensor.contiguous(), group=group)
-    return shards
 
 
 def _check_partitioning(template: str, mapping: TensorMapping, tensor: torch.Tensor) -> None:
