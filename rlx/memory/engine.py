@@ -81,14 +81,15 @@ def kv_cache(s: Setup, budget_bytes: int) -> tuple[int, int]:
     """(bytes, tokens) of the KV cache a budget of `budget_bytes` buys, in blocks of `page_size`
     tokens as the local engine allocates them (`rlx.engine.kv_cache.num_blocks_for_budget`: capped
     by max_total_tokens and by every running request at full context, plus one reserved block)."""
+    from rlx.engine.kv_cache import num_blocks_for_budget  # the engine's own arithmetic
+
     page = engine_arg(s, "page_size")
     per_block = kv_bytes_per_token(s) * page
-    blocks = max(budget_bytes, 0) // per_block
-    if (cap := engine_arg(s, "max_total_tokens")) is not None:
-        blocks = min(blocks, -(-cap // page))
     context = engine_arg(s, "context_length") or s.model.max_position_embeddings
     most_useful = engine_arg(s, "max_running_requests") * -(-context // page)
-    blocks = max(min(blocks, most_useful) + 1, 2)
+    blocks = num_blocks_for_budget(
+        max(budget_bytes, 0), per_block, page, engine_arg(s, "max_total_tokens"), most_useful
+    )
     return blocks * per_block, (blocks - 1) * page
 
 
