@@ -59,8 +59,10 @@ def micro_batch_key(s: Setup, forward_only: bool = False) -> str:
 def micro_batch(s: Setup, forward_only: bool = False) -> MicroBatch:
     """The largest micro-batch the trainer makes: `rows` samples of the longest sample (right-padded
     to the pad multiple), or one packed row of the token budget."""
+    from rlx.trainer.context import pad_multiple  # the trainer's own padding rule
+
     c, t = s.cluster, s.train
-    pad = c.tensor_parallel_size * (1 if c.context_parallel_size == 1 else 2 * c.context_parallel_size)
+    pad = pad_multiple(c.tensor_parallel_size, c.context_parallel_size)
     budget = t.max_tokens_per_micro_batch
     if forward_only and t.logprob_max_tokens_per_micro_batch is not None:
         budget = t.logprob_max_tokens_per_micro_batch
