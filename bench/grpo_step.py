@@ -114,6 +114,38 @@ def predicted_peak_gib(cfg, mean_prompt_len: float) -> float:
     return trainer_peak_allocated(replace(setup, prompt_len=round(mean_prompt_len))) / GIB
 
 
+def _write_random_checkpoint(model_cfg) -> None:
+    """Write the run's random checkpoint on the GPU in bf16 (`rlx.models.tiny`): a 9B or 13B
+    model in seconds, where the CPU's fp32 takes minutes and twice the disk. Runs in a process of
+    its own, so its CUDA context is gone before the run measures memory."""
+    import torch
+
+    from rlx.config.build import build
+    from rlx.models.tiny import tiny_checkpoint_path, write_tiny_checkpoint
+
+    family = build(model_cfg)
+    hf_config = family.hf_config()
+    path = tiny_checkpoint_path(model_cfg.name, hf_config)
+    write_tiny_checkpoint(hf_config, path, seed=model_cfg.init_seed, dtype=torch.bfloat16, device="cuda")
+
+
+def prewrite_random_checkpoint(cfg) -> float:
+    """Seconds spent writing `--option`'s random checkpoint on GPU 0 (0 when it is cached)."""
+    import multiprocessing
+
+    from rlx.config.compose import to_object
+
+    start = time.perf_counter()
+    process = multiprocessing.get_context("spawn").Process(
+        target=_write_random_checkpoint, args=(to_object(cfg).model,)
+    )
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise SystemExit(f"error: writing the random {cfg.model.name} checkpoint failed (exit {process.exitcode})")
+    return time.perf_counter() - start
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
@@ -166,6 +198,7 @@ def main(argv: list[str]) -> None:
         out = args.output_dir or tmp
         start = time.perf_counter()
         cfg = compose([f"run.output_dir={out}", *overrides_for(args), *extra])
+        write_s = prewrite_random_checkpoint(cfg) if args.option and torch.cuda.is_available() else 0.0
         history = run(cfg)
         wall = time.perf_counter() - start
     timed = history[1:] or history
@@ -179,7 +212,7 @@ def main(argv: list[str]) -> None:
         "placement": "colocated" if colocated else f"split {trainer_gpus}+{engine_gpus}", "gpus": num_gpus,
         "tp": args.tp, "ep": args.ep, "cp": args.cp,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
-        "wall_s": round(wall, 1),
+        "wall_s": round(wall, 1), "checkpoint_write_s": round(write_s, 1),
         # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);
         # time/colocate_*: absent when split
         **{k.split("/", 1)[1].replace("/", "_"): round(median(k), 3) for k in PHASES if k in timed[-1]},

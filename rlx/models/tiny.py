@@ -36,10 +36,16 @@ def write_word_tokenizer(path: Path, vocab: list[str] = VOCAB) -> None:
     fast.save_pretrained(str(path))
 
 
-def write_tiny_checkpoint(hf_config, path: Path, seed: int = 0) -> Path:
+def write_tiny_checkpoint(
+    hf_config, path: Path, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> Path:
     """Write a random model for `hf_config` (a transformers PretrainedConfig) to `path`.
 
     Written to a temporary sibling first and renamed, so a crash never leaves half a checkpoint.
+    `dtype` and `device` are where the random weights are made and the precision they are saved
+    in: a benchmark's model of a real size (billions of parameters) is made on a GPU in bf16 in
+    seconds, where fp32 on the CPU takes minutes and twice the disk. The same seed gives other
+    weights on another device.
     """
     from transformers import AutoModelForCausalLM
 
@@ -50,7 +56,8 @@ def write_tiny_checkpoint(hf_config, path: Path, seed: int = 0) -> Path:
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
         _fill_zero_embedding_rows(model, std=getattr(hf_config, "initializer_range", 0.02))
         model.save_pretrained(str(staging))
         write_word_tokenizer(staging)
@@ -74,7 +81,8 @@ def _fill_zero_embedding_rows(model, std: float) -> None:
     with torch.no_grad():
         weight = model.get_input_embeddings().weight
         zero_rows = (weight == 0).all(dim=1)
-        weight[zero_rows] = torch.randn(int(zero_rows.sum()), weight.shape[1]) * std
+        rows = torch.randn(int(zero_rows.sum()), weight.shape[1], device=weight.device) * std
+        weight[zero_rows] = rows.to(weight.dtype)
 
 
 # Bump when the written weights change for the same config, so caches are rewritten.

@@ -83,3 +83,21 @@ def test_rotary_frequencies_computed_without_the_family_module_equal_its_own(nam
     inv_freq, scaling = rotary_inv_freq(cfg)
     assert inv_freq.dtype == torch.float32 and inv_freq.shape == ref.inv_freq.shape
     assert torch.equal(inv_freq, ref.inv_freq.float()) and scaling == ref.attention_scaling
+
+
+@pytest.mark.parametrize("family", ["glm4", "qwen3_moe"])
+def test_a_bf16_random_checkpoint_is_the_fp32_one_rounded(family, tmp_path):
+    """`write_tiny_checkpoint(dtype=bfloat16)` (the benches' 9B and 30B-A3B shapes, made on a GPU)
+    writes the same tensors as the fp32 checkpoint of the same seed, rounded to bf16, on the CPU;
+    config.json says bfloat16, and no embedding row is left zero."""
+    from safetensors.torch import load_file
+
+    fp32 = write_tiny_checkpoint(CONFIGS[family](), tmp_path / "fp32", seed=0)
+    bf16 = write_tiny_checkpoint(CONFIGS[family](), tmp_path / "bf16", seed=0, dtype=torch.bfloat16)
+    full, half = load_file(fp32 / "model.safetensors"), load_file(bf16 / "model.safetensors")
+    assert sorted(half) == sorted(full)
+    for name, tensor in half.items():
+        assert tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor, full[name].to(torch.bfloat16)), name
+    assert '"bfloat16"' in (bf16 / "config.json").read_text()
+    assert (half["model.embed_tokens.weight"] != 0).any(dim=1).all()
