@@ -13,7 +13,8 @@
     python bench/grpo_step.py --option qwen3_30b_a3b --layers 20 --gpus 4 --ep 4 --micro-batch 2
     python bench/grpo_step.py --option glm4_9b --gpus 4 --tp 2 --plan-only   # the memory plan alone, no GPU
 
-A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE), or
+A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE, in
+bf16 on the GPU), or
 a real checkpoint by path (`--model`; its family and shape from config.json), bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
 (`rollout.ignore_eos`; the prompts are the toy task's few tokens). Runs `--steps` steps and
 reports the median of all but the first (CUDA graph capture, kernel compilation, allocator
@@ -43,10 +44,12 @@ PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync
           # colocated: the hand-overs (engines release + trainer onloads; the weight sync within the
           # second, with the engines' weights resumed before it and the trainer's offload after it)
           "time/colocate_to_trainer_s", "time/colocate_to_engines_s",
-          # their parts (rlx.colocation): engines release, trainer onload / engines resume their
-          # weights, (weight sync), trainer offload, engines resume their KV cache
+          # their parts (rlx.colocation): engines release, trainer onload / trainer offloads all but
+          # its weights, engines resume their weights, (weight sync), trainer offloads its weights,
+          # engines resume their KV cache
           "time/colocate/engines_release_s", "time/colocate/trainer_onload_s",
-          "time/colocate/engines_resume_weights_s", "time/colocate/trainer_offload_s",
+          "time/colocate/trainer_offload_state_s", "time/colocate/engines_resume_weights_s",
+          "time/colocate/trainer_offload_s",
           "time/colocate/engines_resume_kv_cache_s")  # fmt: skip
 
 
@@ -68,7 +71,7 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
                 "+rollout.engine_args.dtype=bfloat16"]  # fmt: skip
     shape = {f"model.{k}": v for k, v in (SHAPES[args.shape] | COMMON).items()}
     return [f"model.name=bench_qwen3_{args.shape}", *(f"{k}={v}" for k, v in shape.items()),
-            "+rollout.engine_args.dtype=bfloat16"]  # the random checkpoint is written in fp32  # fmt: skip
+            "+rollout.engine_args.dtype=bfloat16"]  # a random checkpoint written on the CPU is fp32  # fmt: skip
 
 
 def overrides_for(args: argparse.Namespace) -> list[str]:
@@ -198,7 +201,7 @@ def main(argv: list[str]) -> None:
         out = args.output_dir or tmp
         start = time.perf_counter()
         cfg = compose([f"run.output_dir={out}", *overrides_for(args), *extra])
-        write_s = prewrite_random_checkpoint(cfg) if args.option and torch.cuda.is_available() else 0.0
+        write_s = prewrite_random_checkpoint(cfg) if not args.model and torch.cuda.is_available() else 0.0
         history = run(cfg)
         wall = time.perf_counter() - start
     timed = history[1:] or history

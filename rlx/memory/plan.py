@@ -26,7 +26,7 @@ from rlx.memory.engine import (
 )
 from rlx.memory.params import ModelParams, model_params
 from rlx.memory.terms import GIB, Phase, Plan, Role, Setup, count, gib
-from rlx.memory.trainer import resident_while_generating, trainer_phases
+from rlx.memory.trainer import resident_while_generating, resident_while_syncing, trainer_phases
 
 PLAN_ONLY = "`python launch.py ... run.plan_only=true` prints the whole plan"
 TIGHT = 0.10  # less spare than this share of a GPU is flagged in the printed plan
@@ -47,8 +47,10 @@ def plan_memory(
         if c.colocate and s.with_engines:
             released = released_term()
             generating = engine_terms(s, p, resident_while_generating(s, p, stage), gpu_bytes)
+            syncing = before_cache(s, p, resident_while_syncing(s, p, stage))  # the engine's weights back
             phases = (
                 *(Phase(t.name, (*t.terms, released)) for t in trainer),
+                Phase("weight sync", tuple(syncing)),
                 Phase("generating", tuple(generating)),
             )
             name = "colocated GPU (trainer rank + engine" + (f", {where})" if where else ")")
@@ -219,6 +221,16 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
         found["rollout.engine_args.cuda_graph_max_bs"] = [
             (b, engine(s, cuda_graph_max_bs=b)) for b in halves(bs, 1)
         ]
+        return found
+    if phase == "weight sync":  # the trainer's weights beside the engine's
+        if role.kind == "colocated" and not c.offload_trainer:
+            found["cluster.offload_trainer"] = [("true", cluster(offload_trainer=True))]
+        bucket = s.rollout.weight_bucket_mb
+        found["rollout.weight_bucket_mb"] = [
+            (b, replace(s, rollout=replace(s.rollout, weight_bucket_mb=b))) for b in halves(bucket, 64)
+        ]
+        if tensor_parallel_fits(s, tp := c.tensor_parallel_size * 2):
+            found["cluster.tensor_parallel_size"] = [(tp, cluster(tensor_parallel_size=tp))]
         return found
     forward = phase == "forward-only passes"
     if phase == "optimizer step":

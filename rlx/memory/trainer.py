@@ -260,3 +260,26 @@ def resident_while_generating(s: Setup, p: ModelParams, stage: int) -> list[Term
     return [Term(f"trainer's {t.name.split(' (')[0]}, kept on the GPU", t.bytes, knob) for t in kept] + [
         context_term("trainer")
     ]
+
+
+def resident_while_syncing(s: Setup, p: ModelParams, stage: int) -> list[Term]:
+    """What a colocated trainer rank holds while its engine takes the new weights
+    (`rlx.colocation.GpuTurns.publish`): its parameters (the policy's, which the sync reads; the
+    reference's and the critic's), the sync's bucket of gathered tensors and its CUDA context. Its
+    gradients and optimizer state left before the engine's weights came back. With
+    `cluster.offload_trainer=false`, what it keeps while generating, and the bucket."""
+    bucket = Term("weight sync bucket (gathered tensors)", s.rollout.weight_bucket_mb * 2**20,
+                  ("rollout.weight_bucket_mb",))  # fmt: skip
+    if not s.cluster.offload_trainer:
+        return [*resident_while_generating(s, p, stage), bucket]
+    c, t = s.cluster, s.train
+    e = PRECISION_BYTES[t.precision]
+    shard = dict(tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage)
+    policy = rank_params(p, **shard).total * e
+    terms = [Term(f"trainer's policy weights ({t.precision}), read by the sync", policy, (TP, PP))]
+    if s.needs_ref and not t.lora.enabled:
+        terms.append(Term(f"trainer's reference model ({t.precision} weights)", policy, (TP, PP)))
+    if s.needs_critic:
+        critic = rank_params(p, **shard, value_head=True).total * e
+        terms.append(Term(f"trainer's critic weights ({t.precision})", critic, (TP, PP)))
+    return [*terms, bucket, context_term("trainer")]

@@ -181,10 +181,11 @@ class TrainerGroup:
         profile = (str(self.profile_dir), step) if step in self.profile_steps else None
         return self._call("train", samples_ref, profile)[0]
 
-    def offload(self, move_state: bool = True) -> dict[str, float]:
+    def offload(self, move_state: bool = True, keep_params: bool = False) -> dict[str, float]:
         """Colocated GPUs: every rank frees its gradient buffers and cached memory and (`move_state`)
-        moves its models and optimizer state to CPU; rank 0's memory figures."""
-        return self._call("offload", move_state)[0]
+        moves its models and optimizer state to CPU (`keep_params`: all but the parameters, until
+        the next call); rank 0's memory figures."""
+        return self._call("offload", move_state, keep_params)[0]
 
     def onload(self) -> dict[str, float]:
         """Colocated GPUs: every rank back onto its GPU; rank 0's memory figures from just before."""

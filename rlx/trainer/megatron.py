@@ -135,12 +135,13 @@ class MegatronTrainer:
         ref = self._ref_offloaders if self.ref_chunks is not None else []
         return [*self.policy.offloaders, *ref, *(self.critic.trainable.offloaders if self.critic else [])]
 
-    def offload(self, move_state: bool = True) -> dict[str, float]:
+    def offload(self, move_state: bool = True, keep_params: bool = False) -> dict[str, float]:
         """Every model and optimizer state of this rank to pinned CPU memory (unless not
         `move_state`) and its gradient buffers freed (the engines take the GPU); the GPU memory this
-        process still holds, and the device's."""
+        process still holds, and the device's. `keep_params`: the models' parameters stay for a
+        weight sync, until the next `offload()`."""
         for offloader in self._offloaders():
-            offloader.offload(move_state)
+            offloader.offload(move_state, keep_params)
         return {f"colocate/trainer_offloaded_{k}": v for k, v in gpu_memory_gib().items()}
 
     def onload(self) -> dict[str, float]:

@@ -34,6 +34,7 @@ class Offloader:
         # (half-precision parameter, its fp32 master) pairs refilled from the master, not copied
         self._from_master: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.offloaded = False
+        self._params_kept = False  # offloaded with `keep_params`: the parameters are still on the GPU
 
     @property
     def _cuda(self) -> bool:
@@ -76,21 +77,27 @@ class Offloader:
         unique = {id(t): t for t in tensors}
         return [t for t in unique.values() if (t.is_cuda or self.on_cpu) and _owns_storage(t)]
 
-    def offload(self, move_state: bool = True) -> None:
+    def offload(self, move_state: bool = True, keep_params: bool = False) -> None:
         """Free the gradient buffers (zeroed before the next step anyway) and the allocator's cached
         memory; with `move_state`, also copy the parameters and optimizer state to the host and
-        free their GPU storage."""
+        free their GPU storage. `keep_params`: the model's parameters stay (a weight sync still
+        reads them) while everything else leaves; a later `offload()` then moves them too."""
         cuda = self._cuda
-        if self.offloaded or not (cuda or self.on_cpu):
+        if (self.offloaded and not self._params_kept) or not (cuda or self.on_cpu):
             return
         if cuda:
             torch.cuda.synchronize()
-        self._tensors = self._owned_tensors() if move_state else []
+        params = {id(p) for p in self.model.parameters()}
+        if not move_state:
+            todo = []
+        elif self._params_kept:  # the second stage: only the parameters are left
+            todo = [t for t in self._owned_tensors() if id(t) in params]
+        else:
+            todo = [t for t in self._owned_tensors() if not (keep_params and id(t) in params)]
         masters = self._masters() if move_state else {}
-        self._from_master = [(t, masters[id(t)]) for t in self._tensors if id(t) in masters]
-        from_master = {id(t) for t, _ in self._from_master}
-        for t in self._tensors:
-            if id(t) in from_master:
+        for t in todo:
+            if id(t) in masters:  # the master is on the host by now (masters are not parameters)
+                self._from_master.append((t, masters[id(t)]))
                 t.untyped_storage().resize_(0)
                 continue
             host = self._host.get(id(t))
@@ -98,12 +105,14 @@ class Offloader:
                 host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
             host.copy_(t.detach(), non_blocking=cuda)  # freed below: later work on this stream waits for it
             t.untyped_storage().resize_(0)
-        for buffer in self._grad_buffers():
-            buffer.offload_to_cpu(move_params=move_state and buffer.param_data is not None, move_grads=True)
+        self._tensors += todo
+        move_params = move_state and not keep_params
+        for buffer in self._grad_buffers():  # megatron's own checks make a second call move only what is left
+            buffer.offload_to_cpu(move_params=move_params and buffer.param_data is not None, move_grads=True)
         if cuda:
             torch.cuda.synchronize()  # the host copies are complete
             torch.cuda.empty_cache()
-        self.offloaded = True
+        self.offloaded, self._params_kept = True, move_state and keep_params
 
     def onload(self, device: torch.device) -> None:
         if not self.offloaded:
@@ -119,7 +128,8 @@ class Offloader:
             buffer.reload_from_cpu(move_params=buffer.param_data is not None, move_grads=True)
         if self._cuda:
             torch.cuda.synchronize()
-        self.offloaded = False
+        self._tensors, self._from_master = [], []
+        self.offloaded = self._params_kept = False
 
 
 def _owns_storage(t: torch.Tensor) -> bool:

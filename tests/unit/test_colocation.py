@@ -14,6 +14,7 @@ PAUSE = {
     "onload": 0.05,
     "resume weights": 0.02,
     "sync": 0.04,
+    "offload state": 0.07,
     "offload": 0.06,
     "resume kv": 0.01,
 }
@@ -43,16 +44,16 @@ class FakePool:
 class FakeTrainer:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self.moved_state: list[bool] = []
+        self.moved_state: list[tuple[bool, bool]] = []
 
     def onload(self) -> dict[str, float]:
         self.recorder.did("onload")
         return {"colocate/before_onload_device_used_gib": 4.0}
 
-    def offload(self, move_state: bool) -> dict[str, float]:
-        self.moved_state.append(move_state)
-        self.recorder.did("offload")
-        return {"colocate/trainer_offloaded_process_reserved_gib": 0.1}
+    def offload(self, move_state: bool, keep_params: bool = False) -> dict[str, float]:
+        self.moved_state.append((move_state, keep_params))
+        self.recorder.did("offload state" if keep_params else "offload")
+        return {"colocate/trainer_offloaded_process_reserved_gib": 0.5 if keep_params else 0.1}
 
 
 def turns(colocated: bool, offload_trainer: bool = True) -> tuple[GpuTurns, Recorder]:
@@ -75,13 +76,22 @@ def test_colocated_hand_overs_run_in_order_and_time_each_part(offload_trainer):
         return 0.04
 
     to_engines = gpu_turns.publish(sync, 3)
-    assert recorder.calls == ["release", "onload", "resume weights", "sync", "offload", "resume kv"]
-    assert gpu_turns.trainer.moved_state == [offload_trainer, offload_trainer]  # cluster.offload_trainer
+    # the trainer's gradients and optimizer state leave before the engines' weights come back, its
+    # weights (which the sync reads) after the sync
+    assert recorder.calls == [
+        "release", "onload", "offload state", "resume weights", "sync", "offload", "resume kv"
+    ]  # fmt: skip
+    assert gpu_turns.trainer.moved_state == [  # cluster.offload_trainer
+        (offload_trainer, False),  # before the engines start
+        (offload_trainer, True),
+        (offload_trainer, False),
+    ]
     assert to_trainer["colocate/before_onload_device_used_gib"] == 4.0
     assert to_engines["colocate/trainer_offloaded_process_reserved_gib"] == 0.1
     parts = {
         "time/colocate/engines_release_s": "release",
         "time/colocate/trainer_onload_s": "onload",
+        "time/colocate/trainer_offload_state_s": "offload state",
         "time/colocate/engines_resume_weights_s": "resume weights",
         "time/colocate/trainer_offload_s": "offload",
         "time/colocate/engines_resume_kv_cache_s": "resume kv",

@@ -242,9 +242,9 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
     s = setup(cluster={"gpus_per_node": 1, "colocate": True, "offload_trainer": False})
     role = plan_memory(s, GIB).roles[0]
     assert role.kind == "colocated" and [p.name for p in role.phases] == [
-        "training", "forward-only passes", "optimizer step", "generating"
+        "training", "forward-only passes", "optimizer step", "weight sync", "generating"
     ]  # fmt: skip
-    training, generating = terms(role.phases[0]), terms(role.phases[3])
+    training, generating = terms(role.phases[0]), terms(role.phases[4])
     assert training["CUDA context"] == CUDA_CONTEXT_BYTES  # dict: the engine's, released, named the same
     kept = {k: v for k, v in generating.items() if k.startswith("trainer's")}
     # offload_trainer=false: weights and optimizer state stay, the gradient buffer is freed
@@ -252,6 +252,28 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
         "trainer's policy weights, kept on the GPU": TINY_PARAMS * 2,
         "trainer's optimizer state, kept on the GPU": TINY_PARAMS * 12,
     }
+    # while the engine takes the new weights: what the trainer keeps, the sync's bucket, the engine's weights
+    assert terms(role.phases[3]) == {
+        **kept, "weight sync bucket": 512 * 2**20, "CUDA context": CUDA_CONTEXT_BYTES,
+        "engine weights": TINY_PARAMS * 2,
+    }  # fmt: skip
+
+
+def test_a_colocated_weight_sync_holds_the_trainers_weights_beside_the_engines():
+    """rlx.colocation: the trainer's gradients and optimizer state leave before the engine's weights
+    come back; its weights (read by the sync) and the reference's stay until the sync is done."""
+    s = setup(cluster={"gpus_per_node": 1, "colocate": True}, rollout={"weight_bucket_mb": 64}, needs_ref=True)
+    role = plan_memory(s, GIB).roles[0]
+    sync = {t.name: t.bytes for t in role.phases[3].terms}
+    expected = {
+        "trainer's policy weights (bf16), read by the sync": TINY_PARAMS * 2,
+        "weight sync bucket (gathered tensors)": 64 * 2**20,
+        "CUDA context (trainer)": CUDA_CONTEXT_BYTES,
+        "engine weights (bfloat16, 75,136 parameters)": TINY_PARAMS * 2,
+        "CUDA context (engine)": CUDA_CONTEXT_BYTES,
+        "trainer's reference model (bf16 weights)": TINY_PARAMS * 2,  # the KL term's
+    }
+    assert role.phases[3].name == "weight sync" and sync == expected
 
 
 def over_setup(micro_batch: int) -> Setup:

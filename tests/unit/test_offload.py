@@ -25,7 +25,8 @@ def _step(ddp, optimizer, ids_BL: torch.Tensor) -> None:
 
 def _trained_after(round_trip: str) -> tuple[dict, list]:
     """Weights and fp32 masters after Adam step, `round_trip` ("none", "move_state": everything to
-    the host and back, "grads_only": `move_state=False`), Adam step."""
+    the host and back, "two_stages": all but the parameters, then the parameters, then back,
+    "grads_only": `move_state=False`), Adam step."""
     family = build(compose(["model=tiny_qwen3"]).model)
     hf_dir = family.checkpoint_dir()
     ids_BL = torch.randint(0, family.cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
@@ -42,6 +43,26 @@ def _trained_after(round_trip: str) -> tuple[dict, list]:
             bf16 = [p for p in gpt.parameters() if p.dtype == torch.bfloat16]
             assert bf16 and not any(id(p) in offloader._host for p in bf16)  # refilled, not copied
             assert all(g.untyped_storage().nbytes() == 0 for g in grad_data)
+            offloader.onload(torch.device("cpu"))
+        elif round_trip == "two_stages":  # a colocated weight sync's order (rlx.colocation.GpuTurns.publish)
+            pointers = [p.data_ptr() for p in gpt.parameters()]
+            offloader = Offloader(ddp, optimizer, on_cpu=True)
+            offloader.offload(keep_params=True)
+            assert [p.data_ptr() for p in gpt.parameters()] == pointers  # the weights a sync reads stay
+            assert all(p.untyped_storage().nbytes() > 0 for p in gpt.parameters())
+            assert all(g.untyped_storage().nbytes() == 0 for g in grad_data)
+            state = [
+                t
+                for inner in optimizer.chained_optimizers
+                for group in inner.optimizer.param_groups
+                for p in group["params"]
+                for t in (p, *inner.optimizer.state[p].values())
+                if isinstance(t, torch.Tensor) and t.dim() > 0
+            ]
+            assert state and all(t.untyped_storage().nbytes() == 0 for t in state)  # masters, Adam's m and v
+            offloader.offload()
+            assert all(p.untyped_storage().nbytes() == 0 for p in gpt.parameters())
+            offloader.offload()  # a third call finds nothing left
             offloader.onload(torch.device("cpu"))
         elif round_trip == "grads_only":
             pointers = [p.data_ptr() for p in gpt.parameters()]
@@ -63,7 +84,7 @@ def _trained_after(round_trip: str) -> tuple[dict, list]:
         return {k: v.detach().clone() for k, v in gpt.named_parameters()}, masters
 
 
-@pytest.mark.parametrize("round_trip", ["move_state", "grads_only"])
+@pytest.mark.parametrize("round_trip", ["move_state", "two_stages", "grads_only"])
 def test_training_continues_bit_for_bit_after_a_round_trip(round_trip):
     """Offload after an Adam step, onload, step again: every weight and master equals those of a
     model that never left; moved, bf16 weights with a master are refilled from it, not copied."""
