@@ -10,7 +10,7 @@
     # issue 28's runs, on random weights of a shipped model option's shape (--layers cuts it):
     python bench/grpo_step.py --option glm4_9b --gpus 4 --tp 2 --response-len 1024 --micro-batch 2
     python bench/grpo_step.py --option glm4_9b --split 2+2 --tp 2 --response-len 1024 --micro-batch 2
-    python bench/grpo_step.py --option qwen3_30b_a3b --layers 20 --gpus 4 --ep 4 --micro-batch 2
+    python bench/grpo_step.py --option qwen3_30b_a3b --layers 18 --gpus 4 --ep 4 --micro-batch 2
     python bench/grpo_step.py --option glm4_9b --gpus 4 --tp 2 --plan-only   # the memory plan alone, no GPU
 
 A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE, in

@@ -70,11 +70,12 @@ def tight(roles: list[Role], gpu_bytes: int | None) -> tuple[str, ...]:
         return ()
     found = []
     for role in roles:
-        trainer = [p.bytes for p in role.phases if p.name != "generating"]
-        if trainer and (1 - TIGHT) * gpu_bytes < max(trainer) <= gpu_bytes:
+        peak = trainer_peak(role)
+        if peak and (1 - TIGHT) * gpu_bytes < peak <= gpu_bytes:
             found.append(
-                f"{role.name}: the trainer's peak leaves {1 - max(trainer) / gpu_bytes:.0%} of the GPU: too little "
-                "for an estimate (it read 4-9% below the peaks measured so far, docs/benchmarks.md); give it more room"
+                f"{role.name}: the trainer's peak leaves {1 - peak / gpu_bytes:.0%} of the GPU: too little "
+                "for an estimate (it read 1-14% below the peaks measured so far, and fragmentation comes on top: "
+                "docs/benchmarks.md); give it more room"
             )
     return tuple(found)
 
@@ -123,22 +124,54 @@ def trainer_peak_allocated(s: Setup, stage: int = 0) -> int:
 
 
 def memory_errors(s: Setup, plan: Plan) -> list[str]:
-    """One message per GPU kind whose peak exceeds the GPU's memory, or whose engines' KV cache
-    cannot hold one sample; [] when the GPU's memory is unknown."""
+    """One message per GPU kind whose peak exceeds the GPU's memory, whose trainer leaves less of it
+    free than `cluster.memory_margin`, or whose engines' KV cache cannot hold one sample; [] when
+    the GPU's memory is unknown."""
     if plan.gpu_bytes is None:
         return []
     errors = []
     for index, role in enumerate(plan.roles):
         if role.peak.bytes > plan.gpu_bytes:
             errors.append(over_message(s, plan, index))
+        elif trainer_peak(role) > (1 - s.cluster.memory_margin) * plan.gpu_bytes:
+            errors.append(margin_message(s, plan, index))
         if role.kind != "trainer" and (short := kv_message(s, plan, index)):
             errors.append(short)
     return errors
 
 
+def trainer_peak(role: Role) -> int:
+    """The largest of `role`'s phases that a trainer holds memory in (all but generating: an engine's
+    KV cache fills the share it is given, by design); 0 for an engine GPU."""
+    return max((p.bytes for p in role.phases if p.name != "generating"), default=0)
+
+
 def over_message(s: Setup, plan: Plan, index: int) -> str:
     role = plan.roles[index]
     peak = role.peak
+    return (
+        f"memory plan: the {role.name} needs {gib(peak.bytes)} GiB at its peak ({peak.name}), more than the "
+        f"{gib(plan.gpu_bytes)} GiB of a GPU ({plan.gpu_source}); {advice(s, plan, index, peak)}. {PLAN_ONLY}"
+    )
+
+
+def margin_message(s: Setup, plan: Plan, index: int) -> str:
+    role, margin = plan.roles[index], s.cluster.memory_margin
+    peak = max((p for p in role.phases if p.name != "generating"), key=lambda p: p.bytes)
+    spare = plan.gpu_bytes - peak.bytes
+    lower = math.floor(spare / plan.gpu_bytes * 100) / 100
+    return (
+        f"memory plan: the {role.name}'s trainer needs {gib(peak.bytes)} GiB at its peak ({peak.name}), leaving "
+        f"{gib(spare)} GiB ({spare / plan.gpu_bytes:.0%}) of the {gib(plan.gpu_bytes)} GiB of a GPU "
+        f"({plan.gpu_source}), less than cluster.memory_margin={margin:g} of it, which the caching allocator's "
+        f"fragmentation and NCCL's buffers take beside what the plan counts (a Qwen3-30B-A3B slice planned with "
+        f"9% free ran out of memory with 3.7 GiB fragmented: docs/benchmarks.md); {advice(s, plan, index, peak)}; "
+        f"or cluster.memory_margin={lower:g} to start it anyway. {PLAN_ONLY}"
+    )
+
+
+def advice(s: Setup, plan: Plan, index: int, peak: Phase) -> str:
+    """The largest terms of `peak` and the settings that fit (`fitting`), else the knobs to combine."""
     largest = ", ".join(f"{t.name.split(' (')[0]} {gib(t.bytes)}" for t in peak.largest(3))
     fixes = [
         f"{key}={value} (the plan then predicts {gib(after)} GiB)"
@@ -147,13 +180,10 @@ def over_message(s: Setup, plan: Plan, index: int) -> str:
     named = {f.split("=")[0] for f in fixes}
     knobs = [k for t in peak.largest(3) for k in t.knobs if k.split("=")[0] not in named]
     others = sorted(set(knobs), key=knobs.index)
-    advice = f"set {' or '.join(fixes[:3])}" if fixes else "no one setting fits alone: combine"
+    found = f"set {' or '.join(fixes[:3])}" if fixes else "no one setting fits alone: combine"
     if others:
-        advice += f"; {'other knobs' if fixes else 'the knobs'}: {', '.join(others)}"
-    return (
-        f"memory plan: the {role.name} needs {gib(peak.bytes)} GiB at its peak ({peak.name}), more than the "
-        f"{gib(plan.gpu_bytes)} GiB of a GPU ({plan.gpu_source}); largest terms (GiB): {largest}; {advice}. {PLAN_ONLY}"
-    )
+        found += f"; {'other knobs' if fixes else 'the knobs'}: {', '.join(others)}"
+    return f"largest terms (GiB): {largest}; {found}"
 
 
 def kv_message(s: Setup, plan: Plan, index: int) -> str | None:
@@ -189,17 +219,17 @@ def fitting(s: Setup, plan: Plan, index: int) -> list[tuple[str, object, int]]:
     for key, candidates in candidates_for(s, role).items():
         for value, changed in candidates:
             after = plan_memory(changed, plan.gpu_bytes, params=p).roles[index]
-            if comfortable(after, plan.gpu_bytes):
+            if comfortable(after, plan.gpu_bytes, s.cluster.memory_margin):
                 found.append((key, value, after.peak.bytes))
                 break
     return found
 
 
-def comfortable(role: Role, gpu_bytes: int) -> bool:
-    """Whether `role` fits a GPU of `gpu_bytes`, its trainer with TIGHT to spare (what `tight` would
-    not flag; an engine's cache fills the fraction it is given, by design)."""
-    trainer = [p.bytes for p in role.phases if p.name != "generating"]
-    return role.peak.bytes <= gpu_bytes and max(trainer, default=0) <= (1 - TIGHT) * gpu_bytes
+def comfortable(role: Role, gpu_bytes: int, margin: float = TIGHT) -> bool:
+    """Whether `role` fits a GPU of `gpu_bytes`, its trainer with `margin` (and at least TIGHT) to
+    spare (what neither the refusal nor `tight` would flag; an engine's cache fills the fraction it is
+    given, by design)."""
+    return role.peak.bytes <= gpu_bytes and trainer_peak(role) <= (1 - max(margin, TIGHT)) * gpu_bytes
 
 
 def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]]:

@@ -396,7 +396,7 @@ H100_GIB = "cluster.gpu_memory_gib=79.6"
     [
         (["--option", "glm4_9b", "--gpus", "4", "--tp", "2", "--response-len", "1024", "--micro-batch", "2"],
          {"gpus_per_node": 4, "num_trainer_procs": 4, "num_rollout_gpus": 4, "colocate": True, "tensor_parallel_size": 2}),
-        (["--option", "qwen3_30b_a3b", "--layers", "20", "--gpus", "4", "--ep", "4", "--micro-batch", "2"],
+        (["--option", "qwen3_30b_a3b", "--layers", "18", "--gpus", "4", "--ep", "4", "--micro-batch", "2"],
          {"gpus_per_node": 4, "num_trainer_procs": 4, "colocate": True, "expert_parallel_size": 4}),
     ],
 )  # fmt: skip
@@ -409,6 +409,25 @@ def test_issue_28s_bench_runs_compose_and_fit_an_h100_by_the_plan(argv, layout):
     rc = to_object(compose([*bench.overrides_for(bench.build_parser().parse_args(argv)), H100_GIB]))
     assert {k: getattr(rc.cluster, k) for k in layout} == layout
     assert rc.train.distributed_optimizer and rc.rollout.num_engines == 4
+
+
+def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
+    """Qwen3-30B-A3B cut to 20 layers, EP=4: the plan's optimizer step is 72.2 GiB of 79.6, 9% free;
+    on 4×H100 it ran out of memory there with 3.7 GiB fragmented (docs/benchmarks.md). Refused at
+    compose under the default cluster.memory_margin=0.1, naming the margin and how to go on anyway."""
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+
+    bench = _grpo_bench()
+    argv = ["--option", "qwen3_30b_a3b", "--layers", "20", "--gpus", "4", "--ep", "4", "--micro-batch", "2"]
+    overrides = bench.overrides_for(bench.build_parser().parse_args(argv))
+    with pytest.raises(ConfigError) as refused:
+        compose([*overrides, H100_GIB])
+    message = str(refused.value)
+    assert "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
+    assert "less than cluster.memory_margin=0.1" in message and "cluster.memory_margin=0.09 to start it anyway" in message
+    assert "largest terms (GiB): optimizer state 36.6" in message
+    compose([*overrides, H100_GIB, "cluster.memory_margin=0.09"])  # what the message offers starts
 
 
 def test_a_9b_trainer_on_two_h100s_is_refused_by_the_plan():
@@ -442,7 +461,12 @@ def test_a_plan_that_fits_with_little_to_spare_says_so():
     assert not [n for n in roomy.notes if "too little" in n]
     (note,) = [n for n in tight.notes if "too little" in n]
     assert note.startswith("trainer GPU: the trainer's peak leaves 5% of the GPU: too little for an estimate")
-    assert memory_errors(alone, tight) == []  # a warning, not a refusal
+    assert memory_errors(alone, roomy) == []
+    # under the default cluster.memory_margin (0.1) 5% free is refused; with a margin of 0.04, a warning
+    (refusal,) = memory_errors(alone, tight)
+    assert "leaving" in refusal and "(5%)" in refusal and "less than cluster.memory_margin=0.1 of it" in refusal
+    lowered = replace(alone, cluster=replace(alone.cluster, memory_margin=0.04))
+    assert memory_errors(lowered, plan_memory(lowered, tight.gpu_bytes)) == []
 
 
 def test_the_advice_offers_offloading_and_tensor_parallelism_only_where_they_apply():
