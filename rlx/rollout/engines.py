@@ -21,7 +21,7 @@ from rlx import actor_reuse
 from rlx.rollout.client import EngineClient, is_engine_failure
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
-from rlx.rollout.router import Router
+from rlx.rollout.router import Router, finish_import_check, start_import_check
 from rlx.sglang_api import MEMORY_TAGS
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,11 @@ class EngineSet:
 
     def start(self) -> EngineSet:
         """Launch every engine, wait until each serves, start the router in front of two or more."""
+        router_check = start_import_check() if len(self.actor_options) >= 2 else None
         self.actors = [self.launch(i) for i in range(len(self.actor_options))]
         try:
+            if router_check is not None:  # before the engines' minutes of loading, not after
+                finish_import_check(router_check)
             self.urls = ray.get(
                 [a.url.remote() for a in self.actors], timeout=self.cfg.engine_start_timeout_s
             )

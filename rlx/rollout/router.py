@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -31,6 +33,43 @@ from rlx.rollout.sglang import cli_flags, key_env, module_cmd
 
 log = logging.getLogger(__name__)
 PORT_ATTEMPTS = 3
+LAUNCHER = "sglang_router.launch_router"
+_imports: set[str] = set()  # modules start_import_check found importable (this environment: once a process)
+
+
+def start_import_check(module: str = LAUNCHER) -> subprocess.Popen | None:
+    """Import the router's launcher in a child process while the engines start (1-2 s), once a
+    process: a router that cannot start here (sglang-router or one of its dependencies missing) is
+    found in seconds, not after every engine has loaded its model (minutes at 9B) and the router
+    exits at once. None: this process found it importable before."""
+    if module in _imports:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import {module}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def finish_import_check(check: subprocess.Popen | None, module: str = LAUNCHER, timeout_s: float = 60.0) -> None:
+    """Raise RuntimeError, with the import's last lines and the fix, when `start_import_check`'s
+    import of `module` failed; an import slower than `timeout_s` is left to the router's own start."""
+    if check is None:
+        return
+    try:
+        output, _ = check.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        check.kill()
+        check.communicate()
+        return
+    if check.returncode == 0:
+        _imports.add(module)
+        return
+    tail = "\n".join(output.strip().splitlines()[-3:])
+    raise RuntimeError(
+        f"sglang-router, which rlx starts in front of two or more engines, cannot start in this environment: "
+        f"`{sys.executable} -c 'import {module}'` failed:\n{tail}\ninstall it with its dependencies "
+        "(pip install sglang-router==0.3.2; it needs setproctitle, orjson, aiohttp, fastapi and uvicorn), "
+        "or run one engine (rollout.num_engines=1)"
+    )
 
 
 class Router(ChildService):

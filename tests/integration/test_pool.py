@@ -71,6 +71,33 @@ def test_two_engines_behind_the_router_serve_one_rollout(ray_session, tiny_qwen3
         pool.shutdown()
 
 
+def test_two_engines_without_a_router_that_can_start_stop_before_they_serve(
+    ray_session, tiny_qwen3_dir, monkeypatch
+):
+    """sglang-router missing a dependency (as on the GPU machine: `setproctitle`) stops the pool's
+    start with the import's error while its engines start, not after they have loaded the model and
+    the router exited; the engines it launched are gone."""
+    import rlx.rollout.engines as engines
+    from rlx.rollout import router
+
+    def missing(module: str = router.LAUNCHER):
+        return router.start_import_check("rlx_no_such_router_dependency")
+
+    monkeypatch.setattr(engines, "start_import_check", missing)
+    monkeypatch.setattr(
+        engines, "finish_import_check", lambda check: router.finish_import_check(check, "rlx_no_such_router_dependency")
+    )
+    killed = []
+    kill = rlx.actor_reuse.kill_quietly
+    monkeypatch.setattr(rlx.actor_reuse, "kill_quietly", lambda actor: (killed.append(actor), kill(actor)))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    cfg = RolloutConfig(num_engines=2, batch_size=8, n_samples_per_prompt=4, max_response_len=4)
+    with pytest.raises(RuntimeError, match="No module named 'rlx_no_such_router_dependency'") as refused:
+        RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD)
+    assert "rollout.num_engines=1" in str(refused.value)
+    assert len(killed) == 2  # both engines it launched
+
+
 def test_a_kept_engine_process_serves_exactly_as_a_new_one(ray_session, tiny_qwen3_factory):
     """keep_actors: the next pool sets the first pool's engine process up again (the same actor),
     and after it served another model with another seed, it generates for the first model what a
