@@ -1,6 +1,6 @@
 """Train a Megatron GPTModel built by an rlx model family in bf16 on one GPU; print tokens/s and MFU.
 
-    python bench/train_mfu.py                                     # Qwen3-1.7B shape, seq 4096, 4 x 8
+    python bench/train_mfu.py                                     # Qwen3-1.7B shape, seq 4096, 32 rows a step
     python bench/train_mfu.py --seq-len 8192 --micro-batch 2 --accum 8 --profile 20
     python bench/train_mfu.py kernels=torch                        # megatron's unfused layers (no fusions)
     python bench/train_mfu.py kernels=compile                      # torch.compile'd norms/RoPE, no liger
@@ -135,6 +135,29 @@ def predicted_peak_gib(
     return trainer_peak_allocated(setup) / GIB
 
 
+ROWS = 32  # sequences a step when --micro-batch is not given: the micro-batch x accumulation the plan fits
+MARGIN = 0.10  # of the GPU left free beside the predicted peak (rlx.cluster's memory_margin)
+
+
+def bench_peak_bytes(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora=None) -> int:
+    """This bench's predicted peak: the plan's (`predicted_peak_gib`), plus what its loss adds: megatron's
+    cross entropy takes the logits and their gradient in fp32, 2 x 2 bytes a token and word more
+    than the RL loss's bf16 the plan counts."""
+    from rlx.memory import GIB
+
+    fp32_logits = 2 * 2 * micro_batch * seq_len * cfg.vocab_size
+    return round(predicted_peak_gib(cfg, micro_batch, accum, seq_len, lora) * GIB) + fp32_logits
+
+
+def choose_micro_batch(cfg: ModelConfig, seq_len: int, gpu_bytes: int, rows: int = ROWS, lora=None) -> int:
+    """The largest micro-batch (8, 4, 2 or 1, dividing `rows`) whose step leaves MARGIN of a GPU
+    of `gpu_bytes` free by `bench_peak_bytes` (the default 4 x 8 ran out of memory on an H100)."""
+    for micro_batch in (m for m in (8, 4, 2, 1) if rows % m == 0):
+        if bench_peak_bytes(cfg, micro_batch, rows // micro_batch, seq_len, lora) <= (1 - MARGIN) * gpu_bytes:
+            return micro_batch
+    return 1
+
+
 def build_training(
     cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True, lora: LoRAConfig | None = None
 ):
@@ -267,9 +290,12 @@ def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="ModelConfig overrides, key=value")
     parser.add_argument("--seq-len", type=int, default=4096)
-    # 8 x 4 runs out of memory on one H200 at seq 4096 (the fp32 logits of the loss); see docs/benchmarks.md
-    parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--accum", type=int, default=8, help="micro-batches per optimizer step")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        help=f"default: the largest the memory plan fits on this GPU with {MARGIN:.0%} free, {ROWS} rows a step",
+    )
+    parser.add_argument("--accum", type=int, help="micro-batches per optimizer step (default: 8, or to make 32 rows)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--lr", type=float, default=1e-5)
@@ -309,12 +335,19 @@ def main(argv: list[str]) -> dict:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     cfg = model_config(args.overrides)
+    lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha) if args.lora_rank else None
+    if args.micro_batch is None:  # from the GPU's memory: no default run fails for want of it
+        total = torch.cuda.mem_get_info()[1]
+        args.micro_batch = choose_micro_batch(cfg, args.seq_len, total, lora=lora)
+        args.accum = args.accum or ROWS // args.micro_batch
+        print(f"micro-batch {args.micro_batch} x {args.accum}: the largest the memory plan fits on "
+              f"{torch.cuda.get_device_name()} ({total / 2**30:.1f} GiB) with {MARGIN:.0%} free", flush=True)  # fmt: skip
+    args.accum = args.accum or 8
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
     try:
-        lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha) if args.lora_rank else None
         model, optimizer, gpt = build_training(
             cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad, lora=lora
         )
@@ -387,6 +420,8 @@ def main(argv: list[str]) -> dict:
         "peak_tflops": args.peak_tflops,
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len, lora),
+        # with the bench's fp32 logits (what chose the micro-batch when none was given)
+        "predicted_bench_peak_gib": bench_peak_bytes(cfg, args.micro_batch, args.accum, args.seq_len, lora) / 2**30,
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,

@@ -364,15 +364,34 @@ def test_gpu_memory_is_read_from_nvidia_smi(fake_smi, monkeypatch):
     assert visible_gpu_bytes() == 81559 * 2**20  # the visible one: 79.6 GiB
 
 
-def _grpo_bench():
+def _bench(name: str = "grpo_step"):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py"
-    spec = importlib.util.spec_from_file_location("grpo_step", path)
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+_grpo_bench = _bench
+
+
+@pytest.mark.parametrize(("gpu_gib", "expected"), [(79.6, 2), (139.8, 4)])
+def test_the_training_bench_chooses_the_largest_micro_batch_the_plan_fits(gpu_gib, expected):
+    """bench/train_mfu.py without --micro-batch: the Qwen3-1.7B shape at seq 4096, 32 rows a step.
+    Its default 4 x 8 ran out of memory on an H100 (80 GB) and measured 75.4 GiB on an H200, 52.2 GiB
+    at 2 x 16 on an H100 (docs/benchmarks.md): the plan, with the bench's fp32 logits, gives 2 on an
+    H100 and 4 on an H200; the next larger one would leave less than 10% free."""
+    bench = _bench("train_mfu")
+    cfg = bench.model_config([])
+    gpu = round(gpu_gib * GIB)
+    assert bench.choose_micro_batch(cfg, 4096, gpu) == expected
+    need = {m: bench.bench_peak_bytes(cfg, m, 32 // m, 4096) for m in (1, 2, 4, 8)}
+    assert need[expected] <= 0.9 * gpu < need[2 * expected]
+    # the fp32 logits term: 2 x 2 bytes a token and word over the plan's
+    assert need[2] - round(bench.predicted_peak_gib(cfg, 2, 16, 4096) * GIB) == 4 * 2 * 4096 * 151_936
 
 
 def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
