@@ -228,14 +228,37 @@ def context_term(who: str) -> Term:
 
 def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     """What the optimizer step adds: torch's multi-tensor Adam (megatron's fallback without apex)
-    computes sqrt(v) for all of its weights at once, one fp32 temporary of the state's size."""
+    computes sqrt(v) for all of its weights at once, one fp32 temporary of the state's size; with
+    `train.adam_foreach=false`, of one tensor at a time (the largest one's)."""
     c = s.cluster
     policy = rank_params(
         p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
     )
     trainable = trainable_params(s, policy, stage)
     moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
-    return [Term("Adam's step temporary (sqrt of v, fp32)", moments, optimizer_knobs(s))]
+    if not s.train.adam_foreach:
+        one = min(moments, largest_tensor(s, stage) * 4)
+        return [Term("Adam's step temporary (sqrt of v of its largest tensor, fp32)", one, ("train.adam_foreach",))]
+    knobs = (*optimizer_knobs(s), "train.adam_foreach=false")
+    return [Term("Adam's step temporary (sqrt of v, fp32)", moments, knobs)]
+
+
+def largest_tensor(s: Setup, stage: int) -> int:
+    """Elements of the largest weight a rank of pipeline stage `stage` holds: the vocabulary's
+    shard (embedding on the first stage, output layer on the last), else a layer's largest matrix
+    (the gated MLP's fc1, an expert's, the fused QKV), each split over TP. The distributed
+    optimizer's shard of a tensor is no larger."""
+    m, c = s.model, s.cluster
+    tp, pp = c.tensor_parallel_size, c.pipeline_parallel_size
+    h = m.hidden_size
+    head_dim = m.kv_channels or h // m.num_attention_heads
+    heads = (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * head_dim
+    candidates = [2 * m.ffn_hidden_size * h // tp, heads * h // tp]
+    if m.num_moe_experts:
+        candidates.append(2 * (m.moe_ffn_hidden_size or m.ffn_hidden_size) * h)  # experts split over EP, whole
+    if stage == 0 or stage == pp - 1:
+        candidates.append(m.vocab_size * h // tp)
+    return max(candidates)
 
 
 def trainer_phases(s: Setup, p: ModelParams, stage: int, *, context: bool = True) -> tuple[Phase, ...]:

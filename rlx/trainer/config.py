@@ -63,6 +63,11 @@ class TrainConfig:
     recompute: str = "none"  # none | full | selective: activation recompute, memory for compute
     # shard the optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
     distributed_optimizer: bool = False
+    # torch's Adam (megatron's without apex) on GPUs: true, its multi-tensor step, whose fp32 sqrt(v)
+    # temporary is as large as a third of the optimizer state (12 GiB a rank for a 30B-A3B slice);
+    # false, one tensor at a time (a temporary of the largest tensor; more kernel launches), the
+    # same arithmetic. On CPU torch steps one tensor at a time either way.
+    adam_foreach: bool = True
     # low-rank adapters on the policy, its base weights frozen (rlx.lora); off unless lora.rank is set
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 

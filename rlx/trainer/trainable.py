@@ -279,6 +279,10 @@ def wrap_for_training(
         ),
         ddp_chunks,
     )
+    if not train_cfg.adam_foreach:  # train.adam_foreach=false: one tensor at a time
+        for wrapper in getattr(optimizer, "chained_optimizers", [optimizer]):
+            for group in wrapper.optimizer.param_groups:
+                group["foreach"] = False
     # Grad sync at the end of the last micro-batch; the schedule reads the first chunk's config.
     tf_config = chunks[0].config
     tf_config.finalize_model_grads_func = finalize_model_grads

@@ -86,6 +86,22 @@ def test_training_terms_of_one_gpu_by_hand():
     assert trainer_peak_allocated(setup()) == step.bytes - CUDA_CONTEXT_BYTES == 1_652_992
 
 
+def test_adam_one_tensor_at_a_time_holds_the_largest_tensors_temporary():
+    """train.adam_foreach=false: sqrt(v) of one tensor at a time, the largest the rank holds: the gated
+    MLP's fc1, 2·f·h = 2·128·64 = 16,384 weights (the fused QKV (a + 2g)·d·h = 8·16·64 = 8,192, the
+    embedding 16·64 = 1,024), in fp32; the multi-tensor step's 4 bytes a parameter offer it as a knob."""
+    s = setup(train={"adam_foreach": False})
+    step = plan_memory(s, GIB).roles[0].phases[2]
+    assert step.name == "optimizer step"
+    assert terms(step)["Adam's step temporary"] == 16_384 * 4
+    wide = replace(TINY, vocab_size=1_000)  # now the embedding, 1,000·64, is the largest
+    assert terms(plan_memory(setup(model=wide, train={"adam_foreach": False}), GIB).roles[0].phases[2])[
+        "Adam's step temporary"
+    ] == 64_000 * 4  # fmt: skip
+    (temporary,) = [t for t in plan_memory(setup(), GIB).roles[0].phases[2].terms if t.name.startswith("Adam")]
+    assert "train.adam_foreach=false" in temporary.knobs
+
+
 def test_fp32_keeps_no_master_copy_and_unfused_swiglu_keeps_the_gate():
     s = setup(model=replace(TINY, kernels="torch"), train={"precision": "fp32"})
     training = terms(trainer_phases(s, model_params(TINY), 0)[0])
@@ -446,6 +462,8 @@ def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
     assert "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
     assert "less than cluster.memory_margin=0.1" in message and "cluster.memory_margin=0.09 to start it anyway" in message
     assert "largest terms (GiB): optimizer state 36.6" in message
+    # one tensor at a time, Adam's 12.2 GiB temporary shrinks to the vocabulary shard's 1.2
+    assert "set train.adam_foreach=false (the plan then predicts 70.9 GiB)" in message
     compose([*overrides, H100_GIB, "cluster.memory_margin=0.09"])  # what the message offers starts
 
 
