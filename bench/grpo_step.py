@@ -145,7 +145,9 @@ def prewrite_random_checkpoint(cfg) -> float:
     process.start()
     process.join()
     if process.exitcode != 0:
-        raise SystemExit(f"error: writing the random {cfg.model.name} checkpoint failed (exit {process.exitcode})")
+        raise SystemExit(
+            f"error: writing the random {cfg.model.name} checkpoint failed (exit {process.exitcode})"
+        )
     return time.perf_counter() - start
 
 

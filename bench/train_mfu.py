@@ -295,7 +295,9 @@ def main(argv: list[str]) -> dict:
         type=int,
         help=f"default: the largest the memory plan fits on this GPU with {MARGIN:.0%} free, {ROWS} rows a step",
     )
-    parser.add_argument("--accum", type=int, help="micro-batches per optimizer step (default: 8, or to make 32 rows)")
+    parser.add_argument(
+        "--accum", type=int, help="micro-batches per optimizer step (default: 8, or to make 32 rows)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--lr", type=float, default=1e-5)
@@ -421,7 +423,8 @@ def main(argv: list[str]) -> dict:
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len, lora),
         # with the bench's fp32 logits (what chose the micro-batch when none was given)
-        "predicted_bench_peak_gib": bench_peak_bytes(cfg, args.micro_batch, args.accum, args.seq_len, lora) / 2**30,
+        "predicted_bench_peak_gib": bench_peak_bytes(cfg, args.micro_batch, args.accum, args.seq_len, lora)
+        / 2**30,
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,
         "sdpa_backend": args.sdpa_backend,

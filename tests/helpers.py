@@ -57,6 +57,39 @@ def megatron_world(rank: int = 0, world_size: int = 1, port: int | None = None, 
 
 
 @contextlib.contextmanager
+def tiny_bf16_trainable(train_cfg, lr: float = 1e-2) -> Iterator[tuple]:
+    """`(gpt, ddp, optimizer, step)` in a one-rank megatron world: the tiny Qwen3 in bf16 from its
+    checkpoint under `wrap_for_training(train_cfg)` (fp32 masters); `step()` runs one Adam step of
+    the LM loss on a fixed batch of 4 x 16 tokens (seed 0)."""
+    from rlx.config import build
+    from rlx.config.compose import compose
+    from rlx.trainer.trainable import wrap_for_training
+
+    family = build(compose(["model=tiny_qwen3"]).model)
+    hf_dir = family.checkpoint_dir()
+    ids_BL = torch.randint(0, family.cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
+    with megatron_world():
+        gpt = family.build_model(params_dtype=torch.bfloat16)
+        family.load_hf_weights(gpt, hf_dir)
+        (ddp,), optimizer = wrap_for_training([gpt], train_cfg, lr, torch.bfloat16)
+
+        def step() -> None:
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            loss = ddp(input_ids=ids_BL[:, :-1], position_ids=None, attention_mask=None, labels=ids_BL[:, 1:])
+            loss.mean().backward()
+            optimizer.step()
+
+        yield gpt, ddp, optimizer, step
+
+
+def fp32_masters(optimizer) -> list[torch.Tensor]:
+    """Copies of a bf16 megatron optimizer's fp32 master weights."""
+    return [m.detach().clone() for inner in optimizer.chained_optimizers
+            for group in inner.fp32_from_float16_groups for m in group]  # fmt: skip
+
+
+@contextlib.contextmanager
 def own_ray(loopback: bool = True, **init_kwargs) -> Iterator[None]:
     """A local Ray of this shape (`num_gpus=4`, say) for the block, started as a run starts its own
     (`rlx.launcher.ray_start`: on loopback). `loopback=False`: its node takes the machine's routable

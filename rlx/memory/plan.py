@@ -263,7 +263,9 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
             found["cluster.tensor_parallel_size"] = [(tp, cluster(tensor_parallel_size=tp))]
         return found
     forward = phase == "forward-only passes"
-    if phase == "optimizer step":  # the state alone: sharding or splitting it helps, smaller micro-batches do not
+    if (
+        phase == "optimizer step"
+    ):  # the state alone: sharding or splitting it helps, smaller micro-batches do not
         if t.adam_foreach:
             found["train.adam_foreach"] = [("false", train(adam_foreach=False))]
     elif t.max_tokens_per_micro_batch is not None:

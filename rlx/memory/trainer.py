@@ -238,7 +238,11 @@ def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
     if not s.train.adam_foreach:
         one = min(moments, largest_tensor(s, stage) * 4)
-        return [Term("Adam's step temporary (sqrt of v of its largest tensor, fp32)", one, ("train.adam_foreach",))]
+        return [
+            Term(
+                "Adam's step temporary (sqrt of v of its largest tensor, fp32)", one, ("train.adam_foreach",)
+            )
+        ]
     knobs = (*optimizer_knobs(s), "train.adam_foreach=false")
     return [Term("Adam's step temporary (sqrt of v, fp32)", moments, knobs)]
 
@@ -255,7 +259,9 @@ def largest_tensor(s: Setup, stage: int) -> int:
     heads = (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * head_dim
     candidates = [2 * m.ffn_hidden_size * h // tp, heads * h // tp]
     if m.num_moe_experts:
-        candidates.append(2 * (m.moe_ffn_hidden_size or m.ffn_hidden_size) * h)  # experts split over EP, whole
+        candidates.append(
+            2 * (m.moe_ffn_hidden_size or m.ffn_hidden_size) * h
+        )  # experts split over EP, whole
     if stage == 0 or stage == pp - 1:
         candidates.append(m.vocab_size * h // tp)
     return max(candidates)
@@ -297,7 +303,9 @@ def resident_while_syncing(s: Setup, p: ModelParams, stage: int) -> list[Term]:
         return [*resident_while_generating(s, p, stage), bucket]
     c, t = s.cluster, s.train
     e = PRECISION_BYTES[t.precision]
-    shard = dict(tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage)
+    shard = dict(
+        tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
+    )
     policy = rank_params(p, **shard).total * e
     terms = [Term(f"trainer's policy weights ({t.precision}), read by the sync", policy, (TP, PP))]
     if s.needs_ref and not t.lora.enabled:

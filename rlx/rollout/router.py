@@ -45,11 +45,16 @@ def start_import_check(module: str = LAUNCHER) -> subprocess.Popen | None:
     if module in _imports:
         return None
     return subprocess.Popen(
-        [sys.executable, "-c", f"import {module}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-c", f"import {module}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
-def finish_import_check(check: subprocess.Popen | None, module: str = LAUNCHER, timeout_s: float = 60.0) -> None:
+def finish_import_check(
+    check: subprocess.Popen | None, module: str = LAUNCHER, timeout_s: float = 60.0
+) -> None:
     """Raise RuntimeError, with the import's last lines and the fix, when `start_import_check`'s
     import of `module` failed; an import slower than `timeout_s` is left to the router's own start."""
     if check is None:

@@ -85,7 +85,9 @@ def test_two_engines_without_a_router_that_can_start_stop_before_they_serve(
 
     monkeypatch.setattr(engines, "start_import_check", missing)
     monkeypatch.setattr(
-        engines, "finish_import_check", lambda check: router.finish_import_check(check, "rlx_no_such_router_dependency")
+        engines,
+        "finish_import_check",
+        lambda check: router.finish_import_check(check, "rlx_no_such_router_dependency"),
     )
     killed = []
     kill = rlx.actor_reuse.kill_quietly

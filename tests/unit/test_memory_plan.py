@@ -98,7 +98,9 @@ def test_adam_one_tensor_at_a_time_holds_the_largest_tensors_temporary():
     assert terms(plan_memory(setup(model=wide, train={"adam_foreach": False}), GIB).roles[0].phases[2])[
         "Adam's step temporary"
     ] == 64_000 * 4  # fmt: skip
-    (temporary,) = [t for t in plan_memory(setup(), GIB).roles[0].phases[2].terms if t.name.startswith("Adam")]
+    (temporary,) = [
+        t for t in plan_memory(setup(), GIB).roles[0].phases[2].terms if t.name.startswith("Adam")
+    ]
     assert "train.adam_foreach=false" in temporary.knobs
 
 
@@ -278,7 +280,9 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
 def test_a_colocated_weight_sync_holds_the_trainers_weights_beside_the_engines():
     """rlx.colocation: the trainer's gradients and optimizer state leave before the engine's weights
     come back; its weights (read by the sync) and the reference's stay until the sync is done."""
-    s = setup(cluster={"gpus_per_node": 1, "colocate": True}, rollout={"weight_bucket_mb": 64}, needs_ref=True)
+    s = setup(
+        cluster={"gpus_per_node": 1, "colocate": True}, rollout={"weight_bucket_mb": 64}, needs_ref=True
+    )
     role = plan_memory(s, GIB).roles[0]
     sync = {t.name: t.bytes for t in role.phases[3].terms}
     expected = {
@@ -459,8 +463,13 @@ def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
     with pytest.raises(ConfigError) as refused:
         compose([*overrides, H100_GIB])
     message = str(refused.value)
-    assert "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
-    assert "less than cluster.memory_margin=0.1" in message and "cluster.memory_margin=0.09 to start it anyway" in message
+    assert (
+        "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
+    )
+    assert (
+        "less than cluster.memory_margin=0.1" in message
+        and "cluster.memory_margin=0.09 to start it anyway" in message
+    )
     assert "largest terms (GiB): optimizer state 36.6" in message
     # one tensor at a time, Adam's 12.2 GiB temporary shrinks to the vocabulary shard's 1.2
     assert "set train.adam_foreach=false (the plan then predicts 70.9 GiB)" in message
@@ -501,7 +510,9 @@ def test_a_plan_that_fits_with_little_to_spare_says_so():
     assert memory_errors(alone, roomy) == []
     # under the default cluster.memory_margin (0.1) 5% free is refused; with a margin of 0.04, a warning
     (refusal,) = memory_errors(alone, tight)
-    assert "leaving" in refusal and "(5%)" in refusal and "less than cluster.memory_margin=0.1 of it" in refusal
+    assert (
+        "leaving" in refusal and "(5%)" in refusal and "less than cluster.memory_margin=0.1 of it" in refusal
+    )
     lowered = replace(alone, cluster=replace(alone.cluster, memory_margin=0.04))
     assert memory_errors(lowered, plan_memory(lowered, tight.gpu_bytes)) == []
 

@@ -5,36 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import megatron_world  # tests/ is on sys.path (conftest)
+from helpers import fp32_masters, tiny_bf16_trainable  # tests/ is on sys.path (conftest)
 
-from rlx.config import build
-from rlx.config.compose import compose
 from rlx.trainer.config import TrainConfig
 from rlx.trainer.offload import Offloader
-from rlx.trainer.trainable import wrap_for_training
-
-
-def _step(ddp, optimizer, ids_BL: torch.Tensor) -> None:
-    ddp.zero_grad_buffer()
-    optimizer.zero_grad()
-    ddp(
-        input_ids=ids_BL[:, :-1], position_ids=None, attention_mask=None, labels=ids_BL[:, 1:]
-    ).mean().backward()
-    optimizer.step()
 
 
 def _trained_after(round_trip: str) -> tuple[dict, list]:
     """Weights and fp32 masters after Adam step, `round_trip` ("none", "move_state": everything to
     the host and back, "two_stages": all but the parameters, then the parameters, then back,
     "grads_only": `move_state=False`), Adam step."""
-    family = build(compose(["model=tiny_qwen3"]).model)
-    hf_dir = family.checkpoint_dir()
-    ids_BL = torch.randint(0, family.cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
-    with megatron_world():
-        gpt = family.build_model(params_dtype=torch.bfloat16)
-        family.load_hf_weights(gpt, hf_dir)
-        (ddp,), optimizer = wrap_for_training([gpt], TrainConfig(precision="bf16"), 1e-2, torch.bfloat16)
-        _step(ddp, optimizer, ids_BL)  # Adam state, and weights no longer the checkpoint's
+    with tiny_bf16_trainable(TrainConfig(precision="bf16")) as (gpt, ddp, optimizer, step):
+        step()  # Adam state, and weights no longer the checkpoint's
         grad_data = [b.grad_data for b in ddp.buffers]
         if round_trip == "move_state":
             offloader = Offloader(ddp, optimizer, on_cpu=True)
@@ -74,14 +56,8 @@ def _trained_after(round_trip: str) -> tuple[dict, list]:
             assert not offloader._host  # nothing copied
             offloader.onload(torch.device("cpu"))
             assert all(g.untyped_storage().nbytes() == g.numel() * g.element_size() for g in grad_data)
-        _step(ddp, optimizer, ids_BL)
-        masters = [
-            m.detach().clone()
-            for inner in optimizer.chained_optimizers
-            for group in inner.fp32_from_float16_groups
-            for m in group
-        ]
-        return {k: v.detach().clone() for k, v in gpt.named_parameters()}, masters
+        step()
+        return {k: v.detach().clone() for k, v in gpt.named_parameters()}, fp32_masters(optimizer)
 
 
 @pytest.mark.parametrize("round_trip", ["move_state", "two_stages", "grads_only"])
