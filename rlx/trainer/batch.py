@@ -116,7 +116,10 @@ def make_packed_micro_batch(
     its own positions from 0 and a block-diagonal causal attention mask: every real token sees
     exactly the tokens it sees in `make_micro_batch` (RoPE depends only on the distance between
     positions, so the sample's logits match up to floating-point rounding). Response tensors
-    and `extras` are per sample, as there."""
+    and `extras` are per sample, as there. A row of one sample (a long response fills the token
+    budget alone) needs no mask: causal attention is its own, and the padding after it is seen by
+    no real token; without one SDPA takes its flash kernel, not the masked one, and no L x L mask
+    is built (67 MB of bools at 8k tokens)."""
     lengths = [len(s.prompt_ids) + s.response_len for s in samples]
     width_L = -(-sum(lengths) // pad_multiple) * pad_multiple
     starts = [sum(lengths[:b]) for b in range(len(samples))]
@@ -128,8 +131,12 @@ def make_packed_micro_batch(
         tokens_L[start : start + n] = torch.tensor(s.tokens)
         positions_L[start : start + n] = torch.arange(n)
         segment_L[start : start + n] = b
-    causal_LL = torch.ones(width_L, width_L, dtype=torch.bool).tril()
-    allowed_LL = causal_LL & (segment_L.unsqueeze(0) == segment_L.unsqueeze(1))
+    if len(samples) == 1:
+        mask_B1LL = None
+    else:
+        causal_LL = torch.ones(width_L, width_L, dtype=torch.bool).tril()
+        allowed_LL = causal_LL & (segment_L.unsqueeze(0) == segment_L.unsqueeze(1))
+        mask_B1LL = ~allowed_LL.view(1, 1, width_L, width_L)
     padded = make_micro_batch(
         samples, extras, num_global_tokens=num_global_tokens, num_global_samples=num_global_samples
     )
@@ -139,7 +146,7 @@ def make_packed_micro_batch(
         position_ids_BL=positions_L.unsqueeze(0),
         row_B=torch.zeros(len(samples), dtype=torch.long),
         start_B=torch.tensor(starts),
-        attention_mask_B1LL=~allowed_LL.view(1, 1, width_L, width_L),
+        attention_mask_B1LL=mask_B1LL,
     )
 
 

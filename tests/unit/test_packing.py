@@ -63,6 +63,15 @@ def test_packed_row_positions_and_block_diagonal_mask():
     assert allowed.tolist() == expected
 
 
+def test_a_row_of_one_sample_needs_no_mask():
+    (sample, _) = _samples()
+    mb = make_packed_micro_batch([sample], {"adv": [[0.5, 0.5, 0.5]]}, pad_multiple=4)
+    assert mb.tokens_BL.tolist() == [[5, 6, 7, 8, 1, 0, 0, 0]]  # 5 tokens padded to 8
+    assert mb.position_ids_BL.tolist() == [[0, 1, 2, 3, 4, 0, 0, 0]]
+    assert mb.attention_mask_B1LL is None  # causal: the padding comes after every real token
+    assert mb.row_B.tolist() == [0] and mb.start_B.tolist() == [0]
+
+
 def test_response_slice_of_a_packed_row():
     mb = make_packed_micro_batch(_samples(), {})
     values_BL = torch.arange(8.0).unsqueeze(0)  # position p of the 9-token row (L - 1 = 8 outputs)
@@ -122,6 +131,18 @@ def test_packed_training_gives_the_padded_loss_and_gradients(tmp_path):
     for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
         assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key
     assert padded["train/grad_norm"] > 0
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_of_one_sample_without_a_mask_give_the_padded_loss_and_gradients(tmp_path):
+    """Under a budget of 28 the four longest samples (23-25 tokens) fill a row each, without a mask
+    (`make_packed_micro_batch`); the short ones share rows with one: the padded step's loss and gradients."""
+    padded, padded_grads, _ = _train_on_one_rank(tmp_path)
+    packed, packed_grads, packed_widths = _train_on_one_rank(tmp_path, "train.max_tokens_per_micro_batch=28")
+    assert sum(w == (1, 23) or w == (1, 24) or w == (1, 25) for w in map(tuple, packed_widths)) >= 4
+    for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
+        assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
