@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT_OPEN_HIGH, Rule
 
@@ -22,8 +22,11 @@ class ClusterConfig:
     colocate: bool = False  # engines and trainer share GPUs, taking turns (rlx/colocation.py)
     # colocated: while the engines generate, the trainer's weights and optimizer state wait in pinned
     # CPU memory (true), or stay on the GPU (false: no PCIe copies at each turn, and the engines'
-    # KV cache gets the memory left beside them). Gradient buffers and cached memory are freed either way.
-    offload_trainer: bool = True
+    # KV cache gets the memory left beside them). Gradient buffers and cached memory are freed either
+    # way. auto: false where the memory plan (rlx.memory) finds that beside the kept state every GPU
+    # fits with cluster.memory_margin free and each engine's KV cache holds its share of a step's
+    # samples at full length; else true (and true where the GPU's memory is unknown)
+    offload_trainer: Any = True  # true | false | auto
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced
@@ -63,6 +66,7 @@ class ClusterConfig:
         "context_parallel_size": AT_LEAST_1,
         "gpu_memory_gib": POSITIVE,
         "memory_margin": UNIT_OPEN_HIGH,
+        "offload_trainer": Rule("true, false or auto", lambda v: v is True or v is False or v == "auto"),
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
         "ray_join_timeout_s": POSITIVE,

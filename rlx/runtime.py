@@ -21,7 +21,7 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
-from rlx.config.memory_check import memory_plan
+from rlx.config.memory_check import memory_plan, resolve_offload
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
@@ -247,6 +247,8 @@ def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
+    if (why := resolve_offload(rc)) is not None:  # cluster.offload_trainer=auto: true or false from here on
+        log.info("cluster.offload_trainer=auto: %s", why)
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
         log.info("%s", report(memory))
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory

@@ -6,17 +6,45 @@ every GPU run logs first. CPU configs (`cluster.gpus_per_node=0`) have no plan."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from rlx.config.build import build
 from rlx.config.layout import Classes
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report
+from rlx.memory.plan import offload_decision
 from rlx.memory.gpus import visible_gpu_bytes
 
 
 def memory_setup(rc: RlxConfig) -> Setup:
-    """The plan's inputs from the composed config."""
+    """The plan's inputs from the composed config (`cluster.offload_trainer=auto` decided)."""
+    setup = _setup(rc)
+    if setup.cluster.offload_trainer == "auto":
+        offload, _ = offload_decision(
+            replace(setup, cluster=replace(setup.cluster, offload_trainer=True)), gpu_memory(rc)[0]
+        )
+        setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=offload))
+    return setup
+
+
+def resolve_offload(rc: RlxConfig) -> str | None:
+    """Set `rc.cluster.offload_trainer` to what `auto` decides (`offload_decision`; true on a CPU
+    run or a model the plan cannot count); the reason, for the run's log (None: it was not auto)."""
+    if rc.cluster.offload_trainer != "auto":
+        return None
+    if no_plan(rc):
+        rc.cluster.offload_trainer = True
+        return "offloaded: no memory plan for this run"
+    setup = _setup(rc)
+    offload, why = offload_decision(
+        replace(setup, cluster=replace(setup.cluster, offload_trainer=True)), gpu_memory(rc)[0]
+    )
+    rc.cluster.offload_trainer = offload
+    return why
+
+
+def _setup(rc: RlxConfig) -> Setup:
     try:  # the algorithm says which models it adds (checked by its own rules first)
         algo = build(rc.algo)
         needs_ref, needs_critic = bool(algo.needs_ref), bool(algo.needs_critic)

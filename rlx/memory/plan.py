@@ -63,6 +63,37 @@ def plan_memory(
     return Plan(tuple(roles), gpu_bytes, gpu_source, headline(s, p.total), notes(s) + tight(roles, gpu_bytes))
 
 
+def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
+    """`cluster.offload_trainer=auto`: (offload, why). The trainer's state stays on the GPU (no
+    copies over PCIe at each hand-over) where, planned so, every GPU fits with `cluster.memory_margin`
+    free and each engine's KV cache holds its share of a step's samples at full length (a smaller
+    cache would make the rollout wait for room); else it goes to the host while the engines generate."""
+    c, r = s.cluster, s.rollout
+    if not (c.colocate and s.with_trainer and s.with_engines):
+        return True, "not colocated"
+    if gpu_bytes is None:
+        return True, "offloaded: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
+    kept = replace(s, cluster=replace(c, offload_trainer=False))
+    plan = plan_memory(kept, gpu_bytes)
+    if memory_errors(kept, plan):
+        return (
+            True,
+            "offloaded: kept on the GPU, it would not fit (run.plan_only=true with cluster.offload_trainer=false says why)",
+        )
+    p = model_params(s.model)
+    tokens = kv_tokens(kept, p, resident_while_generating(kept, p, 0), gpu_bytes)
+    step = math.ceil(r.batch_size * r.n_samples_per_prompt / max(r.num_engines, 1)) * s.sample_len
+    if tokens < step:
+        return True, (
+            f"offloaded: kept on the GPU, it would leave each engine's KV cache {tokens:,} tokens, fewer than its "
+            f"share of a step's samples ({step:,})"
+        )
+    return False, (
+        f"kept on the GPU: beside it each engine's KV cache holds {tokens:,} tokens, its share of a step's "
+        f"samples {step:,}"
+    )
+
+
 def tight(roles: list[Role], gpu_bytes: int | None) -> tuple[str, ...]:
     """A warning for each GPU kind whose trainer fits with less than TIGHT to spare, the plan being
     approximate. (An engine's KV cache fills the share of the GPU it is given, by design.)"""

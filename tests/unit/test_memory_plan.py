@@ -528,3 +528,59 @@ def test_the_advice_offers_offloading_and_tensor_parallelism_only_where_they_app
     # TP=2 over 2 ranks on nodes of 2: 16 heads, 8 groups, 151,936 entries divide; TP=4 leaves the node
     assert tensor_parallel_fits(s, 2) and not tensor_parallel_fits(s, 4)
     assert not tensor_parallel_fits(replace(s, model=replace(s.model, num_query_groups=1)), 2)
+
+
+def test_offload_trainer_auto_keeps_the_state_where_a_steps_samples_fit_the_kv_cache_beside_it():
+    """cluster.offload_trainer=auto (rlx.memory.plan.offload_decision): kept on the GPU exactly while
+    each engine's KV cache, beside the kept state, holds its share of a step's samples at full length."""
+    from rlx.memory.engine import kv_tokens
+    from rlx.memory.plan import offload_decision
+    from rlx.memory.trainer import resident_while_generating
+
+    colocated = {"gpus_per_node": 1, "colocate": True, "offload_trainer": True}
+    s = setup(cluster=colocated)
+    kept = replace(s, cluster=replace(s.cluster, offload_trainer=False))
+    p = model_params(TINY)
+    gpu = 4 * GIB  # two CUDA contexts (1 GiB) and room for a KV cache
+    tokens = kv_tokens(kept, p, resident_while_generating(kept, p, 0), gpu)
+    assert tokens > 0 and s.sample_len == 32
+    fits, over = tokens // 32, tokens // 32 + 1  # samples a step: the last that fits, the first that does not
+    for samples, offload in ((fits, False), (over, True)):
+        step = replace(s, rollout=replace(s.rollout, batch_size=samples, n_samples_per_prompt=1))
+        decided, why = offload_decision(step, gpu)
+        assert decided is offload, why
+        assert why.startswith(
+            "offloaded: kept on the GPU, it would leave" if offload else "kept on the GPU: beside it"
+        )
+    # two engines share a step's samples
+    two = replace(s, rollout=replace(s.rollout, batch_size=over, n_samples_per_prompt=1, num_engines=2))
+    assert offload_decision(two, gpu)[0] is False
+    assert offload_decision(s, None) == (
+        True,
+        "offloaded: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)",
+    )
+    assert offload_decision(setup(), gpu)[0] is True  # split placement: nothing to keep beside the engine
+    # a GPU too small for the kept state beside the engine
+    assert offload_decision(s, 2 * 2**20)[1].startswith("offloaded: kept on the GPU, it would not fit")
+
+
+def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspelt():
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import resolve_offload
+    from rlx.errors import ConfigError
+
+    rc = to_object(compose(["cluster.offload_trainer=auto"]))  # the CPU default job: no plan
+    assert (
+        resolve_offload(rc) == "offloaded: no memory plan for this run" and rc.cluster.offload_trainer is True
+    )
+    gpu = [
+        "cluster=1gpu",
+        "train.precision=bf16",
+        "cluster.gpu_memory_gib=79.6",
+        "cluster.offload_trainer=auto",
+    ]
+    rc = to_object(compose(gpu))
+    assert resolve_offload(rc).startswith("kept on the GPU") and rc.cluster.offload_trainer is False
+    assert resolve_offload(rc) is None  # decided: no longer auto
+    with pytest.raises(ConfigError, match="cluster.offload_trainer.*true, false or auto"):
+        compose(["cluster.offload_trainer=sometimes"])
