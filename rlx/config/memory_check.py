@@ -13,8 +13,8 @@ from rlx.config.layout import Classes
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report
-from rlx.memory.plan import offload_decision
 from rlx.memory.gpus import visible_gpu_bytes
+from rlx.memory.plan import offload_decision
 
 
 def memory_setup(rc: RlxConfig) -> Setup:
