@@ -21,10 +21,7 @@ def memory_setup(rc: RlxConfig) -> Setup:
     """The plan's inputs from the composed config (`cluster.offload_trainer=auto` decided)."""
     setup = _setup(rc)
     if setup.cluster.offload_trainer == "auto":
-        offload, _ = offload_decision(
-            replace(setup, cluster=replace(setup.cluster, offload_trainer=True)), gpu_memory(rc)[0]
-        )
-        setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=offload))
+        setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=_decide(setup, rc)[0]))
     return setup
 
 
@@ -36,12 +33,15 @@ def resolve_offload(rc: RlxConfig) -> str | None:
     if no_plan(rc):
         rc.cluster.offload_trainer = True
         return "offloaded: no memory plan for this run"
-    setup = _setup(rc)
-    offload, why = offload_decision(
+    rc.cluster.offload_trainer, why = _decide(_setup(rc), rc)
+    return why
+
+
+def _decide(setup: Setup, rc: RlxConfig) -> tuple[bool, str]:
+    """`offload_decision` for `setup`, whose cluster.offload_trainer is still `auto`."""
+    return offload_decision(
         replace(setup, cluster=replace(setup.cluster, offload_trainer=True)), gpu_memory(rc)[0]
     )
-    rc.cluster.offload_trainer = offload
-    return why
 
 
 def _setup(rc: RlxConfig) -> Setup:
