@@ -102,7 +102,13 @@ def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(t
 @pytest.mark.slow
 def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
     out = tmp_path / "run"
-    options = ["run.save=true", "run.keep_checkpoints=1", "run.resume_from=auto", "run.progress=false", *SMALL[:3]]
+    options = [
+        "run.save=true",
+        "run.keep_checkpoints=1",
+        "run.resume_from=auto",
+        "run.progress=false",
+        *SMALL[:3],
+    ]
     args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=50", *options]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -168,7 +174,13 @@ def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     import psutil
 
     out = tmp_path / "run"
-    options = ["run.save=true", "run.save_interval=1", "run.resume_from=auto", "run.progress=false", *SMALL[:3]]
+    options = [
+        "run.save=true",
+        "run.save_interval=1",
+        "run.resume_from=auto",
+        "run.progress=false",
+        *SMALL[:3],
+    ]
     args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=30", *options]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
