@@ -32,17 +32,22 @@ def tiny_qwen3_factory(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """The longest test files first: modules with `slow` tests (most of them first), then the
-    other integration modules, then the rest. With `-n 2 --dist loadfile --no-loadscope-reorder`
-    (scripts/test.sh) pytest-xdist hands whole files to its workers in this order, so the two
-    workers end together on short files instead of one waiting while the other runs a long
-    one. The order within a file is kept."""
+    other integration modules, then the modules marked `own_ray`, then the rest. With `-n 2
+    --dist loadfile --no-loadscope-reorder` (scripts/test.sh) pytest-xdist hands whole files to
+    its workers in this order, so the two workers end together on short files instead of one
+    waiting while the other runs a long one. An `own_ray` module stops its worker's shared Ray
+    (`ray_session`), and with it the kept trainer ranks and engines (`kept_actors`): after the
+    other integration modules, few modules start them again (Ray, Megatron's and the engine's
+    imports: seconds of CPU each time). The order within a file is kept."""
     slow: dict[Path, int] = {}
     for item in items:
         slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
 
     def rank(item) -> tuple[int, int]:
         n = slow[item.path]
-        return (0 if n else 1 if "integration" in item.path.parts else 2, -n)
+        if item.get_closest_marker("own_ray") is not None:
+            return (2, -n)
+        return (0 if n else 1 if "integration" in item.path.parts else 3, -n)
 
     items.sort(key=rank)  # stable: collection order within a rank
 
@@ -77,8 +82,9 @@ def kept_actors():
 @pytest.fixture(scope="module", autouse=True)
 def _integration_tests_share_ray(request):
     """Every integration test finds this process's Ray up (`ray_session`): its runs use it, and
-    they keep their trainer ranks and engines for the next run (`kept_actors`)."""
-    if "integration" in request.node.path.parts:
+    they keep their trainer ranks and engines for the next run (`kept_actors`). Not for a module
+    marked `own_ray`: its tests take a Ray of their own, which stops the shared one."""
+    if "integration" in request.node.path.parts and request.node.get_closest_marker("own_ray") is None:
         request.getfixturevalue("kept_actors")
         request.getfixturevalue("ray_session")
 

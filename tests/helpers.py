@@ -35,13 +35,26 @@ def _tiny_shape() -> dict[str, int]:
 TINY_SHAPE = _tiny_shape()
 
 
+# What every rank imports, loaded once per test process by its fork server (rlx first: it sets
+# megatron's import up, rlx/compat/megatron_jit.py); a rank forked from it starts in well under a
+# second instead of spending 5-7 s of CPU on these imports, as a spawned interpreter does.
+RANK_PRELOAD = ["rlx", "torch", "megatron.core", "rlx.trainer.parallel", "transformers", "pytest", "helpers"]
+
+
 def spawn_ranks(fn: Callable, world_size: int, *args) -> None:
     """Run `fn(rank, world_size, port, *args)` in `world_size` fresh processes and wait.
 
-    `fn` must be a module-level function (it is pickled by name). A failing rank raises here
-    with its traceback.
+    The processes are forked from this test process's fork server (multiprocessing's
+    "forkserver", started on first use with RANK_PRELOAD imported and nothing else done: no
+    thread, no torch.distributed, no model), so each starts as a new interpreter would, without
+    paying for the imports again. `fn` must be a module-level function (it is pickled by name).
+    A failing rank raises here with its traceback.
     """
-    mp.spawn(fn, args=(world_size, free_port(), *args), nprocs=world_size, join=True)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts (once per process)
+    mp.start_processes(
+        fn, args=(world_size, free_port(), *args), nprocs=world_size, join=True, start_method="forkserver"
+    )
 
 
 @contextlib.contextmanager

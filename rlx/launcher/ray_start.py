@@ -3,8 +3,9 @@ Ray's token (several nodes).
 
 One node (no `cluster.ray_address`): the run starts a Ray of its own whose node address is
 127.0.0.1, so that every Ray process (GCS, raylet, object manager, workers, agents) listens on
-loopback only (`rlx.compat.ray_internals.loopback_node`), without a dashboard and without token
-authentication (nothing off the host reaches it).
+loopback only (`rlx.compat.ray_internals.loopback_node`), without a dashboard or an autoscaler
+(`ray_internals.lean_head`: seconds off every start) and without token authentication (nothing
+off the host reaches it).
 
 Several nodes (`cluster.num_nodes > 1`): Ray's servers must listen where the other nodes reach them,
 and Ray 2.60 binds every interface then, so the cluster must require Ray's token
@@ -53,7 +54,7 @@ def start_local(**init_args: Any) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # nothing off the host reaches a loopback Ray; RAY_AUTH_MODE=token, if set, is kept
     os.environ.setdefault(AUTH_MODE_ENV, "disabled")
-    with ray_internals.loopback_node():
+    with ray_internals.loopback_node(), ray_internals.lean_head():
         ray.init(**local_init_args(**init_args))
 
 

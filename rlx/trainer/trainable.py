@@ -378,12 +378,15 @@ def save_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
+    from rlx.compat import megatron_checkpoint
+
     stepped = _has_stepped(optimizer)
     common = (common or {}) | ({} if stepped else {_OPTIMIZER_STEPPED: False})
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(
-        _sharded_state(chunks, optimizer, False, stepped, common, adapters_only), str(ckpt_dir)
-    )
+    with megatron_checkpoint.in_process_results():  # no manager process per rank (seconds of CPU)
+        dist_checkpointing.save(
+            _sharded_state(chunks, optimizer, False, stepped, common, adapters_only), str(ckpt_dir)
+        )
 
 
 def load_checkpoint(

@@ -29,6 +29,8 @@ from rlx.rollout.engine_actor import EngineActor
 from rlx.rollout.router import Router
 from rlx.runtime import run
 
+pytestmark = pytest.mark.own_ray  # a routable Ray of its own, not the shared one (tests/conftest.py)
+
 KEY = "run-key-123"
 GENERATE = {"input_ids": [2, 3, 4], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
 

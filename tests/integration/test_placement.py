@@ -11,6 +11,9 @@ from rlx.cluster import ClusterConfig
 from rlx.placement import plan
 from rlx.rollout.config import RolloutConfig
 
+# a Ray with 4 pretend GPUs of its own, not the shared one (tests/conftest.py)
+pytestmark = pytest.mark.own_ray
+
 
 @ray.remote
 class Probe:

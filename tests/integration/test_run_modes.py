@@ -102,8 +102,14 @@ def test_train_only_from_dumps_reproduces_the_losses_of_the_run_that_made_them(t
 @pytest.mark.slow
 def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
     out = tmp_path / "run"
-    args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=50", "run.save=true",
-            "run.keep_checkpoints=1", "run.resume_from=auto", "run.progress=false", *SMALL[:3]]  # fmt: skip
+    options = [
+        "run.save=true",
+        "run.keep_checkpoints=1",
+        "run.resume_from=auto",
+        "run.progress=false",
+        *SMALL[:3],
+    ]
+    args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=50", *options]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
@@ -118,9 +124,9 @@ def test_sigterm_checkpoints_the_step_and_resume_auto_continues_it(tmp_path):
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert checkpoints == [f"step_{done - 1:06d}"]  # the stopped step's, the only one kept
 
-    resumed = subprocess.run([*args[:3], f"run.num_rollout={done + 1}", *args[4:]], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # the same command but for its length, run here (this process's Ray and kept ranks and engines:
+    # no second start-up of Ray, Megatron and the engine); launch.py's own path is the first run's
+    run(compose([f"run.output_dir={out}", f"run.num_rollout={done + 1}", *options]))
     steps = [row["step"] for row in _rows(out / "metrics.jsonl")]
     assert steps == list(range(done + 1))  # nothing trained twice or skipped
     assert os.path.isdir(out / "checkpoints" / f"step_{done:06d}")
@@ -168,8 +174,14 @@ def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     import psutil
 
     out = tmp_path / "run"
-    args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=30", "run.save=true",
-            "run.save_interval=1", "run.resume_from=auto", "run.progress=false", *SMALL[:3]]  # fmt: skip
+    options = [
+        "run.save=true",
+        "run.save_interval=1",
+        "run.resume_from=auto",
+        "run.progress=false",
+        *SMALL[:3],
+    ]
+    args = [sys.executable, "launch.py", f"run.output_dir={out}", "run.num_rollout=30", *options]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if "step    1 |" in line:
@@ -187,9 +199,7 @@ def test_a_killed_trainer_ends_the_job_and_resume_auto_finishes_it(tmp_path):
     assert "Traceback" not in tail and "HYDRA_FULL_ERROR" not in tail, tail[-3000:]
     done = len(_rows(out / "metrics.jsonl"))  # each of them checkpointed (save_interval=1)
     assert 2 <= done < 30
-    # resumed with the same command but for its length: two steps past the killed one
-    resumed = subprocess.run([*args[:3], f"run.num_rollout={done + 2}", *args[4:]], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # resumed with the same options but for its length, here (as above): two steps past the killed one
+    run(compose([f"run.output_dir={out}", f"run.num_rollout={done + 2}", *options]))
     steps = [row["step"] for row in _rows(out / "metrics.jsonl")]
     assert steps == list(range(done + 2))  # nothing trained twice or skipped

@@ -26,6 +26,9 @@ from rlx.config.compose import compose
 from rlx.ports import is_loopback
 from rlx.runtime import run
 
+# its runs and heads start a Ray of their own, as launch.py does: no shared Ray (tests/conftest.py)
+pytestmark = pytest.mark.own_ray
+
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["run.num_rollout=2", "rollout.batch_size=8", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16",
          "run.progress=false", "run.loggers=[jsonl]"]  # fmt: skip
