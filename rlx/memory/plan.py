@@ -171,10 +171,16 @@ def memory_errors(s: Setup, plan: Plan) -> list[str]:
     return errors
 
 
-def trainer_peak(role: Role) -> int:
+def trainer_phase(role: Role) -> Phase | None:
     """The largest of `role`'s phases that a trainer holds memory in (all but generating: an engine's
-    KV cache fills the share it is given, by design); 0 for an engine GPU."""
-    return max((p.bytes for p in role.phases if p.name != "generating"), default=0)
+    KV cache fills the share it is given, by design); None for an engine GPU."""
+    return max((p for p in role.phases if p.name != "generating"), key=lambda p: p.bytes, default=None)
+
+
+def trainer_peak(role: Role) -> int:
+    """`trainer_phase`'s bytes; 0 for an engine GPU."""
+    phase = trainer_phase(role)
+    return 0 if phase is None else phase.bytes
 
 
 def over_message(s: Setup, plan: Plan, index: int) -> str:
@@ -188,7 +194,7 @@ def over_message(s: Setup, plan: Plan, index: int) -> str:
 
 def margin_message(s: Setup, plan: Plan, index: int) -> str:
     role, margin = plan.roles[index], s.cluster.memory_margin
-    peak = max((p for p in role.phases if p.name != "generating"), key=lambda p: p.bytes)
+    peak = trainer_phase(role)
     spare = plan.gpu_bytes - peak.bytes
     lower = math.floor(spare / plan.gpu_bytes * 100) / 100
     return (
@@ -294,9 +300,9 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
             found["cluster.tensor_parallel_size"] = [(tp, cluster(tensor_parallel_size=tp))]
         return found
     forward = phase == "forward-only passes"
-    if (
-        phase == "optimizer step"
-    ):  # the state alone: sharding or splitting it helps, smaller micro-batches do not
+    if phase == "optimizer step":
+        # the state alone: sharding or splitting it helps, and Adam one tensor at a time (a smaller
+        # temporary); smaller micro-batches do not
         if t.adam_foreach:
             found["train.adam_foreach"] = [("false", train(adam_foreach=False))]
     elif t.max_tokens_per_micro_batch is not None:

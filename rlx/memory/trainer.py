@@ -110,14 +110,21 @@ def in_flight(s: Setup, stage: int) -> tuple[int, str]:
     return chunks * chunk_layers, f"{chunks} chunks of {chunk_layers} layers in flight"
 
 
+def rank_share(s: Setup, p: ModelParams, stage: int, *, value_head: bool = False) -> RankParams:
+    """A trainer rank's share of `p` (of PPO's critic with `value_head`) under the cluster's layout."""
+    c = s.cluster
+    return rank_params(
+        p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage,
+        value_head=value_head,
+    )  # fmt: skip
+
+
 def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True) -> list[Term]:
     """What the rank holds all step: weights, gradient buffer, optimizer state; reference; critic.
     `gradients=False`: without the gradient buffers (a colocated trainer frees them for the engine)."""
-    c, t = s.cluster, s.train
+    t = s.train
     e = PRECISION_BYTES[t.precision]
-    policy = rank_params(
-        p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
-    )
+    policy = rank_share(s, p, stage)
     trainable = trainable_params(s, policy, stage)
     terms = [
         Term(f"policy weights ({t.precision}, {count(policy.total)} parameters)", policy.total * e, (TP, PP))
@@ -129,10 +136,7 @@ def static_terms(s: Setup, p: ModelParams, stage: int, *, gradients: bool = True
     if s.needs_ref and not t.lora.enabled:  # under LoRA the reference is the base: no copy
         terms.append(Term(f"reference model ({t.precision} weights)", policy.total * e, (TP, PP)))
     if s.needs_critic:
-        critic = rank_params(
-            p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage,
-            value_head=True,
-        )  # fmt: skip
+        critic = rank_share(s, p, stage, value_head=True)
         kept = critic.total * (e + GRAD_BYTES * gradients) + optimizer_term(s, critic, "").bytes
         what = "weights, gradients, optimizer state" if gradients else "weights, optimizer state"
         terms.append(Term(f"critic ({what})", kept, (TP, PP)))
@@ -230,11 +234,7 @@ def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     """What the optimizer step adds: torch's multi-tensor Adam (megatron's fallback without apex)
     computes sqrt(v) for all of its weights at once, one fp32 temporary of the state's size; with
     `train.adam_foreach=false`, of one tensor at a time (the largest one's)."""
-    c = s.cluster
-    policy = rank_params(
-        p, tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
-    )
-    trainable = trainable_params(s, policy, stage)
+    trainable = trainable_params(s, rank_share(s, p, stage), stage)
     moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
     if not s.train.adam_foreach:
         one = min(moments, largest_tensor(s, stage) * 4)
@@ -259,9 +259,8 @@ def largest_tensor(s: Setup, stage: int) -> int:
     heads = (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * head_dim
     candidates = [2 * m.ffn_hidden_size * h // tp, heads * h // tp]
     if m.num_moe_experts:
-        candidates.append(
-            2 * (m.moe_ffn_hidden_size or m.ffn_hidden_size) * h
-        )  # experts split over EP, whole
+        # an expert's fc1: experts are split over EP, each one whole
+        candidates.append(2 * (m.moe_ffn_hidden_size or m.ffn_hidden_size) * h)
     if stage == 0 or stage == pp - 1:
         candidates.append(m.vocab_size * h // tp)
     return max(candidates)
@@ -301,16 +300,13 @@ def resident_while_syncing(s: Setup, p: ModelParams, stage: int) -> list[Term]:
                   ("rollout.weight_bucket_mb",))  # fmt: skip
     if not s.cluster.offload_trainer:
         return [*resident_while_generating(s, p, stage), bucket]
-    c, t = s.cluster, s.train
+    t = s.train
     e = PRECISION_BYTES[t.precision]
-    shard = dict(
-        tp=c.tensor_parallel_size, pp=c.pipeline_parallel_size, ep=c.expert_parallel_size, stage=stage
-    )
-    policy = rank_params(p, **shard).total * e
+    policy = rank_share(s, p, stage).total * e
     terms = [Term(f"trainer's policy weights ({t.precision}), read by the sync", policy, (TP, PP))]
     if s.needs_ref and not t.lora.enabled:
         terms.append(Term(f"trainer's reference model ({t.precision} weights)", policy, (TP, PP)))
     if s.needs_critic:
-        critic = rank_params(p, **shard, value_head=True).total * e
+        critic = rank_share(s, p, stage, value_head=True).total * e
         terms.append(Term(f"trainer's critic weights ({t.precision})", critic, (TP, PP)))
     return [*terms, bucket, context_term("trainer")]

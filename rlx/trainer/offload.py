@@ -46,7 +46,7 @@ class Offloader:
         )
 
     def _optimizers(self) -> list:
-        return getattr(self.optimizer, "chained_optimizers", [self.optimizer] if self.optimizer else [])
+        return sub_optimizers(self.optimizer)
 
     def _masters(self) -> dict[int, torch.Tensor]:
         """id(parameter of this model) -> its fp32 master weight, for the half-precision
@@ -130,6 +130,14 @@ class Offloader:
             torch.cuda.synchronize()
         self._tensors, self._from_master = [], []
         self.offloaded = self._params_kept = False
+
+
+def sub_optimizers(optimizer) -> list:
+    """Megatron's optimizer wrappers under `optimizer` (a ChainedOptimizer's, or itself; none for
+    None), each holding the torch optimizer it drives as `.optimizer`."""
+    if optimizer is None:
+        return []
+    return getattr(optimizer, "chained_optimizers", [optimizer])
 
 
 def _owns_storage(t: torch.Tensor) -> bool:

@@ -29,7 +29,7 @@ from rlx.trainer.batch import (
     widen,
 )
 from rlx.trainer.config import TrainConfig
-from rlx.trainer.offload import Offloader
+from rlx.trainer.offload import Offloader, sub_optimizers
 from rlx.trainer.pipeline import broadcast_metrics, broadcast_rows, is_last_stage
 from rlx.trainer.schedule import lr_factor
 
@@ -280,7 +280,7 @@ def wrap_for_training(
         ddp_chunks,
     )
     if not train_cfg.adam_foreach:  # train.adam_foreach=false: one tensor at a time
-        for wrapper in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for wrapper in sub_optimizers(optimizer):
             for group in wrapper.optimizer.param_groups:
                 group["foreach"] = False
     # Grad sync at the end of the last micro-batch; the schedule reads the first chunk's config.
@@ -336,7 +336,7 @@ _OPTIMIZER_STEPPED = "optimizer_stepped"
 
 
 def _has_stepped(optimizer) -> bool:
-    return any(sub.optimizer.state for sub in getattr(optimizer, "chained_optimizers", [optimizer]))
+    return any(sub.optimizer.state for sub in sub_optimizers(optimizer))
 
 
 def _model_keys(chunks) -> list[str]:
