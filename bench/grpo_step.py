@@ -124,12 +124,8 @@ def _write_random_checkpoint(model_cfg) -> None:
     import torch
 
     from rlx.config.build import build
-    from rlx.models.tiny import tiny_checkpoint_path, write_tiny_checkpoint
 
-    family = build(model_cfg)
-    hf_config = family.hf_config()
-    path = tiny_checkpoint_path(model_cfg.name, hf_config)
-    write_tiny_checkpoint(hf_config, path, seed=model_cfg.init_seed, dtype=torch.bfloat16, device="cuda")
+    build(model_cfg).checkpoint_dir(dtype=torch.bfloat16, device="cuda")
 
 
 def prewrite_random_checkpoint(cfg) -> float:

@@ -78,8 +78,9 @@ class ModelFamily:
 
     # ---- HF side -------------------------------------------------------------------------------
 
-    def checkpoint_dir(self) -> Path:
-        """The HF checkpoint directory: `model.hf_checkpoint`, else the tiny model (written once)."""
+    def checkpoint_dir(self, **write_args: Any) -> Path:
+        """The HF checkpoint directory: `model.hf_checkpoint`, else the tiny model (written once;
+        `write_args`: `write_tiny_checkpoint`'s dtype and device for it)."""
         from rlx.models.tiny import tiny_checkpoint_path, write_tiny_checkpoint
 
         if self.cfg.hf_checkpoint:
@@ -91,7 +92,7 @@ class ModelFamily:
             raise ConfigError("model.hf_checkpoint is required when model.tiny is false")
         hf_config = self.hf_config()
         path = tiny_checkpoint_path(self.cfg.name, hf_config)
-        return write_tiny_checkpoint(hf_config, path, seed=self.cfg.init_seed)
+        return write_tiny_checkpoint(hf_config, path, seed=self.cfg.init_seed, **write_args)
 
     def check_hf_config(self, hf_dir: str | Path) -> None:
         """Raise ConfigError listing every key where config.json disagrees with `model.*`: the
