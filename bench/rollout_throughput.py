@@ -11,7 +11,8 @@ figure is an upper bound); `generate_batch` (transformers' continuous batching) 
 
 `--moe`: the Qwen3-MoE decode instead, on a Qwen3-30B-A3B layer shape cut to 4 of its 48 layers
 (hidden 2048, 32 query / 4 KV heads of 128, 128 experts of FFN width 768, top-8, untied
-151,936-word embeddings: 3.1B parameters, 0.5B active), engine only, with CUDA graphs and
+151,936-word embeddings: 3.1B parameters, 0.5B active; `--moe-layers 18` is the slice
+bench/grpo_step.py trains on 4 GPUs), engine only, with CUDA graphs and
 without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in every step
 (512+ draws of 8 among 128), so the byte model above holds as it is. Run it with
 `PYTHONPATH=<an older rlx tree>` to measure that tree's engine on the same model.
@@ -45,7 +46,7 @@ MOE_SHAPE = dict(
     num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
     norm_topk_prob=True, tie_word_embeddings=False,
 )  # fmt: skip
-MOE_NAME = "qwen3_30b_a3b_4_layers"
+MOE_NAME = "qwen3_30b_a3b_{}_layers"  # --moe-layers (default 4)
 
 
 def write_model(name: str, root: Path) -> Path:
@@ -59,8 +60,9 @@ def write_model(name: str, root: Path) -> Path:
     common = dict(
         vocab_size=151936, head_dim=128, max_position_embeddings=4096, eos_token_id=1, pad_token_id=0
     )
-    if name == MOE_NAME:
-        config = Qwen3MoeConfig(**common, **MOE_SHAPE)
+    if name.startswith("qwen3_30b_a3b_"):
+        layers = int(name.split("_")[3])
+        config = Qwen3MoeConfig(**common, **(MOE_SHAPE | {"num_hidden_layers": layers}))
     else:
         config = Qwen3Config(**common, num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
                              **SHAPES[name])  # fmt: skip
@@ -172,10 +174,11 @@ def make_engine(path: Path, **kwargs):
     ))  # fmt: skip
 
 
-def run_moe(root: Path, results: dict, batches: list[int]) -> None:
+def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> None:
     import rlx
 
-    path = write_model(MOE_NAME, root)
+    name = MOE_NAME.format(layers)
+    path = write_model(name, root)
     results["rlx"] = str(Path(rlx.__file__).parent)
     for graphs in (True, False):
         engine = make_engine(path, disable_cuda_graph=not graphs)
@@ -186,7 +189,7 @@ def run_moe(root: Path, results: dict, batches: list[int]) -> None:
         for batch in batches:
             ours = run_engine(engine, batch)
             ours["roofline_fraction"] = roofline_s(engine, batch) / ours["wall_s"]
-            entry = {"model": MOE_NAME, "batch": batch, "cuda_graphs": graphs, "rlx": ours}
+            entry = {"model": name, "batch": batch, "cuda_graphs": graphs, "rlx": ours}
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
         engine.release_memory()
@@ -256,13 +259,14 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip the transformers and flex runs")
     parser.add_argument("--moe", action="store_true", help="Qwen3-MoE decode, graphs on and off (docstring)")
     parser.add_argument("--moe-batches", default="64,256", help="--moe: the batch sizes")
+    parser.add_argument("--moe-layers", type=int, default=4, help="--moe: layers of the 48 kept")
     parser.add_argument("--handover", action="store_true", help="release/resume and the rollout after (1.7B)")
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
     if args.moe:
-        return run_moe(root, results, [int(b) for b in args.moe_batches.split(",")])
+        return run_moe(root, results, [int(b) for b in args.moe_batches.split(",")], args.moe_layers)
     if args.handover:
         run_handover(root, results, "qwen3_0.6b" if args.quick else "qwen3_1.7b")
         return print(json.dumps(results))

@@ -63,6 +63,7 @@ class Engine:
         self._weight_shapes: dict[str, torch.Size] = {}  # of the released weights
         # names of weights resumed without a CPU backup and not loaded since (uninitialized memory)
         self._unwritten: list[str] = []
+        self._views: dict[str, torch.Tensor] | None = None  # `weight_views()`, until the weights move
         # a decode step launched on the GPU and not read back yet (overlap), with its handle
         self._inflight: tuple[ScheduledBatch, Any] | None = None
         self.overlap = not args.disable_overlap_schedule and getattr(self.runner, "graphs", None) is not None
@@ -316,13 +317,7 @@ class Engine:
         if "weights" in self._released:
             raise RuntimeError("weights are released; resume_memory_occupation first")
         self._drain()
-        model = self.runner.model
-        # rlx's own families expose per-name views (fused projections included); transformers' by name
-        views = (
-            model.weight_views()
-            if hasattr(model, "weight_views")
-            else {n: p.data for n, p in model.named_parameters()}
-        )
+        views = self.weight_views()
         for name, tensor in named:
             if name not in views:
                 raise ValueError(f"{name}: not a tensor of this model")
@@ -339,6 +334,19 @@ class Engine:
             self.weight_version = str(weight_version)
         return len(named)
 
+    def weight_views(self) -> dict[str, torch.Tensor]:
+        """The live weights by HF name, built once per allocation of them (a MoE model has thousands
+        of per-expert views, and a weight sync asks once per bucket). rlx's own families expose
+        per-name views, fused projections included; transformers' models their parameters."""
+        if self._views is None:
+            model = self.runner.model
+            self._views = (
+                model.weight_views()
+                if hasattr(model, "weight_views")
+                else {n: p.data for n, p in model.named_parameters()}
+            )
+        return self._views
+
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free device memory (SGLang's release_memory_occupation); the engine must be idle."""
         tags = set(tags or MEMORY_TAGS) - self._released
@@ -353,6 +361,7 @@ class Engine:
             self.kv_cache.release()
             self.blocks.forget_cached()
         if "weights" in tags:
+            self._views = None
             backup = self.args.enable_weights_cpu_backup
             for name, param in self.model.named_parameters():
                 if backup:  # pinned host copies, allocated once and reused at every release
@@ -381,8 +390,9 @@ class Engine:
                 if backup:
                     param.data.copy_(self._cpu_weights[name], non_blocking=True)
             self.model.tie_weights()
+            self._views = None
             if not backup:
-                self._unwritten = sorted(self.model.weight_views())
+                self._unwritten = sorted(self.weight_views())
         if "kv_cache" in tags:
             self.kv_cache.resume()
         if tags and self.device.type == "cuda":

@@ -27,3 +27,20 @@ def test_shards_are_bounded_and_complete(tmp_path):
 def test_a_tensor_larger_than_a_bucket_gets_its_own_shard(tmp_path):
     named = [("small", torch.zeros(4)), ("big", torch.zeros(1000)), ("tail", torch.zeros(4))]
     assert write_weight_shards(iter(named), tmp_path, bucket_bytes=64) == 3
+
+
+def test_unwritten_counts_tied_names_and_stacked_experts_by_their_views():
+    from rlx.engine.models.weights import unwritten
+
+    stacked = torch.zeros(4, 6, 3)  # 4 experts; gate rows 0-2, up rows 3-5 of each
+    tied = torch.zeros(5, 3)
+    views = {"embed": tied, "lm_head": tied, "norm": torch.zeros(3), "experts.gate_up": stacked}
+    for e in range(4):
+        views[f"experts.{e}.gate"], views[f"experts.{e}.up"] = stacked[e, :3], stacked[e, 3:]
+    # the tied head is written through the embedding; the stack counts once one expert view is
+    written = ["embed", "experts.1.gate", "experts.2.up"]
+    expected = sorted({"norm"} | {f"experts.{e}.{p}" for e in range(4) for p in ("gate", "up")} - set(written))
+    assert unwritten(views, written) == expected
+    assert unwritten(views, written, among=["norm", "lm_head", "experts.1.up"]) == ["experts.1.up", "norm"]
+    assert unwritten(views, list(views)) == []
+

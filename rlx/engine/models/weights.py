@@ -3,6 +3,7 @@ file before any tensor is copied, so a bad checkpoint changes nothing."""
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 
@@ -57,16 +58,21 @@ def load_weights(views: dict[str, torch.Tensor], path: str | Path, *, require_al
 
 def unwritten(views: dict[str, torch.Tensor], written_names, among=None) -> list[str]:
     """The names (of `among`, default all of `views`) whose live tensor none of `written_names`
-    wrote: tied names share a tensor, and a stacked tensor counts once one of its views is written."""
+    wrote: tied names share a tensor, and a stacked tensor counts once one of its views is written.
+    Sorted start addresses make it O(n log n): a MoE model has thousands of per-expert views, and
+    a weight sync calls this once per bucket."""
     written = {_key(views[name]) for name in written_names}
+    starts = sorted(ptr for ptr, _ in written)
     names = views if among is None else among
-    return sorted(n for n in names if _key(views[n]) not in written and not _covered(views[n], written))
+    return sorted(n for n in names if _key(views[n]) not in written and not _covered(views[n], starts))
 
 
 def _key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     return (t.data_ptr(), tuple(t.shape))
 
 
-def _covered(t: torch.Tensor, written: set) -> bool:
-    """A stacked tensor (MoE experts) counts as written when its per-expert views were."""
-    return any(ptr >= t.data_ptr() and ptr < t.data_ptr() + t.nbytes for ptr, _ in written)
+def _covered(t: torch.Tensor, starts: list[int]) -> bool:
+    """Whether a written tensor starts inside `t` (a stacked tensor whose per-expert views were written)."""
+    ptr = t.data_ptr()
+    i = bisect.bisect_left(starts, ptr)
+    return i < len(starts) and starts[i] < ptr + t.nbytes
