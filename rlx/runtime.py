@@ -21,7 +21,7 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
-from rlx.config.memory_check import memory_plan, resolve_offload
+from rlx.config.memory_check import cap_engine_cache, memory_plan, resolve_offload
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
@@ -249,6 +249,8 @@ def _prepare(cfg: DictConfig) -> _Job:
     rc = to_object(cfg)
     if (why := resolve_offload(rc)) is not None:  # cluster.offload_trainer=auto: true or false from here on
         log.info("cluster.offload_trainer=auto: %s", why)
+    if (why := cap_engine_cache(rc)) is not None:
+        log.info("%s", why)
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
         log.info("%s", report(memory))
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory

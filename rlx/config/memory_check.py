@@ -14,7 +14,7 @@ from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report
 from rlx.memory.gpus import visible_gpu_bytes
-from rlx.memory.plan import offload_decision
+from rlx.memory.plan import kept_kv_tokens, offload_decision
 
 
 def memory_setup(rc: RlxConfig) -> Setup:
@@ -35,6 +35,28 @@ def resolve_offload(rc: RlxConfig) -> str | None:
         return "offloaded: no memory plan for this run"
     rc.cluster.offload_trainer, why = _decide(_setup(rc), rc)
     return why
+
+
+def cap_engine_cache(rc: RlxConfig) -> str | None:
+    """A colocated trainer kept on the GPU (`cluster.offload_trainer=false`, or `auto` decided so)
+    allocates its optimizer state at its first step, after the engines have sized their KV caches
+    from the memory then free: each engine's cache is capped (`rollout.engine_args.max_total_tokens`)
+    at what the plan gives it beside the trainer's whole state, or the first resume runs out of
+    memory. Returns the line for the run's log; None where nothing is capped (offloaded, not
+    colocated, no plan or no GPU seen, or max_total_tokens set by the user)."""
+    if rc.cluster.offload_trainer is not False or not rc.cluster.colocate or no_plan(rc):
+        return None
+    if rc.rollout.engine_args.get("max_total_tokens") is not None:
+        return None
+    setup, gpu_bytes = _setup(rc), gpu_memory(rc)[0]
+    if gpu_bytes is None or not (setup.with_trainer and setup.with_engines):
+        return None
+    tokens = kept_kv_tokens(setup, gpu_bytes)
+    rc.rollout.engine_args["max_total_tokens"] = tokens
+    return (
+        f"the trainer stays on the GPU while the engines generate: each engine's KV cache is capped at "
+        f"{tokens:,} tokens beside it (rollout.engine_args.max_total_tokens={tokens})"
+    )
 
 
 def _decide(setup: Setup, rc: RlxConfig) -> tuple[bool, str]:

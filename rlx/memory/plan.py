@@ -80,8 +80,7 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
             True,
             "offloaded: kept on the GPU, it would not fit (run.plan_only=true with cluster.offload_trainer=false says why)",
         )
-    p = model_params(s.model)
-    tokens = kv_tokens(kept, p, resident_while_generating(kept, p, 0), gpu_bytes)
+    tokens = kept_kv_tokens(s, gpu_bytes)
     step = math.ceil(r.batch_size * r.n_samples_per_prompt / max(r.num_engines, 1)) * s.sample_len
     if tokens < step:
         return True, (
@@ -92,6 +91,16 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         f"kept on the GPU: beside it each engine's KV cache holds {tokens:,} tokens, its share of a step's "
         f"samples {step:,}"
     )
+
+
+def kept_kv_tokens(s: Setup, gpu_bytes: int) -> int:
+    """The tokens each colocated engine's KV cache holds beside a trainer kept on the GPU (its
+    weights and optimizer state, `resident_while_generating`): the cap `rlx.config.memory_check`
+    gives the engines, which size their caches from the memory free when they start, before the
+    trainer's first step allocates its optimizer state."""
+    kept = replace(s, cluster=replace(s.cluster, offload_trainer=False))
+    p = model_params(s.model)
+    return kv_tokens(kept, p, resident_while_generating(kept, p, 0), gpu_bytes)
 
 
 def tight(roles: list[Role], gpu_bytes: int | None) -> tuple[str, ...]:

@@ -584,3 +584,28 @@ def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspel
     assert resolve_offload(rc) is None  # decided: no longer auto
     with pytest.raises(ConfigError, match="cluster.offload_trainer.*true, false or auto"):
         compose(["cluster.offload_trainer=sometimes"])
+
+
+def test_a_trainer_kept_on_the_gpu_caps_each_engines_kv_cache_at_its_share_beside_it():
+    """The engines size their KV caches when they start, before the trainer's first step allocates
+    its optimizer state: with cluster.offload_trainer=false (or auto deciding so) each engine's
+    cache is capped (engine_args.max_total_tokens) at what is left beside the trainer's whole state."""
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import cap_engine_cache
+
+    gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=2"]
+    many = ["+rollout.engine_args.max_running_requests=1000000"]  # the budget decides, not the requests
+    rc = to_object(compose([*gpu, *many, "cluster.offload_trainer=false"]))
+    why = cap_engine_cache(rc)
+    # on 2 GiB: round(0.88 × 2 GiB) = 1,889,785,610, less the trainer's bf16 weights (2 N) and its
+    # fp32 master + Adam m, v (12 N), the engine's bf16 weights (2 N), two CUDA contexts (1 GiB):
+    # 814,841,610 bytes = 198,935 blocks of 16 tokens × 256 bytes (and a bit)
+    budget = round(0.88 * 2 * GIB) - 16 * TINY_PARAMS - 2 * CUDA_CONTEXT_BYTES
+    assert budget == 814_841_610 and budget // 4_096 == 198_935
+    assert rc.rollout.engine_args["max_total_tokens"] == 198_935 * 16
+    assert why.endswith("(rollout.engine_args.max_total_tokens=3182960)"), why
+    assert cap_engine_cache(rc) is None  # set: a user's (or an earlier) cap is kept
+    split = ["cluster.offload_trainer=false", "cluster.colocate=false", "cluster.gpus_per_node=2"]
+    for offloaded in (["cluster.offload_trainer=true"], split):
+        rc = to_object(compose([*gpu, *many, *offloaded]))  # offloaded, or split from its engines
+        assert cap_engine_cache(rc) is None and "max_total_tokens" not in rc.rollout.engine_args
