@@ -83,3 +83,11 @@ def test_decode_path_by_device_and_dtype():
     assert decode_path(None, torch.device("cpu"), torch.bfloat16) == "loop"
     # torch's grouped GEMM loops on the host for fp32 on CUDA: the dense path keeps decode static
     assert decode_path(None, torch.device("cuda"), torch.float32) == "dense"
+
+
+def test_prefill_takes_the_grouped_gemm_where_decode_does_and_never_the_dense_path():
+    step_path = Qwen3MoeLM.step_path
+    assert [step_path("grouped", d) for d in (True, False)] == ["grouped", "grouped"]
+    # fp32 or an older GPU: decode stays static in the dense path, prefill loops (dense is E/K the FLOPs)
+    assert [step_path("dense", d) for d in (True, False)] == ["dense", "loop"]
+    assert [step_path("loop", d) for d in (True, False)] == ["loop", "loop"]

@@ -4,14 +4,16 @@ renormalisation), dense MLPs on `mlp_only_layers` and between `decoder_sparse_st
 Experts are stored stacked, [E, 2I, H] and [E, H, I] (transformers 5's fused names), and the
 per-expert checkpoint names (`experts.3.gate_proj.weight`) load into views of those stacks.
 
-Three ways to run the experts, chosen per step by `Qwen3MoeLM.forward`:
-- `loop` (prefill, mixed steps, and everything on CPU): one GEMM pair per expert that has
-  tokens; selecting them reads the routing on the host, so it cannot be captured in a graph;
-- `grouped` (decode steps on CUDA, bf16 on Hopper/Blackwell): the T*K (token, expert) pairs
+Three ways to run the experts, chosen per step by `Qwen3MoeLM.forward` (`step_path`):
+- `loop` (everything on CPU; prefill and mixed steps where `dense` decodes): one GEMM pair per
+  expert that has tokens; selecting them reads the routing on the host, so it cannot be captured
+  in a graph;
+- `grouped` (every step on CUDA, bf16 on Hopper/Blackwell): the T*K (token, expert) pairs
   sorted by expert, offsets from a search over the sorted ids, torch's grouped GEMM
   (`torch._grouped_mm`, CUTLASS) over all experts with those device-side offsets, then each
   pair's output put back in token order and summed over its K experts. Every shape is fixed by
-  T and K, nothing is read on the host: decode steps run in the CUDA graphs. This is what
+  T and K, nothing is read on the host: decode steps run in the CUDA graphs, and a prefill
+  chunk's 128 experts are two kernels instead of 128 GEMM pairs and a host sync. This is what
   transformers' `grouped_mm` experts and SGLang's fused MoE (`moe_align_block_size` + one
   grouped kernel reading per-block expert ids) do;
 - `dense` (decode steps on CUDA in other dtypes or GPUs, where torch's grouped GEMM falls back
@@ -148,17 +150,24 @@ class Qwen3MoeLM(CausalLM):
         return super().make_mlp(cfg, layer)
 
     def decode_path(self, device: torch.device, dtype: torch.dtype) -> str:
-        """The expert path of decode steps on `device` (prefill always loops)."""
+        """The expert path of decode steps on `device` (prefill: `step_path`)."""
         if device.type != "cuda":
             return "loop"  # CPU keeps the numerics its tests and golden runs recorded
         return "grouped" if grouped_gemm_on_device(device, dtype) else "dense"
+
+    @staticmethod
+    def step_path(decode_path: str, decode_only: bool) -> str:
+        """The expert path of one step: decode steps take `decode_path`; prefill and mixed steps
+        the grouped GEMM where decode does (no host sync), else the loop (`dense` would multiply a
+        prefill's FLOPs by E/K)."""
+        return decode_path if decode_only or decode_path == "grouped" else "loop"
 
     def forward(self, input_ids, positions, kv_cache, meta) -> torch.Tensor:
         if self._experts is None:  # built lazily: the modules exist only after __init__
             weight = self.model.embed_tokens.weight
             self._experts = [m for m in self.modules() if isinstance(m, Experts)]
             self._decode_path = self.decode_path(weight.device, weight.dtype)
-        path = self._decode_path if meta.num_decode == input_ids.shape[0] else "loop"
+        path = self.step_path(self._decode_path, meta.num_decode == input_ids.shape[0])
         for experts in self._experts:
             experts.path = path
         return super().forward(input_ids, positions, kv_cache, meta)
