@@ -48,6 +48,8 @@ PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync
           # its weights, engines resume their weights, (weight sync), trainer offloads its weights,
           # engines resume their KV cache
           "time/colocate/engines_release_s", "time/colocate/trainer_onload_s",
+          # within the trainer's onload: on its rank (the rest is the call), its gradient buffers
+          "time/colocate/trainer_onload_on_rank_s", "time/colocate/trainer_onload_grad_buffers_s",
           "time/colocate/trainer_offload_state_s", "time/colocate/engines_resume_weights_s",
           "time/colocate/trainer_offload_s",
           "time/colocate/engines_resume_kv_cache_s")  # fmt: skip

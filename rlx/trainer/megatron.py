@@ -145,11 +145,16 @@ class MegatronTrainer:
         return {f"colocate/trainer_offloaded_{k}": v for k, v in gpu_memory_gib().items()}
 
     def onload(self) -> dict[str, float]:
-        """Back onto the GPU; the device's memory use just before (what the engines left behind)."""
+        """Back onto the GPU; the device's memory use just before (what the engines left behind),
+        and the seconds on this rank: all of it, and the gradient buffers' reallocation within."""
         before = {f"colocate/before_onload_{k}": v for k, v in gpu_memory_gib().items()}
+        start, grads_s = time.perf_counter(), 0.0
         for offloader in self._offloaders():
-            offloader.onload(self.device)
-        return before
+            grads_s += offloader.onload(self.device)
+        return before | {
+            "time/colocate/trainer_onload_on_rank_s": time.perf_counter() - start,
+            "time/colocate/trainer_onload_grad_buffers_s": grads_s,
+        }
 
     # ---- forward passes -------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ a no-op.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 
@@ -114,9 +116,11 @@ class Offloader:
             torch.cuda.empty_cache()
         self.offloaded, self._params_kept = True, move_state and keep_params
 
-    def onload(self, device: torch.device) -> None:
+    def onload(self, device: torch.device) -> float:
+        """Back onto the GPU; returns the host seconds the gradient buffers' reallocation (and
+        zeroing, launched) took within."""
         if not self.offloaded:
-            return
+            return 0.0
         from_master = {id(t) for t, _ in self._from_master}
         for t in self._tensors:
             t.untyped_storage().resize_(t.numel() * t.element_size())
@@ -124,12 +128,15 @@ class Offloader:
                 t.detach().copy_(self._host[id(t)], non_blocking=True)
         for t, master in self._from_master:  # after the masters' copies, on the same stream
             t.detach().copy_(master.detach())
+        start = time.perf_counter()
         for buffer in self._grad_buffers():  # params: only those offload moved (their storage is empty)
             buffer.reload_from_cpu(move_params=buffer.param_data is not None, move_grads=True)
+        grads_s = time.perf_counter() - start
         if self._cuda:
             torch.cuda.synchronize()
         self._tensors, self._from_master = [], []
         self.offloaded = self._params_kept = False
+        return grads_s
 
 
 def sub_optimizers(optimizer) -> list:

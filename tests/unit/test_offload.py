@@ -54,8 +54,9 @@ def _trained_after(round_trip: str) -> tuple[dict, list]:
             assert [p.data_ptr() for p in gpt.parameters()] == pointers  # weights left in place
             assert all(p.untyped_storage().nbytes() > 0 for p in gpt.parameters())
             assert not offloader._host  # nothing copied
-            offloader.onload(torch.device("cpu"))
+            grads_s = offloader.onload(torch.device("cpu"))  # the seconds of the buffers' reallocation
             assert all(g.untyped_storage().nbytes() == g.numel() * g.element_size() for g in grad_data)
+            assert grads_s > 0 and offloader.onload(torch.device("cpu")) == 0.0  # nothing left to reload
         step()
         return {k: v.detach().clone() for k, v in gpt.named_parameters()}, fp32_masters(optimizer)
 
