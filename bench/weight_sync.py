@@ -42,13 +42,18 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head dim, vocab
     "small": (512, 1536, 4, 8, 4, 64, 32000),
     "qwen3_0.6b": (1024, 3072, 28, 16, 8, 128, 151936),
     "qwen3_1.7b": (2048, 6144, 28, 16, 8, 128, 151936),
+    # Qwen3-30B-A3B's layer x 4 (untied): the MLP is 128 experts of width 768, a tensor each, and
+    # a router: 1,575 tensors, as many small ones as a MoE sync sends (3.1B parameters)
+    "qwen3_30b_a3b_4l": (2048, 768, 4, 32, 4, 128, 151936),
 }
+EXPERTS = {"qwen3_30b_a3b_4l": 128}
 WAIT_S = 600.0
 PATHS = ("tensor", "tensor_flat", "distributed", "disk")
 
 
 def weight_specs(shape: str) -> list[tuple[str, tuple[int, ...]]]:
-    """HF names and shapes of a Qwen3-like model (embedding tied to the output layer)."""
+    """HF names and shapes of a Qwen3-like model (embedding tied to the output layer; a MoE shape's
+    untied, its experts one tensor each as an HF checkpoint names them)."""
     hidden, inter, layers, heads, kv_heads, head_dim, vocab = SHAPES[shape]
     specs = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
@@ -62,11 +67,14 @@ def weight_specs(shape: str) -> list[tuple[str, tuple[int, ...]]]:
             (p + "self_attn.q_norm.weight", (head_dim,)),
             (p + "self_attn.k_norm.weight", (head_dim,)),
             (p + "post_attention_layernorm.weight", (hidden,)),
-            (p + "mlp.gate_proj.weight", (inter, hidden)),
-            (p + "mlp.up_proj.weight", (inter, hidden)),
-            (p + "mlp.down_proj.weight", (hidden, inter)),
         ]
-    return specs + [("model.norm.weight", (hidden,))]
+        mlps = [f"{p}mlp.experts.{e}." for e in range(EXPERTS[shape])] if shape in EXPERTS else [p + "mlp."]
+        specs += [(p + "mlp.gate.weight", (len(mlps), hidden))] if shape in EXPERTS else []
+        for m in mlps:
+            specs += [(m + "gate_proj.weight", (inter, hidden)), (m + "up_proj.weight", (inter, hidden)),
+                      (m + "down_proj.weight", (hidden, inter))]  # fmt: skip
+    untied = [("lm_head.weight", (vocab, hidden))] if shape in EXPERTS else []
+    return specs + [("model.norm.weight", (hidden,))] + untied
 
 
 def _watchdog(seconds: float) -> None:
