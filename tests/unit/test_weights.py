@@ -39,8 +39,9 @@ def test_unwritten_counts_tied_names_and_stacked_experts_by_their_views():
         views[f"experts.{e}.gate"], views[f"experts.{e}.up"] = stacked[e, :3], stacked[e, 3:]
     # the tied head is written through the embedding; the stack counts once one expert view is
     written = ["embed", "experts.1.gate", "experts.2.up"]
-    expected = sorted({"norm"} | {f"experts.{e}.{p}" for e in range(4) for p in ("gate", "up")} - set(written))
+    expected = sorted(
+        {"norm"} | {f"experts.{e}.{p}" for e in range(4) for p in ("gate", "up")} - set(written)
+    )
     assert unwritten(views, written) == expected
     assert unwritten(views, written, among=["norm", "lm_head", "experts.1.up"]) == ["experts.1.up", "norm"]
     assert unwritten(views, list(views)) == []
-
