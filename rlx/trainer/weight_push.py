@@ -82,9 +82,9 @@ class WeightPusher:
         self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
     ) -> int:
         """Rank 0: broadcast every bucket to the engines at `urls` (ranks 1..N of the group, in
-        that order), announcing each first."""
+        that order), announcing each first. A failed send leaves the group (see `_left_on_error`)."""
         named = iter(named)
-        with _drained_on_error(named):
+        with _drained_on_error(named), _left_on_error(self.sender):
             metas = self.sender.send(named, bucket_bytes, announce=self._announcer(urls, version))
         return sum(len(meta.specs) for meta in metas)
 
@@ -102,6 +102,20 @@ class WeightPusher:
         self.sender.close()
         self.http.close()
         self._posts.shutdown(wait=False)
+
+
+@contextlib.contextmanager
+def _left_on_error(sender: WeightSender):
+    """On an error, rank 0 leaves the broadcast group before raising. A broadcast that failed on
+    a dead engine may never have reached a live one, whose receive would wait out the group's
+    timeout (300 s), and the driver's `leave_weight_group` with it (an engine's group is destroyed
+    only once its receive returns); with rank 0 gone it fails at once. The driver forms the group
+    again, without the dead engine, before the next push."""
+    try:
+        yield
+    except BaseException:
+        sender.close()
+        raise
 
 
 @contextlib.contextmanager

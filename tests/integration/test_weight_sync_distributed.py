@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import threading
 import time
 import traceback
 
@@ -16,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlx.ports import free_port
+from rlx.weight_sync.buckets import flatten
 from rlx.weight_sync.distributed import WeightReceiver, WeightSender, WeightSyncError
 
 ADDRESS = "127.0.0.1"
@@ -146,3 +148,46 @@ def test_a_hosted_store_holds_its_port_and_the_group_forms_on_it():
 def test_send_before_init_fails_clearly():
     with pytest.raises(WeightSyncError, match="init"):
         WeightSender().send([("w", torch.zeros(1))], BUCKET_BYTES)
+
+
+def test_a_failed_push_leaves_the_group_so_a_waiting_engine_fails_at_once():
+    """A push that fails before a live engine's bucket reached it (in a run: the broadcast failed
+    on an engine that died) must not leave that engine waiting out the group's timeout, nor the
+    driver's `leave_weight_group` after it: rank 0 leaves the group, and the receive fails now."""
+    from rlx.trainer.weight_push import WeightPusher
+
+    group_timeout_s = 120.0  # what the engine would wait for its bucket if rank 0 stayed
+    pusher, receiver = WeightPusher(), WeightReceiver()
+    port = pusher.host_group(ADDRESS)
+    joining = threading.Thread(
+        target=receiver.init, args=(ADDRESS, port, 1, 2, "gloo"), kwargs={"timeout_s": group_timeout_s}
+    )
+    joining.start()
+    pusher.init_group(ADDRESS, port, 2, "gloo")
+    joining.join(WAIT_S)
+    meta, _ = flatten([("w", torch.ones(16))])
+    outcome = {}
+
+    def receive() -> None:
+        try:
+            receiver.receive(meta)
+        except WeightSyncError as e:
+            outcome["error"] = str(e)
+
+    waiting = threading.Thread(target=receive, daemon=True)
+    waiting.start()
+
+    def export():
+        raise RuntimeError("the export failed")
+        yield
+
+    try:
+        with pytest.raises(RuntimeError, match="the export failed"):
+            pusher.distributed(export(), [], version=1, bucket_bytes=BUCKET_BYTES)
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive(), "the engine still waits for a bucket rank 0 will never send"
+        assert "rank 1 of 2" in outcome["error"]
+    finally:
+        if not waiting.is_alive():
+            receiver.close()
+        pusher.close()
