@@ -23,10 +23,13 @@ PAUSE = {
 class Recorder:
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.took: dict[str, float] = {}  # each call's own seconds (a loaded machine oversleeps)
 
     def did(self, call: str) -> None:
         self.calls.append(call)
+        start = time.perf_counter()
         time.sleep(PAUSE[call])
+        self.took[call] = time.perf_counter() - start
 
 
 class FakePool:
@@ -97,8 +100,8 @@ def test_colocated_hand_overs_run_in_order_and_time_each_part(offload_trainer):
         "time/colocate/engines_resume_kv_cache_s": "resume kv",
     }
     timed = to_trainer | to_engines
-    for key, call in parts.items():
-        assert PAUSE[call] <= timed[key] < PAUSE[call] + 0.02, key
+    for key, call in parts.items():  # its own call's time (measured: sleeps overshoot under load), no other's
+        assert recorder.took[call] <= timed[key] < recorder.took[call] + 0.02, key
     assert to_engines["time/weight_sync_s"] == 0.04
     # each turn's whole is its parts (the sync included in the second), to the clock's resolution
     assert to_trainer["time/colocate_to_trainer_s"] == pytest.approx(
