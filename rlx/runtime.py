@@ -34,6 +34,7 @@ from rlx.memory import report
 from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
+from rlx.rollout.engines import EarlyEngines
 from rlx.rollout.launchers import for_run
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
@@ -148,6 +149,10 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         name=rc.run.name, project=rc.run.project, tags=rc.run.tags,
     )  # fmt: skip
     parts.closers.append(parts.tracker.close)
+    early = None
+    if parts.turns.colocated:  # the engines' processes warm up while the trainer sets up on their GPUs
+        early = EarlyEngines(rc.rollout, parts.placement.engines)
+        parts.closers.append(early.kill)  # those no pool took
     if debug.train_only or parts.turns.colocated:  # colocated: the trainer sets up before it leaves the GPU
         state = _ready_trainer(job, parts.trainer)
     if debug.train_only:
@@ -160,7 +165,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     )  # fmt: skip
     parts.turns.pool = parts.pool = RolloutPool(
         rollout, str(job.hf_dir), job.tokenizer, seed=rc.run.seed, actor_options=parts.placement.engines,
-        reward=rc.reward,
+        reward=rc.reward, early=early,
     )  # fmt: skip
     parts.closers.append(parts.pool.shutdown)
     if parts.trainer is not None and not parts.turns.colocated:

@@ -48,6 +48,13 @@ class EngineActor:
         if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
             freeze_startup_objects()
 
+    def warm_up(self, target: str) -> None:
+        """Before `setup`: what the launcher `target` (a `rollout._target_`) can do ahead of it
+        (`EngineLauncher.warm_up`: its imports, its device's context)."""
+        warm_up = getattr(get_class(target), "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+
     def url(self) -> str:
         if self.server is None and self._setup_error is not None:
             raise self._setup_error

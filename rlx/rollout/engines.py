@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import ray
 
@@ -25,6 +26,32 @@ from rlx.rollout.router import Router, finish_import_check, start_import_check
 from rlx.sglang_api import MEMORY_TAGS
 
 log = logging.getLogger(__name__)
+
+
+class EarlyEngines:
+    """Engine processes started before their set-up, each warming up meanwhile (its launcher's
+    imports and device context: `EngineLauncher.warm_up`): a colocated run's engines, while the
+    trainer sets up on their GPUs. The pool's `EngineSet` takes them (`take`) and sets them up;
+    `kill()` ends those never taken (a run that failed before its pool started)."""
+
+    def __init__(self, cfg: RolloutConfig, actor_options: list[dict]):
+        self.options = actor_options
+        taken = actor_reuse.take("engine", actor_options)  # kept processes are warm already
+        started = [ray.remote(EngineActor).options(**o).remote() for o in actor_options[len(taken) :]]
+        for a in started:
+            a.warm_up.remote(cfg._target_)
+        self.actors: list | None = taken + started
+
+    def take(self, options: list[dict]) -> list:
+        """The processes, once, for engines placed as `options` (the ones they were started for)."""
+        if self.actors is None or options != self.options:
+            return []
+        actors, self.actors = self.actors, None
+        return actors
+
+    def kill(self) -> None:
+        for a in self.take(self.options):
+            actor_reuse.kill_quietly(a)
 
 
 class EngineSet:
@@ -43,11 +70,14 @@ class EngineSet:
         seed: int,
         api_key: str | None,
         actor_options: list[dict],
+        early: EarlyEngines | None = None,
     ):
         """`api_key`: the run's, which the engines and the router require; `actor_options`: Ray
-        options per engine (`rlx.placement.plan(...).engines`)."""
+        options per engine (`rlx.placement.plan(...).engines`); `early`: processes already started
+        for them, which `start` sets up."""
         self.cfg, self.model_path, self.seed, self.api_key = cfg, model_path, seed, api_key
         self.actor_options = actor_options
+        self._early = early.take(actor_options) if early is not None else []
         self.tolerant = cfg.fault_tolerance  # an engine that fails to answer is left to the monitor
         self.actors: list = []
         self.urls: list[str] = []
@@ -69,8 +99,10 @@ class EngineSet:
 
     def start(self) -> EngineSet:
         """Launch every engine, wait until each serves, start the router in front of two or more."""
+        began = time.perf_counter()
         router_check = start_import_check() if len(self.actor_options) >= 2 else None
         self.actors = [self.launch(i) for i in range(len(self.actor_options))]
+        self._early = []  # a restart (`launch` again) starts a new process
         try:
             if router_check is not None:  # before the engines' minutes of loading, not after
                 finish_import_check(router_check)
@@ -86,6 +118,12 @@ class EngineSet:
                     f"{self.cfg.engine_start_timeout_s:g} s (each engine's log is in Ray's session logs)"
                 ) from None
             raise
+        log.info(
+            "%d engine%s serving in %.1f s",
+            len(self.urls),
+            "s" * (len(self.urls) > 1),
+            time.perf_counter() - began,
+        )
         if len(self.urls) >= 2:
             self.router = Router(self.urls, extra_args=dict(self.cfg.router_args), api_key=self.api_key)
             self.router.start()
@@ -96,9 +134,10 @@ class EngineSet:
 
     def launch(self, i: int):
         """An actor for engine `i` (its Ray options and seed), its server starting in the
-        background: a new process, or inside `rlx.actor_reuse.keep_actors` one an earlier pool handed back."""
+        background: a new process, one started early (`EarlyEngines`), or inside
+        `rlx.actor_reuse.keep_actors` one an earlier pool handed back."""
         options = self.actor_options[i]
-        taken = actor_reuse.take("engine", [options])
+        taken = [self._early[i]] if i < len(self._early) else actor_reuse.take("engine", [options])
         args = (self.cfg, self.model_path)
         if taken:  # its `setup` runs before any later call on it (`url` raises a set-up's error)
             taken[0].setup.remote(*args, seed=self.seed + i, api_key=self.api_key)

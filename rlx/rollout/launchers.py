@@ -14,7 +14,9 @@ class's name):
   * `config_errors(cfg)`: its own rules about `rollout.*`, checked when composing;
   * `placement_errors(cfg, colocated)`: what it needs of the placement (checked when composing);
   * `for_run(cfg, *, colocated, precision_dtype, hf_dir, gpus)`: the `rollout` config its engines
-    are started with in this run (arguments it adds for the placement or the trainer's precision).
+    are started with in this run (arguments it adds for the placement or the trainer's precision);
+  * `warm_up()`: run in an engine's process before it is set up (a colocated run's engines while
+    the trainer sets up on their GPUs): the imports and device start-up its set-up would pay.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class EngineLauncher:
     ) -> RolloutConfig:
         return cfg
 
+    @classmethod
+    def warm_up(cls) -> None:
+        pass
+
 
 class LocalLauncher(EngineLauncher):
     """rlx's own engine (HF weights, batched sampling) served in this process (`rlx.engine.serve`).
@@ -76,6 +82,17 @@ class LocalLauncher(EngineLauncher):
         if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":  # no dtype: fp32
             return cfg
         return replace(cfg, engine_args={**cfg.engine_args, "dtype": precision_dtype})
+
+    @classmethod
+    def warm_up(cls) -> None:
+        """The engine's code (torch, transformers, the HTTP stack, Triton's kernels) and, on a GPU,
+        its CUDA context: seconds a new process spends before it can load a model."""
+        import torch
+
+        import rlx.engine.serve  # noqa: F401
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # creates the device's context
 
     def __init__(
         self,

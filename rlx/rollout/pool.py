@@ -20,7 +20,7 @@ from rlx import ports
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.config import RolloutConfig
-from rlx.rollout.engines import EngineSet
+from rlx.rollout.engines import EarlyEngines, EngineSet
 from rlx.rollout.generate import load_generate_fn
 from rlx.rollout.group import expand, rollout_metrics
 from rlx.rollout.health import HealthMonitor
@@ -47,9 +47,11 @@ class RolloutPool:
         seed: int,
         reward: RewardConfig,
         actor_options: list[dict] | None = None,
+        early: EarlyEngines | None = None,
     ):
         """`reward`: the `reward` section (which function or server scores, and how; `rlx.reward`).
-        `actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU."""
+        `actor_options`: Ray options per engine (`rlx.placement.plan(...).engines`); default: CPU.
+        `early`: the engines' processes, started ahead (`rlx.rollout.engines.EarlyEngines`)."""
         self.cfg = cfg
         self.seed = seed
         self.tokenizer = tokenizer
@@ -61,7 +63,7 @@ class RolloutPool:
         self._thread.start()
         self.engines = EngineSet(
             cfg, model_path, seed=seed, api_key=ports.api_key(),  # the run's (`rlx.placement.plan`)
-            actor_options=actor_options or [{"num_cpus": 0}] * cfg.num_engines,
+            actor_options=actor_options or [{"num_cpus": 0}] * cfg.num_engines, early=early,
         ).start()  # fmt: skip
         self.sampling_params = cfg.sampling_params()
         self.health: HealthMonitor | None = None

@@ -8,6 +8,7 @@ a silent stall. After one, the group is broken and `shutdown` only kills what is
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from rlx import actor_reuse, ports
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.trainer.megatron import MegatronTrainer
 from rlx.trainer.parallel import rendezvous_store
+
+log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its peers' collectives fail
@@ -98,8 +101,10 @@ class TrainerGroup:
         if self._started:
             return self
         cfg, num_procs = self.cfg, len(self.actors)
+        began = time.perf_counter()
         try:
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
+            up = time.perf_counter()
             self.where = [f"pid {pid} on {node}" for node, pid in endpoints]
             self.pids = [pid for _, pid in endpoints]
             self.master_addr = endpoints[0][0]
@@ -115,6 +120,9 @@ class TrainerGroup:
         except BaseException:
             self._kill()
             raise
+        now = time.perf_counter()
+        log.info("trainer ranks set up in %.1f s: processes and imports %.1f s, then the models and optimizers %.1f s",
+                 now - began, up - began, now - up)  # fmt: skip
         self._started = True
         return self
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 from helpers import write_tiny_qwen3
@@ -12,6 +14,7 @@ import rlx.actor_reuse
 from rlx.reward.config import RewardConfig
 from rlx.rollout.client import EngineClient
 from rlx.rollout.config import RolloutConfig
+from rlx.rollout.engines import EarlyEngines
 from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample, Status
 from rlx.trainer.weights import write_weight_shards
@@ -152,3 +155,42 @@ def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_sessio
         assert rlx.actor_reuse._kept["engine"] == []  # taken, and not handed back
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(engine.url.remote(), timeout=60)
+
+
+def _engine_process(actor) -> tuple[int, bool]:
+    """(the engine actor's pid, whether its process has imported the engine's code)."""
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: (os.getpid(), "rlx.engine.serve" in sys.modules)))
+
+
+def test_engines_started_early_warm_up_and_are_the_ones_the_pool_sets_up(ray_session, tiny_qwen3_dir):
+    """A colocated run starts its engines' processes while the trainer sets up (`EarlyEngines`):
+    each imports the engine's code before it is set up; the pool then sets up those processes
+    (no new one) and they serve; processes no pool took are ended by `kill()`, a kept one too."""
+    import ray
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=4)
+    options = [{"num_cpus": 0}]
+    with rlx.actor_reuse.keep_actors():  # a pool of its own, empty: new processes
+        early = EarlyEngines(cfg, options)
+        (actor,) = early.actors
+        pid, warm = _engine_process(actor)  # answered after `warm_up` (an actor's calls run in order)
+        assert warm
+        pool = RolloutPool(cfg, str(tiny_qwen3_dir), tokenizer, seed=0, reward=TOY_REWARD, actor_options=options,
+                           early=early)  # fmt: skip
+        try:
+            assert pool.engines.actors == [actor] and _engine_process(actor)[0] == pid
+            prompt = Sample(prompt="1 2 3 =", prompt_ids=tokenizer("1 2 3 =")["input_ids"], label="1 2 3")
+            samples, _ = pool.generate([prompt], version=0)
+            assert len(samples) == 4 and all(1 <= s.response_len <= 4 for s in samples)
+            early.kill()  # taken: not this one's to end
+            assert _engine_process(actor)[0] == pid
+        finally:
+            pool.shutdown()
+        unused = EarlyEngines(cfg, options)  # takes the process the pool handed back (keep_actors)
+        assert unused.actors == [actor] and rlx.actor_reuse._kept["engine"] == []
+        unused.kill()
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.url.remote(), timeout=60)
