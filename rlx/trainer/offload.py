@@ -153,11 +153,13 @@ def _owns_storage(t: torch.Tensor) -> bool:
 
 
 def gpu_memory_gib() -> dict[str, float]:
-    """This process's reserved GPU memory and the whole device's use (every process), in GiB."""
+    """This process's GPU memory, reserved (its allocator's segments, what no other process can
+    use) and allocated (its live tensors), and the whole device's use (every process), in GiB."""
     if not torch.cuda.is_available():
         return {}
     free, total = torch.cuda.mem_get_info()
     return {
         "process_reserved_gib": torch.cuda.memory_reserved() / 2**30,
+        "process_allocated_gib": torch.cuda.memory_allocated() / 2**30,
         "device_used_gib": (total - free) / 2**30,
     }
