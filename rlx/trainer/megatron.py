@@ -314,12 +314,13 @@ class MegatronTrainer:
 
     def push_weights(self, method: str, engine_urls: list[str], version: int, bucket_bytes: int) -> int:
         """Send the policy's HF-named weights straight to the engines (`rlx.trainer.weight_push`):
-        `tensor`, rank r to engines r, r + R, ...; `distributed`, rank 0 broadcasts (after
-        `init_weight_group`). A collective over the model-parallel group; returns tensors sent."""
+        `tensor` (a CUDA IPC handle a tensor) or `tensor_flat` (one a bucket: rlx's engines), rank r
+        to engines r, r + R, ...; `distributed`, rank 0 broadcasts (after `init_weight_group`). A
+        collective over the model-parallel group; returns tensors sent."""
         named = self.family.export_hf_weights([chunk.module for chunk in self.policy.chunks])
-        if method == "tensor":
+        if method in ("tensor", "tensor_flat"):
             urls = engine_urls[self.rank :: self._world_size]
-            return self._pusher.tensor(named, urls, version, bucket_bytes)
+            return self._pusher.tensor(named, urls, version, bucket_bytes, flat=method == "tensor_flat")
         if self.rank != 0:
             return sum(1 for _ in named)  # every rank takes part in the gathers
         return self._pusher.distributed(named, engine_urls, version, bucket_bytes)

@@ -46,10 +46,15 @@ class WeightPusher:
             raise RuntimeError(f"engine {url}{path} failed: {result.get('message') or reply.text[:300]}")
 
     def tensor(
-        self, named: Iterable[tuple[str, torch.Tensor]], urls: list[str], version: int, bucket_bytes: int
+        self,
+        named: Iterable[tuple[str, torch.Tensor]],
+        urls: list[str],
+        version: int,
+        bucket_bytes: int,
+        flat: bool = False,
     ) -> int:
         """Hand every bucket to each engine in `urls` ("" for one left out; none: just take part
-        in the export)."""
+        in the export); `flat`: as one buffer (`TensorHandoff(flat=True)`: rlx's engines)."""
         urls = [url for url in urls if url]
         named = iter(named)
         num = 0
@@ -58,7 +63,7 @@ class WeightPusher:
                 num += len(bucket)
                 if not urls:
                     continue
-                with TensorHandoff(bucket) as payload:  # held until every engine has copied it
+                with TensorHandoff(bucket, flat=flat) as payload:  # held until every engine has copied it
                     body = {
                         "serialized_named_tensors": [payload],
                         "load_format": None,

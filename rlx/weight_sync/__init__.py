@@ -40,7 +40,8 @@ API (`named` is an iterable of (hf_name, tensor), e.g. `family.export_hf_weights
         POST `/update_weights_from_tensor` {"serialized_named_tensors": [payload] * engine_tp_size,
               "load_format": None, "flush_cache": ..., "weight_version": ...} and wait for the reply
     engine: deserialize(payload) -> list[(name, tensor)]; copy into the parameters, drop them,
-    then reply. `flat=True` sends one buffer per bucket (fewer IPC handles; rlx's engine only).
+    then reply. `flat=True` sends one buffer per bucket (one IPC handle: rlx's engines, whose
+    launcher declares `flat_tensor_buckets`; SGLang's take the per-tensor form).
     serialize(named_list) -> str is the bare form (the caller then keeps the tensors alive).
 
 Errors: `distributed.WeightSyncError` (group did not form in time, naming the address; transfer

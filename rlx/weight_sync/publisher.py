@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from rlx.cluster import ClusterConfig
+from rlx.config.build import locate
 from rlx.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,13 @@ def choose_method(rollout: RolloutConfig, cluster: ClusterConfig) -> str:
     if cluster.colocate:
         return "tensor"
     return "distributed" if cluster.gpus_per_node > 0 else "disk"
+
+
+def _flat_buckets(pool) -> bool:
+    """Whether the pool's engines read a bucket as one flat buffer (their launcher's
+    `flat_tensor_buckets`, rlx.rollout.launchers)."""
+    cfg = getattr(pool, "cfg", None)
+    return cfg is not None and bool(getattr(locate(cfg._target_), "flat_tensor_buckets", False))
 
 
 CLOSE_TIMEOUT_S = 60.0  # at most, a background load finishing at shutdown
@@ -58,6 +66,9 @@ class WeightPublisher:
         overlap: bool = False,
     ):
         self.trainer, self.pool, self.method, self.backend = trainer, pool, method, backend
+        # tensor: one flat buffer a bucket where the engines read that form (rlx's), else one
+        # CUDA IPC handle a tensor (SGLang's)
+        self.push_method = "tensor_flat" if method == "tensor" and _flat_buckets(pool) else method
         self.bucket_bytes, self.disk_root = bucket_bytes, disk_root
         self.overlap = overlap and method == "disk"
         self.on_served: Callable[[int], None] = lambda version: None
@@ -133,7 +144,7 @@ class WeightPublisher:
                     urls = list(targets.values())
                 else:  # tensor: rank r serves engines r, r + R, ... by index; "" skips one
                     urls = [targets.get(i, "") for i in range(len(self.pool.engines.urls))]
-                self.trainer.push_weights(self.method, urls, version, self.bucket_bytes)
+                self.trainer.push_weights(self.push_method, urls, version, self.bucket_bytes)
                 return
             except Exception as e:
                 if not tolerant or attempt == PUSH_ATTEMPTS:

@@ -94,3 +94,53 @@ def test_without_overlap_the_publish_returns_once_served(tmp_path):
     publish(1)
     assert log == [("export", "v000001"), ("load", 1), ("served", 1)]
     assert publish.metrics() == {}
+
+
+class PushPool:
+    """One engine in rotation, behind the launcher `target` (a `rollout._target_`)."""
+
+    health = None
+
+    def __init__(self, target: str):
+        from types import SimpleNamespace
+
+        from rlx.rollout.config import RolloutConfig
+
+        self.cfg = RolloutConfig(_target_=target)
+        self.engines = SimpleNamespace(urls=["http://e:1"])
+
+    def weight_targets(self) -> list[int]:
+        return [0]
+
+    def check_version(self, version: int) -> None:
+        pass
+
+
+class PushTrainer:
+    def __init__(self):
+        self.methods: list[str] = []
+
+    def push_weights(self, method: str, urls: list[str], version: int, bucket_bytes: int) -> int:
+        self.methods.append(method)
+        return 1
+
+
+@pytest.mark.parametrize(
+    ("target", "pushed"),
+    [
+        ("rlx.rollout.launchers.LocalLauncher", "tensor_flat"),
+        ("rlx.rollout.launchers.SGLangLauncher", "tensor"),
+    ],
+)
+def test_tensor_buckets_go_flat_only_to_engines_that_read_them(tmp_path, target, pushed):
+    """rlx's engine reads a colocated bucket as one flat buffer (one CUDA IPC handle a bucket),
+    SGLang's one handle a tensor: the push takes the form of the pool's launcher
+    (`flat_tensor_buckets`); the other paths are not touched."""
+    trainer = PushTrainer()
+    for method, sent in (("tensor", pushed), ("distributed", "distributed")):
+        publish = WeightPublisher(
+            trainer, PushPool(target), method=method, backend="gloo", bucket_bytes=1 << 20, disk_root=tmp_path
+        )
+        publish._members = {0: "http://e:1"}  # the broadcast group already formed
+        publish(1)
+        assert trainer.methods[-1] == sent
