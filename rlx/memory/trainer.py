@@ -29,6 +29,7 @@ statistics, gradient clipping's norms), and an unbalanced MoE routing.
 
 from __future__ import annotations
 
+from rlx.config.build import locate
 from rlx.memory.activations import Layout, MicroBatch, layer_bytes, logits_bytes, mask_bytes
 from rlx.memory.params import ModelParams, RankParams, lora_params, rank_params, stage_layers
 from rlx.memory.terms import CUDA_CONTEXT_BYTES, PRECISION_BYTES, Phase, Setup, Term, count
@@ -295,8 +296,14 @@ def resident_while_syncing(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     (`rlx.colocation.GpuTurns.publish`): its parameters (the policy's, which the sync reads; the
     reference's and the critic's), the sync's bucket of gathered tensors and its CUDA context. Its
     gradients and optimizer state left before the engine's weights came back. With
-    `cluster.offload_trainer=false`, what it keeps while generating, and the bucket."""
-    bucket = Term("weight sync bucket (gathered tensors)", s.rollout.weight_bucket_mb * 2**20,
+    `cluster.offload_trainer=false`, what it keeps while generating, and the bucket: twice where
+    the engines read a bucket as one flat buffer (rlx's: `flat_tensor_buckets`), the gathered
+    tensors and their flat copy."""
+    flat = s.rollout.weight_sync in ("auto", "tensor") and getattr(
+        locate(s.rollout._target_), "flat_tensor_buckets", False
+    )
+    what = "gathered tensors, and their flat copy" if flat else "gathered tensors"
+    bucket = Term(f"weight sync bucket ({what})", (1 + flat) * s.rollout.weight_bucket_mb * 2**20,
                   ("rollout.weight_bucket_mb",))  # fmt: skip
     if not s.cluster.offload_trainer:
         return [*resident_while_generating(s, p, stage), bucket]

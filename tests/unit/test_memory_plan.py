@@ -272,7 +272,7 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
     }
     # while the engine takes the new weights: what the trainer keeps, the sync's bucket, the engine's weights
     assert terms(role.phases[3]) == {
-        **kept, "weight sync bucket": 512 * 2**20, "CUDA context": CUDA_CONTEXT_BYTES,
+        **kept, "weight sync bucket": 2 * 512 * 2**20, "CUDA context": CUDA_CONTEXT_BYTES,
         "engine weights": TINY_PARAMS * 2,
     }  # fmt: skip
 
@@ -287,13 +287,18 @@ def test_a_colocated_weight_sync_holds_the_trainers_weights_beside_the_engines()
     sync = {t.name: t.bytes for t in role.phases[3].terms}
     expected = {
         "trainer's policy weights (bf16), read by the sync": TINY_PARAMS * 2,
-        "weight sync bucket (gathered tensors)": 64 * 2**20,
+        # rlx's engines read a bucket flat: the gathered tensors and their flat copy
+        "weight sync bucket (gathered tensors, and their flat copy)": 2 * 64 * 2**20,
         "CUDA context (trainer)": CUDA_CONTEXT_BYTES,
         "engine weights (bfloat16, 75,136 parameters)": TINY_PARAMS * 2,
         "CUDA context (engine)": CUDA_CONTEXT_BYTES,
         "trainer's reference model (bf16 weights)": TINY_PARAMS * 2,  # the KL term's
     }
     assert role.phases[3].name == "weight sync" and sync == expected
+    # SGLang's engines take a handle a tensor: the gathered tensors alone
+    sglang = replace(s, rollout=replace(s.rollout, _target_="rlx.rollout.launchers.SGLangLauncher"))
+    sync = {t.name: t.bytes for t in plan_memory(sglang, GIB).roles[0].phases[3].terms}
+    assert sync["weight sync bucket (gathered tensors)"] == 64 * 2**20
 
 
 def over_setup(micro_batch: int) -> Setup:
@@ -593,7 +598,8 @@ def test_a_trainer_kept_on_the_gpu_caps_each_engines_kv_cache_at_its_share_besid
     from rlx.config.compose import compose, to_object
     from rlx.config.memory_check import cap_engine_cache
 
-    gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=2"]
+    # a 2 GiB GPU, the sync's buckets (twice 256 MiB: rlx's flat form) within it
+    gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=2", "rollout.weight_bucket_mb=256"]
     many = ["+rollout.engine_args.max_running_requests=1000000"]  # the budget decides, not the requests
     rc = to_object(compose([*gpu, *many, "cluster.offload_trainer=false"]))
     why = cap_engine_cache(rc)
