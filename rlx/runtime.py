@@ -136,8 +136,9 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     state = {"step": -1, "version": 0}
     if not debug.rollout_only:  # its ranks' processes start now, the engines' alongside (unless colocated)
         parts.trainer = TrainerGroup(
-            rc, parts.placement.trainer, profile_dir=job.out / "profile", start=False
-        )
+            _with_checkpoint_dir(rc, job.hf_dir), parts.placement.trainer, profile_dir=job.out / "profile",
+            start=False,
+        )  # fmt: skip
         parts.closers.append(parts.trainer.shutdown)
     parts.turns = GpuTurns(
         rc.cluster.colocate and parts.trainer is not None and not debug.train_only,
@@ -271,6 +272,15 @@ def _prepare(cfg: DictConfig) -> _Job:
     eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here
     return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
+
+
+def _with_checkpoint_dir(rc: RlxConfig, hf_dir: Path) -> RlxConfig:
+    """`rc` for the trainer ranks: on one node, `model.hf_checkpoint` is the directory `_prepare`
+    found, so a rank reads it instead of working out the tiny model's path again (transformers'
+    import: 1.5 s of CPU in each new rank process). Ranks on other nodes find their own."""
+    if rc.cluster.num_nodes > 1 or rc.model.hf_checkpoint:
+        return rc
+    return replace(rc, model=replace(rc.model, hf_checkpoint=str(hf_dir)))
 
 
 def _find_resume(rc: RlxConfig, out: Path) -> Path | None:

@@ -15,10 +15,14 @@ Each failure raises CheckpointError naming the file (and tensor) and the fix.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from rlx.cache import cache_dir
 from rlx.errors import CheckpointError
 
 INDEX = "model.safetensors.index.json"
@@ -98,16 +102,43 @@ def read_header(path: Path) -> dict[str, tuple[int, ...]]:
 def expected_shapes(family: Any) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape for `family`'s config, from transformers' model class built on the
     meta device (no memory). Fused parameters that transformers converts on load (names without
-    a .weight/.bias suffix, e.g. MoE experts' gate_up_proj) and a tied lm_head are left out."""
+    a .weight/.bias suffix, e.g. MoE experts' gate_up_proj) and a tied lm_head are left out.
+    Remembered in rlx's cache by config.json's text and transformers' version: importing the
+    model classes costs the driver seconds of CPU, the shapes are the same every time."""
+    import transformers
+
+    hf_config = family.hf_config()
+    key = json.dumps([hf_config.to_json_string(), transformers.__version__])
+    saved = cache_dir() / "hf_shapes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        shapes = {name: tuple(shape) for name, shape in json.loads(saved.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        shapes = _model_shapes(hf_config)
+        _write_quietly(saved, json.dumps(shapes))
+    if family.cfg.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def _model_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(family.hf_config())
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if k.endswith((".weight", ".bias"))}
-    if family.cfg.tie_word_embeddings:
-        shapes.pop("lm_head.weight", None)
-    return shapes
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k.endswith((".weight", ".bias"))}
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    """`text` into `path` whole (a reader never sees half of it); a cache that cannot be written is skipped."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(text)
+        staging.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            staging.unlink()
 
 
 def check_tensor_shapes(family: Any, hf_dir: Path, found: dict[str, tuple[tuple[int, ...], Path]]) -> None:

@@ -16,6 +16,7 @@ import importlib
 import json
 import math
 import pkgutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -143,9 +144,10 @@ class ModelFamily:
     def parallel_sizes(self) -> dict[str, int]:
         """tp, pp, cp, ep: megatron's parallel state once initialised (a trainer rank), else
         `layout`, else 1 each."""
-        from megatron.core import parallel_state as ps
-
-        if ps.model_parallel_is_initialized():
+        # megatron not imported yet: its state cannot be initialised either (and the driver's
+        # check need not import it, seconds, to learn so)
+        ps = sys.modules.get("megatron.core.parallel_state")
+        if ps is not None and ps.model_parallel_is_initialized():
             return {
                 "tp": ps.get_tensor_model_parallel_world_size(),
                 "pp": ps.get_pipeline_model_parallel_world_size(),
@@ -155,10 +157,16 @@ class ModelFamily:
         return {"tp": 1, "pp": 1, "cp": 1, "ep": 1} | (self.layout or {})
 
     def transformer_config(self, *, params_dtype: torch.dtype = torch.float32, **overrides):
-        """Megatron TransformerConfig: shape, parallel sizes (`parallel_sizes`), family kwargs,
-        then `model.megatron_overrides`, then `overrides` (last wins)."""
+        """Megatron TransformerConfig of `transformer_config_kwargs`."""
         from megatron.core.transformer import TransformerConfig
 
+        return TransformerConfig(**self.transformer_config_kwargs(params_dtype=params_dtype, **overrides))
+
+    def transformer_config_kwargs(
+        self, *, params_dtype: torch.dtype = torch.float32, **overrides
+    ) -> dict[str, Any]:
+        """TransformerConfig's kwargs: shape, parallel sizes (`parallel_sizes`), family kwargs,
+        then `model.megatron_overrides`, then `overrides` (last wins)."""
         sizes = self.parallel_sizes()
         cfg = self.cfg
         kwargs: dict[str, Any] = dict(
@@ -194,7 +202,13 @@ class ModelFamily:
         )
         kwargs.update(cfg.megatron_overrides)
         kwargs.update(overrides)
-        return TransformerConfig(**kwargs)
+        return kwargs
+
+    def transformer_config_inputs(self, *, params_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+        """All that `transformer_config` builds megatron's config from, without importing megatron:
+        megatron's verdict on them is its verdict on the config (`rlx.trainer.megatron_check`
+        remembers the accepted ones)."""
+        return {"TransformerConfig": self.transformer_config_kwargs(params_dtype=params_dtype)}
 
     def kernels(self):
         """The `rlx.models.kernels.KernelSet` `model.kernels` selects on this machine ("torch",

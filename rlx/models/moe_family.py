@@ -107,6 +107,13 @@ class MoEFamily(ModelFamily):
         megatron's unfused ones (their parity is tested that way)."""
         return {}
 
+    def transformer_config_inputs(self, *, params_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+        """The base config's kwargs and MLA's fields, after the routing checks."""
+        self.check_routing()
+        return super().transformer_config_inputs(params_dtype=params_dtype) | {
+            "MLATransformerConfig": self.mla_kwargs()
+        }
+
     def transformer_config(self, *, params_dtype: torch.dtype = torch.float32, **overrides):
         """The base TransformerConfig, as an `MLATransformerConfig` when the model uses MLA."""
         self.check_routing()

@@ -8,14 +8,25 @@ MLA options...) and raises on the first rule broken, as a traceback from inside 
 `megatron_errors` builds the same TransformerConfig here, with the sizes the cluster keys give and
 no weights or process group, and turns that error into a config error that names rlx's keys
 (`model.*`, `cluster.*`) with their values and says which to change.
+
+Megatron's import is most of a check's time (seconds); a process that goes on to train imports it
+anyway, one that only composes (a SLURM submission, `run.plan_only`, a config error) need not. So
+an accepted config is remembered in rlx's cache (`accepted/`, keyed by every argument of the
+TransformerConfig and the versions of megatron-core and torch) and not built again; a refused one
+is always built, so its message is Megatron's own.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import sys
 from dataclasses import replace
+from importlib import metadata
 from typing import Any
 
+from rlx.cache import cache_dir
 from rlx.config.build import build
 from rlx.errors import ConfigError
 from rlx.trainer.config import PRECISION_DTYPES, RECOMPUTE
@@ -83,12 +94,52 @@ def megatron_errors(cfg) -> list[str]:
             "tp": c.tensor_parallel_size, "pp": c.pipeline_parallel_size,
             "cp": c.context_parallel_size, "ep": c.expert_parallel_size,
         }  # fmt: skip
-        family.transformer_config(params_dtype=getattr(torch, PRECISION_DTYPES[cfg.train.precision]))
+        params_dtype = getattr(torch, PRECISION_DTYPES[cfg.train.precision])
+        accepted = _accepted_marker(family, params_dtype)
+        if accepted is not None and accepted.exists():
+            return []
+        family.transformer_config(params_dtype=params_dtype)
     except ConfigError as e:  # the family's own checks speak rlx already
         return [str(e)]
     except Exception as e:  # Megatron's __post_init__: ValueError, AssertionError, TypeError...
         return [explain(e, cfg)]
+    if accepted is not None:
+        try:
+            accepted.parent.mkdir(parents=True, exist_ok=True)
+            accepted.touch()
+        except OSError:  # a read-only cache: checked again next time
+            pass
     return []
+
+
+def _accepted_marker(family, params_dtype):
+    """The cache file that says Megatron accepted `family`'s config; None where the config's
+    arguments cannot be told apart by their text (an object without a value of its own) or the
+    family builds its config its own way."""
+    if type(family).transformer_config.__module__ not in ("rlx.models.family", "rlx.models.moe_family"):
+        return None
+    text = json.dumps(
+        family.transformer_config_inputs(params_dtype=params_dtype), default=_text, sort_keys=True
+    )
+    if " at 0x" in text:  # an object's address: another process's would differ
+        return None
+    versions = [sys.version, _version("megatron-core"), _version("torch"), _version("transformer-engine")]
+    digest = hashlib.sha256(json.dumps([text, versions]).encode()).hexdigest()[:32]
+    return cache_dir() / "accepted" / "megatron_config" / digest
+
+
+def _text(value: Any) -> str:
+    """A JSON-less argument as text: a function or class by its qualified name, else its repr."""
+    if hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return repr(value)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
 def explain(error: Exception, cfg) -> str:

@@ -246,3 +246,21 @@ def test_tokenizer_larger_than_the_model_vocabulary(qwen3_copy):
 
 def test_checkpoint_errors_are_user_errors():
     assert issubclass(CheckpointError, UserError)  # launch.py prints them without a traceback
+
+
+def test_expected_shapes_are_remembered_by_config_json_and_a_tied_head_is_still_left_out(
+    tmp_path, monkeypatch
+):
+    from rlx.models import checkpoint_checks
+
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path))
+    tied = build(to_object(compose(["model=tiny_qwen3"])).model)
+    shapes = checkpoint_checks.expected_shapes(tied)
+    assert shapes["model.embed_tokens.weight"] == (tied.cfg.vocab_size, tied.cfg.hidden_size)
+    assert "lm_head.weight" not in shapes and len(list((tmp_path / "hf_shapes").iterdir())) == 1
+
+    monkeypatch.setattr(checkpoint_checks, "_model_shapes", lambda hf_config: pytest.fail("built again"))
+    assert checkpoint_checks.expected_shapes(tied) == shapes
+    untied = build(to_object(compose(["model=tiny_qwen3", "model.tie_word_embeddings=false"])).model)
+    with pytest.raises(pytest.fail.Exception, match="built again"):  # another config.json
+        checkpoint_checks.expected_shapes(untied)

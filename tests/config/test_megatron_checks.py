@@ -116,3 +116,29 @@ def test_layouts_over_two_ranks_compose(overrides):
     from rlx.trainer.megatron_check import megatron_errors
 
     assert megatron_errors(to_object(compose(overrides))) == []
+
+
+def test_an_accepted_config_is_remembered_and_a_refused_one_is_built_every_time(tmp_path, monkeypatch):
+    """A process that only composes (a SLURM submission, run.plan_only) need not import Megatron for
+    a config it accepted before; its refusals are always Megatron's own."""
+    from rlx.models.family import ModelFamily
+    from rlx.trainer import megatron_check
+
+    accepted = to_object(compose(["model=tiny_deepseek_v3"]))  # MoE and MLA: both configs' arguments
+    other = to_object(compose(["model=tiny_deepseek_v3", "model.kv_lora_rank=1"]))
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path))
+    assert megatron_check.megatron_errors(accepted) == []
+    assert len(list((tmp_path / "accepted" / "megatron_config").iterdir())) == 1
+
+    monkeypatch.setattr(ModelFamily, "transformer_config", lambda *a, **k: pytest.fail("built again"))
+    assert megatron_check.megatron_errors(accepted) == []
+    with pytest.raises(pytest.fail.Exception, match="built again"):  # another argument
+        megatron_check.megatron_errors(other)
+    monkeypatch.undo()
+
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path))
+    overrides, fragments = REFUSED["a Megatron setting Megatron refuses"]
+    for _ in range(2):
+        with pytest.raises(ConfigError) as e:
+            compose(overrides)
+        assert all(fragment in str(e.value) for fragment in fragments)

@@ -68,8 +68,10 @@ def test_short_run_writes_every_output(tmp_path):
 
 @pytest.mark.slow
 def test_reward_rises_on_the_toy_task(tmp_path):
-    """The default job (seeded): copying 3 digits goes from random to mostly right."""
-    history = run(compose([f"run.output_dir={tmp_path}", "run.progress=false"]))
+    """The default job (seeded): copying 3 digits goes from random to mostly right. Its first 80
+    of 100 steps: mean reward of steps 75-79 0.893 (run.seed=2: 0.877, 3: 0.879), of steps 0-4
+    0.073-0.080 (2026-11-27); all 100 reach 0.97-0.98."""
+    history = run(compose([f"run.output_dir={tmp_path}", "run.progress=false", "run.num_rollout=80"]))
     rewards = [h["rollout/reward_mean"] for h in history]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first <= 0.3, rewards

@@ -98,3 +98,23 @@ def test_launch_py_validates_before_it_imports_the_runtime():
     )
     loaded = _probe(probe)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr[-2000:]
+
+
+def test_a_trainer_rank_on_the_drivers_node_is_handed_the_checkpoint_the_driver_found(tmp_path):
+    # the driver works the tiny model's directory out (transformers' config classes: 1.5 s of CPU);
+    # ranks on its node are handed it and never import transformers; ranks on other nodes, whose
+    # caches are their own, work it out there
+    (tmp_path / "config.json").write_text("{}")
+    probe = (
+        "import dataclasses, sys\n"
+        "from rlx.config import build\n"
+        "from rlx.config.compose import compose, to_object\n"
+        "from rlx.runtime import _with_checkpoint_dir\n"
+        "rc = to_object(compose([]))\n"
+        f"ranks = _with_checkpoint_dir(rc, {str(tmp_path)!r})\n"
+        "two_nodes = dataclasses.replace(rc, cluster=dataclasses.replace(rc.cluster, num_nodes=2))\n"
+        f"print(str(build(ranks.model).checkpoint_dir()) == {str(tmp_path)!r}, rc.model.hf_checkpoint,\n"
+        "      _with_checkpoint_dir(two_nodes, 'elsewhere') is two_nodes, 'transformers' in sys.modules)\n"
+    )
+    loaded = _probe(probe)
+    assert loaded.stdout.split() == ["True", "None", "True", "False"], loaded.stdout + loaded.stderr[-2000:]
