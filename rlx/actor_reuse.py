@@ -8,7 +8,7 @@ more than a short CPU run's whole work. Only processes placed without GPUs, plac
 an environment of their run's are kept, at most `MAX_KEPT` of each kind (an idle one costs about
 1% of a core); those left over are ended when the block ends.
 
-The kinds' own modules decide what "set up again" means: `rlx.trainer.group` (TrainerRank.setup)
+The kinds' own modules decide what "set up again" means: `rlx.trainer.rank` (TrainerRank.setup)
 and `rlx.rollout.engines` (EngineActor.setup); tests check that a kept process then computes exactly
 what a new one does (a CPU engine's one process-wide setting, torch's thread count, is set anew
 from `rollout.engine_threads`, at least 1).

@@ -7,9 +7,7 @@ a silent stall. After one, the group is broken and `shutdown` only kills what is
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -17,9 +15,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rlx import actor_reuse, ports
-from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
-from rlx.trainer.megatron import MegatronTrainer
-from rlx.trainer.parallel import rendezvous_store
+from rlx.trainer.rank import TrainerRank
 
 log = logging.getLogger(__name__)
 
@@ -29,39 +25,6 @@ DEATH_NOTICE_S = 5.0  # how long Ray may take to report a dead rank after its pe
 
 class TrainerRankError(RuntimeError):
     """A trainer rank died or did not answer a call in time; the message names the rank and call."""
-
-
-class TrainerRank(MegatronTrainer):
-    """One rank's actor, started empty: the group first asks rank 0 where it runs (the rendezvous
-    must be on rank 0's node, which only Ray knows), then `setup` builds the MegatronTrainer."""
-
-    def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
-        pass
-
-    def setup(self, *args, **kwargs) -> None:
-        # the store host_rendezvous made for this group (rank 0), taken: a rank process set up
-        # again for another group (TrainerGroup.release) must not find an old one
-        MegatronTrainer.__init__(self, *args, store=self.__dict__.pop("_store", None), **kwargs)
-        if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
-            freeze_startup_objects()
-
-    def shutdown(self) -> None:
-        """Leave the process groups, then let go of the models, optimizers and what else holds
-        them: a rank kept for another group (`rlx.actor_reuse.keep_actors`) idles without them (each gloo group's
-        threads poll until the group is freed)."""
-        super().shutdown()
-        self.__dict__.clear()
-        gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
-        gc.collect()
-
-    def host_rendezvous(self) -> int:
-        """Rank 0: start hosting the group's rendezvous on this node; its port."""
-        self._store = rendezvous_store(ports.node_address())
-        return self._store.port
-
-    def endpoint(self) -> tuple[str, int]:
-        """(this node's address, this process's id)."""
-        return ports.node_address(), os.getpid()
 
 
 class TrainerGroup:
@@ -180,7 +143,7 @@ class TrainerGroup:
 
     def _call(self, method: str, *args) -> list:
         """`method(*args)` on every rank at once; their results in rank order."""
-        return self.wait([getattr(a, method).remote(*args) for a in self.actors], f"{method}()")
+        return self.wait([a.call.remote(method, *args) for a in self.actors], f"{method}()")
 
     def train(self, samples, step: int | None = None) -> dict[str, float]:
         """Every rank trains on `samples` (rollout step `step`: profiled when it is one of
@@ -207,7 +170,7 @@ class TrainerGroup:
         """Rank 0 starts hosting the engines' broadcast group on its node (`master_addr`), on a
         port the OS picks and rank 0 holds; that port (then `async_init_weight_group`)."""
         (port,) = self.wait(
-            [self.actors[0].host_weight_group.remote(self.master_addr)], "host_weight_group()"
+            [self.actors[0].call.remote("host_weight_group", self.master_addr)], "host_weight_group()"
         )
         return port
 
@@ -215,7 +178,8 @@ class TrainerGroup:
         """Rank 0 starts hosting the engines' broadcast group; Ray refs (they resolve once all
         joined: pass them to `wait`)."""
         return [
-            a.init_weight_group.remote(master_address, master_port, world_size, backend) for a in self.actors
+            a.call.remote("init_weight_group", master_address, master_port, world_size, backend)
+            for a in self.actors
         ]
 
     def export_weights(self, out_dir: str) -> str:

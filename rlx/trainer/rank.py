@@ -1,0 +1,58 @@
+"""One trainer rank's Ray actor: a process that imports Megatron only when it sets up.
+
+The driver creates the actor from this class, so its module imports nothing of Megatron (the
+driver never loads megatron-core for a run: 3.4 s of CPU in every `launch.py` process); `setup`
+imports `rlx.trainer.megatron` in the rank's own process and builds the `MegatronTrainer`, and
+`call` runs one of its methods (`rlx.trainer.group.TrainerGroup` names them).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+from rlx import ports
+from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
+from rlx.trainer.parallel import rendezvous_store
+
+
+class TrainerRank:
+    """Started empty: the group first asks rank 0 where it runs (the rendezvous must be on rank 0's
+    node, which only Ray knows), then `setup` builds the MegatronTrainer."""
+
+    def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
+        self.trainer = None
+
+    def setup(self, *args, **kwargs) -> None:
+        from rlx.trainer.megatron import MegatronTrainer
+
+        # the store host_rendezvous made for this group (rank 0), taken: a rank process set up
+        # again for another group (TrainerGroup.release) must not find an old one
+        self.trainer = MegatronTrainer(*args, store=self.__dict__.pop("_store", None), **kwargs)
+        if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
+            freeze_startup_objects()
+
+    def call(self, method: str, *args) -> Any:
+        """The trainer's `method(*args)`."""
+        return getattr(self.trainer, method)(*args)
+
+    def shutdown(self) -> None:
+        """Leave the process groups, then let go of the models, optimizers and what else holds
+        them: a rank kept for another group (`rlx.actor_reuse.keep_actors`) idles without them
+        (each gloo group's threads poll until the group is freed)."""
+        if self.trainer is not None:
+            self.trainer.shutdown()
+        self.__dict__.clear()
+        self.trainer = None
+        gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
+        gc.collect()
+
+    def host_rendezvous(self) -> int:
+        """Rank 0: start hosting the group's rendezvous on this node; its port."""
+        self._store = rendezvous_store(ports.node_address())
+        return self._store.port
+
+    def endpoint(self) -> tuple[str, int]:
+        """(this node's address, this process's id)."""
+        return ports.node_address(), os.getpid()
