@@ -84,7 +84,7 @@ class TrainerGroup:
             self._kill()
             raise
         now = time.perf_counter()
-        log.info("trainer ranks set up in %.1f s: processes and imports %.1f s, then the models and optimizers %.1f s",
+        log.info("trainer ranks set up in %.1f s: their processes %.1f s, then Megatron's import, the models and optimizers %.1f s",
                  now - began, up - began, now - up)  # fmt: skip
         self._started = True
         return self
