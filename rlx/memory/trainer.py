@@ -29,10 +29,10 @@ statistics, gradient clipping's norms), and an unbalanced MoE routing.
 
 from __future__ import annotations
 
-from rlx.config.build import locate
 from rlx.memory.activations import Layout, MicroBatch, layer_bytes, logits_bytes, mask_bytes
 from rlx.memory.params import ModelParams, RankParams, lora_params, rank_params, stage_layers
 from rlx.memory.terms import CUDA_CONTEXT_BYTES, PRECISION_BYTES, Phase, Setup, Term, count
+from rlx.rollout.launchers import flat_tensor_buckets
 
 GRAD_BYTES = 4  # megatron DDP's gradient buffer is fp32 (grad_reduce_in_fp32=True)
 TP, PP, CP = "cluster.tensor_parallel_size", "cluster.pipeline_parallel_size", "cluster.context_parallel_size"
@@ -299,9 +299,7 @@ def resident_while_syncing(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     `cluster.offload_trainer=false`, what it keeps while generating, and the bucket: twice where
     the engines read a bucket as one flat buffer (rlx's: `flat_tensor_buckets`), the gathered
     tensors and their flat copy."""
-    flat = s.rollout.weight_sync in ("auto", "tensor") and getattr(
-        locate(s.rollout._target_), "flat_tensor_buckets", False
-    )
+    flat = s.rollout.weight_sync in ("auto", "tensor") and flat_tensor_buckets(s.rollout)
     what = "gathered tensors, and their flat copy" if flat else "gathered tensors"
     bucket = Term(f"weight sync bucket ({what})", (1 + flat) * s.rollout.weight_bucket_mb * 2**20,
                   ("rollout.weight_bucket_mb",))  # fmt: skip

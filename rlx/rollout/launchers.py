@@ -39,6 +39,12 @@ def for_run(cfg: RolloutConfig, **run) -> RolloutConfig:
     return prepare(cfg, **run) if prepare is not None else cfg
 
 
+def flat_tensor_buckets(cfg: RolloutConfig) -> bool:
+    """Whether the engines of launcher `cfg._target_` read a colocated weight bucket as one flat
+    buffer (`EngineLauncher.flat_tensor_buckets`)."""
+    return bool(getattr(locate(cfg._target_), "flat_tensor_buckets", False))
+
+
 class EngineLauncher:
     """The declarations every launcher may make, with the defaults of a launcher that makes none."""
 

@@ -13,8 +13,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from rlx.cluster import ClusterConfig
-from rlx.config.build import locate
 from rlx.rollout.config import RolloutConfig
+from rlx.rollout.launchers import flat_tensor_buckets
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,6 @@ def choose_method(rollout: RolloutConfig, cluster: ClusterConfig) -> str:
     if cluster.colocate:
         return "tensor"
     return "distributed" if cluster.gpus_per_node > 0 else "disk"
-
-
-def _flat_buckets(pool) -> bool:
-    """Whether the pool's engines read a bucket as one flat buffer (their launcher's
-    `flat_tensor_buckets`, rlx.rollout.launchers)."""
-    cfg = getattr(pool, "cfg", None)
-    return cfg is not None and bool(getattr(locate(cfg._target_), "flat_tensor_buckets", False))
 
 
 CLOSE_TIMEOUT_S = 60.0  # at most, a background load finishing at shutdown
@@ -68,7 +61,7 @@ class WeightPublisher:
         self.trainer, self.pool, self.method, self.backend = trainer, pool, method, backend
         # tensor: one flat buffer a bucket where the engines read that form (rlx's), else one
         # CUDA IPC handle a tensor (SGLang's)
-        self.push_method = "tensor_flat" if method == "tensor" and _flat_buckets(pool) else method
+        self.push_method = "tensor_flat" if method == "tensor" and flat_tensor_buckets(pool.cfg) else method
         self.bucket_bytes, self.disk_root = bucket_bytes, disk_root
         self.overlap = overlap and method == "disk"
         self.on_served: Callable[[int], None] = lambda version: None
