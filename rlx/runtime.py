@@ -152,7 +152,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
     parts.closers.append(parts.tracker.close)
     early = None
     if parts.turns.colocated:  # the engines' processes warm up while the trainer sets up on their GPUs
-        early = EarlyEngines(rc.rollout, parts.placement.engines)
+        early = EarlyEngines(rc.rollout, parts.placement.engines, str(job.hf_dir))
         parts.closers.append(early.kill)  # those no pool took
     if debug.train_only or parts.turns.colocated:  # colocated: the trainer sets up before it leaves the GPU
         state = _ready_trainer(job, parts.trainer)

@@ -37,8 +37,6 @@ class Engine:
     """Generation over a paged KV cache with continuous batching, on CUDA or CPU."""
 
     def __init__(self, args: EngineArgs):
-        from transformers import AutoConfig, AutoTokenizer
-
         self.args = args
         self.device = args.resolved_device()
         if self.device.type == "cpu" and args.num_threads > 0:
@@ -47,9 +45,8 @@ class Engine:
         self.tokenizer_path = args.tokenizer_path or args.model_path
         self.served_model_name = args.served_model_name or args.model_path
         self.weight_version = str(args.weight_version)
-        self.hf_config = AutoConfig.from_pretrained(args.model_path, local_files_only=True)
+        self.hf_config, self.tokenizer = read_checkpoint(args.model_path, self.tokenizer_path)
         self.torch_dtype = args.torch_dtype(getattr(self.hf_config, "dtype", None), self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
         self.context_length = int(args.context_length or self.hf_config.max_position_embeddings)
         self.vocab_size = int(self.hf_config.vocab_size)
         self.eos_token_ids = _eos_ids(self.hf_config, args.model_path, self.tokenizer)
@@ -398,6 +395,25 @@ class Engine:
         if tags and self.device.type == "cuda":
             torch.cuda.synchronize()
         self._released -= tags
+
+
+def read_checkpoint(model_path: str, tokenizer_path: str) -> tuple[Any, Any]:
+    """(the checkpoint's transformers config, its tokenizer), read as transformers reads them."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return config, AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+
+
+def load_ahead(model_path: str, tokenizer_path: str | None = None) -> None:
+    """What an Engine for `model_path` loads before its weights, loaded and let go: transformers'
+    auto classes, the checkpoint's config, tokenizer and generation config (5 s of an engine's
+    start on the GPU machine's image, whose transformers imports sklearn and scipy), then the
+    engine's runner and kernels. For a process started ahead of its engine, which then sets up
+    without those imports (`rlx.rollout`'s early engines). Touches no device."""
+    config, tokenizer = read_checkpoint(model_path, tokenizer_path or model_path)
+    _eos_ids(config, model_path, tokenizer)
+    import rlx.engine.model_runner  # noqa: F401  (Engine._build_runner imports it)
 
 
 def _eos_ids(config, model_path: str, tokenizer) -> set[int]:

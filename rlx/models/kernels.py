@@ -37,6 +37,7 @@ from functools import cache
 
 import torch
 
+from rlx.compat import liger
 from rlx.errors import ConfigError
 from rlx.models.config import KERNEL_CHOICES
 
@@ -58,6 +59,7 @@ class KernelSet:
         None  # -> (logits [s,b,V/tp], labels, tp_group, _) -> loss [s,b]
     )
     requires: str | None = None  # the package (pip name) the set imports, checked when resolved
+    modules: tuple[str, ...] = ()  # that package's modules the set's pieces import (`load_ahead`)
     # each linear layer's weight gradient accumulated into DDP's fp32 main_grad by its GEMM
     # (`fuse_weight_gradients`, after the model is wrapped in DDP)
     wgrad_accumulation: bool = False
@@ -68,9 +70,7 @@ def _liger_swiglu() -> type:
 
 
 def _liger_cross_entropy() -> Callable:
-    from liger_kernel.megatron import LigerMegatronCrossEntropy
-
-    ce = LigerMegatronCrossEntropy()
+    ce = liger.module("liger_kernel.megatron").LigerMegatronCrossEntropy()
     return lambda logits, labels, tp_group, is_cg_capturable=False: ce(logits, labels, tp_group=tp_group)
 
 
@@ -90,6 +90,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         rope=_compiled_rope,
         cross_entropy=_liger_cross_entropy,
         requires="liger-kernel",
+        modules=("liger_kernel.ops", "liger_kernel.megatron"),
         wgrad_accumulation=True,
     ),
     "compile": KernelSet(
@@ -114,6 +115,14 @@ def resolve(name: str) -> KernelSet:
             "(or model.kernels=compile, which needs nothing extra)"
         )
     return kernels
+
+
+def load_ahead(name: str) -> None:
+    """Import the modules of the kernel set `model.kernels=name` resolves to on this machine
+    (liger's: 0.2 s, 3.8 s before `rlx.compat.liger`) ahead of the model's build: a trainer rank's
+    warm-up. Raises `resolve`'s ConfigError."""
+    for module in resolve(name).modules:
+        liger.module(module)
 
 
 def fusion_kwargs(kernels: KernelSet, *, params_dtype: torch.dtype, rotary_interleaved: bool) -> dict:
@@ -200,9 +209,7 @@ class LigerSwiGLU(torch.nn.Module):
 
     def __init__(self, config=None):
         super().__init__()
-        from liger_kernel.ops import LigerFusedGateUpSiLUMulFunction
-
-        self._function = LigerFusedGateUpSiLUMulFunction
+        self._function = liger.module("liger_kernel.ops").LigerFusedGateUpSiLUMulFunction
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._function.apply(x.reshape(-1, x.shape[-1]), False)

@@ -9,12 +9,15 @@ API key it requires is the run's, given to `setup` (a kept process serves each r
 from __future__ import annotations
 
 import gc
+import logging
 
 from hydra.utils import get_class
 
 from rlx import ports
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.rollout.config import RolloutConfig
+
+log = logging.getLogger(__name__)
 
 
 class EngineActor:
@@ -48,12 +51,17 @@ class EngineActor:
         if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
             freeze_startup_objects()
 
-    def warm_up(self, target: str) -> None:
+    def warm_up(self, target: str, model_path: str, tokenizer_path: str | None = None) -> None:
         """Before `setup`: what the launcher `target` (a `rollout._target_`) can do ahead of it
-        (`EngineLauncher.warm_up`: its imports, its device's context)."""
+        for `model_path` (`EngineLauncher.warm_up`: its imports, its device's context). A
+        failure here is only logged: `setup` meets it again and raises it to the run."""
         warm_up = getattr(get_class(target), "warm_up", None)
-        if warm_up is not None:
-            warm_up()
+        if warm_up is None:
+            return
+        try:
+            warm_up(model_path, tokenizer_path)
+        except Exception as e:  # a checkpoint that cannot be read: the set-up's error to report
+            log.warning("the engine's warm-up for %s failed (its set-up will say why): %s", model_path, e)
 
     def url(self) -> str:
         if self.server is None and self._setup_error is not None:

@@ -34,12 +34,12 @@ class EarlyEngines:
     trainer sets up on their GPUs. The pool's `EngineSet` takes them (`take`) and sets them up;
     `kill()` ends those never taken (a run that failed before its pool started)."""
 
-    def __init__(self, cfg: RolloutConfig, actor_options: list[dict]):
+    def __init__(self, cfg: RolloutConfig, actor_options: list[dict], model_path: str):
         self.options = actor_options
         taken = actor_reuse.take("engine", actor_options)  # kept processes are warm already
         started = [ray.remote(EngineActor).options(**o).remote() for o in actor_options[len(taken) :]]
         for a in started:
-            a.warm_up.remote(cfg._target_)
+            a.warm_up.remote(cfg._target_, model_path, cfg.engine_args.get("tokenizer_path"))
         self.actors: list | None = taken + started
 
     def take(self, options: list[dict]) -> list:

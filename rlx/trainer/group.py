@@ -41,9 +41,10 @@ class TrainerGroup:
     ):
         """`actor_options`: Ray options per rank (`rlx.placement.plan(...).trainer`); default: CPU.
         `profile_dir`: where the steps of `debug.profile_train_steps` leave their profiles.
-        `start=False`: only launch the ranks' processes (they import Megatron meanwhile, while the
-        caller starts the engines, say); `start()` then sets them up. Inside `rlx.actor_reuse.keep_actors`, the
-        first ranks take rank processes an earlier group handed back, new ones start for the rest."""
+        `start=False`: only launch the ranks' processes (they import Megatron meanwhile:
+        `TrainerRank.warm_up`, while the caller starts the engines, say); `start()` then sets them
+        up. Inside `rlx.actor_reuse.keep_actors`, the first ranks take rank processes an earlier
+        group handed back, new ones start for the rest."""
         options = actor_options or [{"num_cpus": 0}] * cfg.cluster.num_trainer_procs
         self.options = options
         self.cfg = cfg
@@ -54,6 +55,7 @@ class TrainerGroup:
         actor_cls = ray.remote(TrainerRank)
         taken = actor_reuse.take("trainer", options)
         self.actors = taken + [actor_cls.options(**o).remote() for o in options[len(taken) :]]
+        self._warm_ups = [a.warm_up.remote(cfg.model.kernels) for a in self.actors]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
             self.start()
@@ -66,6 +68,7 @@ class TrainerGroup:
         cfg, num_procs = self.cfg, len(self.actors)
         began = time.perf_counter()
         try:
+            self.wait(self._warm_ups, "start-up (imports)")
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
             up = time.perf_counter()
             self.where = [f"pid {pid} on {node}" for node, pid in endpoints]
@@ -84,7 +87,7 @@ class TrainerGroup:
             self._kill()
             raise
         now = time.perf_counter()
-        log.info("trainer ranks set up in %.1f s: their processes %.1f s, then Megatron's import, the models and optimizers %.1f s",
+        log.info("trainer ranks set up in %.1f s: their processes and imports %.1f s, then the models and optimizers %.1f s",
                  now - began, up - began, now - up)  # fmt: skip
         self._started = True
         return self

@@ -24,6 +24,15 @@ class TrainerRank:
     def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
         self.trainer = None
 
+    def warm_up(self, kernels: str) -> None:
+        """Before `setup`: import Megatron and rlx's trainer, and the modules of the kernel set
+        `model.kernels=kernels` (liger's, on a GPU): 8-12 s of a rank's start on 1×H100, spent
+        while the driver does what else it has to (a split run's engines start meanwhile)."""
+        import rlx.trainer.megatron  # noqa: F401
+        from rlx.models.kernels import load_ahead
+
+        load_ahead(kernels)
+
     def setup(self, *args, **kwargs) -> None:
         from rlx.trainer.megatron import MegatronTrainer
 

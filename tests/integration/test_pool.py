@@ -157,16 +157,21 @@ def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_sessio
             ray.get(engine.url.remote(), timeout=60)
 
 
+WARM = ("rlx.engine.serve", "rlx.engine.model_runner", "transformers.models.auto.tokenization_auto")
+
+
 def _engine_process(actor) -> tuple[int, bool]:
-    """(the engine actor's pid, whether its process has imported the engine's code)."""
+    """(the engine actor's pid, whether its process has imported the engine's code and what it
+    loads before the weights: the runner, transformers' tokenizer classes)."""
     import ray
 
-    return ray.get(actor.__ray_call__.remote(lambda self: (os.getpid(), "rlx.engine.serve" in sys.modules)))
+    return ray.get(actor.__ray_call__.remote(lambda self: (os.getpid(), all(m in sys.modules for m in WARM))))
 
 
 def test_engines_started_early_warm_up_and_are_the_ones_the_pool_sets_up(ray_session, tiny_qwen3_dir):
     """A colocated run starts its engines' processes while the trainer sets up (`EarlyEngines`):
-    each imports the engine's code before it is set up; the pool then sets up those processes
+    each imports the engine's code and reads the checkpoint's config and tokenizer before it is set
+    up; the pool then sets up those processes
     (no new one) and they serve; processes no pool took are ended by `kill()`, a kept one too."""
     import ray
 
@@ -174,7 +179,7 @@ def test_engines_started_early_warm_up_and_are_the_ones_the_pool_sets_up(ray_ses
     cfg = RolloutConfig(num_engines=1, batch_size=4, n_samples_per_prompt=4, max_response_len=4)
     options = [{"num_cpus": 0}]
     with rlx.actor_reuse.keep_actors():  # a pool of its own, empty: new processes
-        early = EarlyEngines(cfg, options)
+        early = EarlyEngines(cfg, options, str(tiny_qwen3_dir))
         (actor,) = early.actors
         pid, warm = _engine_process(actor)  # answered after `warm_up` (an actor's calls run in order)
         assert warm
@@ -189,8 +194,20 @@ def test_engines_started_early_warm_up_and_are_the_ones_the_pool_sets_up(ray_ses
             assert _engine_process(actor)[0] == pid
         finally:
             pool.shutdown()
-        unused = EarlyEngines(cfg, options)  # takes the process the pool handed back (keep_actors)
+        unused = EarlyEngines(
+            cfg, options, str(tiny_qwen3_dir)
+        )  # takes the process the pool handed back (keep_actors)
         assert unused.actors == [actor] and rlx.actor_reuse._kept["engine"] == []
         unused.kill()
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.url.remote(), timeout=60)
+
+
+def test_an_engine_warm_up_that_fails_leaves_the_error_to_the_set_up(tmp_path, caplog):
+    """A checkpoint the warm-up cannot read: it logs and returns (the set-up raises the error)."""
+    from rlx.rollout.engine_actor import EngineActor
+
+    missing = tmp_path / "no_model_here"
+    with caplog.at_level("WARNING", logger="rlx.rollout.engine_actor"):
+        EngineActor().warm_up("rlx.rollout.launchers.LocalLauncher", str(missing))
+    assert "warm-up" in caplog.text and "no_model_here" in caplog.text

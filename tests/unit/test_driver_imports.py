@@ -14,5 +14,7 @@ def test_the_run_loop_and_the_trainer_group_import_no_megatron():
         "import sys; import rlx.runtime, rlx.trainer.group, rlx.colocation, rlx.weight_sync.publisher; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "[]", out.stdout[:500]

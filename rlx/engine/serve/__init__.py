@@ -15,13 +15,15 @@ One job per module:
 
 The public entry point for the rest of rlx: `python -m rlx.engine.serve` (a child process, started
 like SGLang's server by `rlx.rollout.sglang`) or `start_server` (in this process, for
-`rlx.rollout.launchers.LocalLauncher`). Everything else talks to the engine over HTTP only.
+`rlx.rollout.launchers.LocalLauncher`, which may first call `load_ahead` in a process started ahead
+of its engine). Everything else talks to the engine over HTTP only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rlx.engine.engine import load_ahead
 from rlx.engine.local import LocalEngine
 from rlx.engine.serve.server import EngineServer
 
@@ -43,4 +45,4 @@ def start_server(
     return EngineServer(engine, host, port, api_key=api_key).start()
 
 
-__all__ = ["EngineServer", "start_server"]
+__all__ = ["EngineServer", "load_ahead", "start_server"]
