@@ -52,7 +52,11 @@ def reference_logprobs(model, prompt, output) -> torch.Tensor:
 def fp32_model():
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(MODEL), dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(str(MODEL), dtype=torch.float32).cuda().eval()
+    yield model
+    # the module's last test still holds its arguments when the module's fixtures end (and the
+    # conftest's check that the module gave its GPU memory back runs): the weights leave the GPU here
+    model.cpu()
 
 
 def test_fp32_engine_decodes_greedily_as_transformers(prompts, fp32_model):
