@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 
 from hydra.utils import get_class
 
-from rlx import ports
+from rlx import ports, process_clock
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
+LOADED = time.time()  # this module loaded: an engine's process is ready for its calls
 
 
 class EngineActor:
@@ -34,6 +36,7 @@ class EngineActor:
         api_key: str | None = None,
     ):
         self.server = self._setup_error = None
+        self.times: dict[str, float | None] = {"warm_up_s": None, "setup_s": None}
         if cfg is not None:
             self.setup(cfg, model_path, seed=seed, api_key=api_key)
 
@@ -43,11 +46,13 @@ class EngineActor:
         launcher = get_class(cfg._target_)
         host = ports.engine_host()
         ports.pin_collectives(host)  # one node: the server's gloo and NCCL (weight sync, TP) on loopback
+        began = time.perf_counter()
         try:
             self.server = launcher(cfg, model_path, seed=seed, host=host, api_key=api_key)
         except BaseException as e:  # `url` raises it: the caller of a set-up again waits on `url`
             self._setup_error = e
             raise
+        self.times["setup_s"] = time.perf_counter() - began
         if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
             freeze_startup_objects()
 
@@ -58,10 +63,19 @@ class EngineActor:
         warm_up = getattr(get_class(target), "warm_up", None)
         if warm_up is None:
             return
+        began = time.perf_counter()
         try:
             warm_up(model_path, tokenizer_path)
         except Exception as e:  # a checkpoint that cannot be read: the set-up's error to report
             log.warning("the engine's warm-up for %s failed (its set-up will say why): %s", model_path, e)
+        self.times["warm_up_s"] = time.perf_counter() - began
+
+    def startup(self) -> dict[str, float | None]:
+        """When (seconds since the epoch) this process `started` (None where the kernel cannot
+        say) and had `loaded` this module, and the seconds of its last `warm_up_s` and `setup_s`
+        (None: not run): the pool's start-up log splits an engine's start with them."""
+        age = process_clock.age()
+        return {"started": None if age is None else time.time() - age, "loaded": LOADED, **self.times}
 
     def url(self) -> str:
         if self.server is None and self._setup_error is not None:

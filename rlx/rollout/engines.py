@@ -28,6 +28,21 @@ from rlx.sglang_api import MEMORY_TAGS
 log = logging.getLogger(__name__)
 
 
+def _slowest_start(starts: list[dict], asked: float) -> str:
+    """The start-up log's account of the engine whose set-up took longest, from its
+    `EngineActor.startup` times and `asked`, when the pool started the engines."""
+    s = max(starts, key=lambda s: s["loaded"] + (s["setup_s"] or 0.0))
+    setup = f"its set-up (imports, the model, the server) {s['setup_s'] or 0.0:.1f} s"
+    if s["loaded"] < asked:  # started before the pool: early (warmed up), or kept from a run
+        ahead = (
+            "" if s["warm_up_s"] is None else f", after a warm-up of {s['warm_up_s']:.1f} s before the pool"
+        )
+        return f" (the slowest engine: {setup}{ahead})"
+    pooled = s["started"] is not None and s["started"] < asked  # a worker Ray had started ahead
+    first = "an idle Ray worker taking it" if pooled else "a new process, Python and Ray"
+    return f" (the slowest engine: {first} {s['loaded'] - asked:.1f} s, then {setup})"
+
+
 class EarlyEngines:
     """Engine processes started before their set-up, each warming up meanwhile (its launcher's
     imports and device context: `EngineLauncher.warm_up`): a colocated run's engines, while the
@@ -118,12 +133,10 @@ class EngineSet:
                     f"{self.cfg.engine_start_timeout_s:g} s (each engine's log is in Ray's session logs)"
                 ) from None
             raise
-        log.info(
-            "%d engine%s serving in %.1f s",
-            len(self.urls),
-            "s" * (len(self.urls) > 1),
-            time.perf_counter() - began,
-        )
+        took = time.perf_counter() - began
+        starts = ray.get([a.startup.remote() for a in self.actors], timeout=self.cfg.engine_start_timeout_s)
+        log.info("%d engine%s serving in %.1f s%s", len(self.urls), "s" * (len(self.urls) > 1), took,
+                 _slowest_start(starts, time.time() - took))  # fmt: skip
         if len(self.urls) >= 2:
             self.router = Router(self.urls, extra_args=dict(self.cfg.router_args), api_key=self.api_key)
             self.router.start()

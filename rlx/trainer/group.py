@@ -27,6 +27,21 @@ class TrainerRankError(RuntimeError):
     """A trainer rank died or did not answer a call in time; the message names the rank and call."""
 
 
+def _slowest_start(warm: list[dict], asked: float) -> str:
+    """The start-up log's account of the rank that was ready last, from its `TrainerRank.warm_up`
+    times and `asked`, when the driver asked Ray for the ranks."""
+    w = max(warm, key=lambda w: w["loaded"] + w["imports_s"])
+    then = f"Megatron and the kernels {w['imports_s']:.1f} s"
+    if w["loaded"] < asked:  # its code was there before: a rank process an earlier run handed back
+        return f" (the slowest rank: a process of an earlier run, {then})"
+    if w["started"] is not None and w["started"] < asked:  # a worker Ray had started ahead
+        first = "an idle Ray worker taking it and importing torch"
+    else:
+        first = "a new process: Python, Ray's worker and torch"
+    ready = w["loaded"] + w["imports_s"] - asked
+    return f" (the slowest rank, ready {ready:.1f} s after it was asked for: {first} {w['loaded'] - asked:.1f} s, then {then})"
+
+
 class TrainerGroup:
     """`cluster.num_trainer_procs` MegatronTrainer actors forming one torch.distributed world,
     rendezvousing on trainer rank 0's node (`master_addr`)."""
@@ -55,6 +70,7 @@ class TrainerGroup:
         actor_cls = ray.remote(TrainerRank)
         taken = actor_reuse.take("trainer", options)
         self.actors = taken + [actor_cls.options(**o).remote() for o in options[len(taken) :]]
+        self._asked = time.time()
         self._warm_ups = [a.warm_up.remote(cfg.model.kernels) for a in self.actors]
         self.where = ["not started yet"] * len(options)  # then "pid P on NODE", for messages
         if start:
@@ -68,7 +84,7 @@ class TrainerGroup:
         cfg, num_procs = self.cfg, len(self.actors)
         began = time.perf_counter()
         try:
-            self.wait(self._warm_ups, "start-up (imports)")
+            warm = self.wait(self._warm_ups, "start-up (imports)")
             endpoints = self.wait([a.endpoint.remote() for a in self.actors], "start-up")
             up = time.perf_counter()
             self.where = [f"pid {pid} on {node}" for node, pid in endpoints]
@@ -87,8 +103,8 @@ class TrainerGroup:
             self._kill()
             raise
         now = time.perf_counter()
-        log.info("trainer ranks set up in %.1f s: their processes and imports %.1f s, then the models and optimizers %.1f s",
-                 now - began, up - began, now - up)  # fmt: skip
+        log.info("trainer ranks set up in %.1f s: their processes and imports %.1f s%s, then the models and optimizers %.1f s",
+                 now - began, up - began, _slowest_start(warm, self._asked), now - up)  # fmt: skip
         self._started = True
         return self
 

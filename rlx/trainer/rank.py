@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from typing import Any
 
-from rlx import ports
+from rlx import ports, process_clock
 from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
 from rlx.trainer.parallel import rendezvous_store
+
+LOADED = time.time()  # this module, and torch with it, loaded: a rank's process is ready for its calls
 
 
 class TrainerRank:
@@ -24,14 +27,20 @@ class TrainerRank:
     def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
         self.trainer = None
 
-    def warm_up(self, kernels: str) -> None:
+    def warm_up(self, kernels: str) -> dict[str, float | None]:
         """Before `setup`: import Megatron and rlx's trainer, and the modules of the kernel set
         `model.kernels=kernels` (liger's, on a GPU): 8-12 s of a rank's start on 1×H100, spent
-        while the driver does what else it has to (a split run's engines start meanwhile)."""
+        while the driver does what else it has to (a split run's engines start meanwhile).
+        Returns when (seconds since the epoch) this process `started` (None where the kernel
+        cannot say), when it had `loaded` this module (torch with it), and `imports_s`, this
+        call's time: the group's start-up log splits a rank's start with them."""
+        began, age = time.perf_counter(), process_clock.age()
+        started = None if age is None else time.time() - age
         import rlx.trainer.megatron  # noqa: F401
         from rlx.models.kernels import load_ahead
 
         load_ahead(kernels)
+        return {"started": started, "loaded": LOADED, "imports_s": time.perf_counter() - began}
 
     def setup(self, *args, **kwargs) -> None:
         from rlx.trainer.megatron import MegatronTrainer
