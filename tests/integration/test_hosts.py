@@ -44,9 +44,14 @@ def keyed_server(tiny_qwen3_dir):
 
 @pytest.fixture(scope="module")
 def routable_ray():
-    """A Ray whose node address is this machine's routable one (not loopback), without a token."""
-    with own_ray(loopback=False, num_cpus=2):
-        yield
+    """A Ray whose node address is this machine's routable one (not loopback), without a token:
+    RAY_AUTH_MODE=disabled for its start, since Ray 2.60 turns token authentication on for a new
+    local Ray where the variable is unset (and writes ~/.ray/auth_token). Unset, the module's tests
+    passed only after another module's run had set it (`rlx.launcher.ray_start.start_local`)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        with own_ray(loopback=False, num_cpus=2):
+            yield
 
 
 @pytest.fixture
