@@ -6,6 +6,7 @@ first imports) and what it did after.
 from __future__ import annotations
 
 import os
+import time
 
 
 def age() -> float | None:
@@ -19,3 +20,19 @@ def age() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return max(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+def started_at() -> float | None:
+    """When this process started, in seconds since the epoch (`time.time()`'s clock), or None."""
+    seconds = age()
+    return None if seconds is None else time.time() - seconds
+
+
+def origin(started: float | None, loaded: float, asked: float) -> str:
+    """How a Ray actor's process came to serve a request made at `asked` (seconds since the epoch),
+    from when the process `started` (`started_at`, None: unknown) and when it `loaded` its actor's
+    module: "kept" (its code was loaded before: a process an earlier run handed back, or one
+    started ahead and warmed up), "pooled" (one of Ray's idle workers, started before) or "new"."""
+    if loaded < asked:
+        return "kept"
+    return "pooled" if started is not None and started < asked else "new"

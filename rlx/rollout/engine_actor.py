@@ -74,8 +74,7 @@ class EngineActor:
         """When (seconds since the epoch) this process `started` (None where the kernel cannot
         say) and had `loaded` this module, and the seconds of its last `warm_up_s` and `setup_s`
         (None: not run): the pool's start-up log splits an engine's start with them."""
-        age = process_clock.age()
-        return {"started": None if age is None else time.time() - age, "loaded": LOADED, **self.times}
+        return {"started": process_clock.started_at(), "loaded": LOADED, **self.times}
 
     def url(self) -> str:
         if self.server is None and self._setup_error is not None:

@@ -18,7 +18,7 @@ import time
 
 import ray
 
-from rlx import actor_reuse
+from rlx import actor_reuse, process_clock
 from rlx.rollout.client import EngineClient, is_engine_failure
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engine_actor import EngineActor
@@ -33,13 +33,13 @@ def _slowest_start(starts: list[dict], asked: float) -> str:
     `EngineActor.startup` times and `asked`, when the pool started the engines."""
     s = max(starts, key=lambda s: s["loaded"] + (s["setup_s"] or 0.0))
     setup = f"its set-up (imports, the model, the server) {s['setup_s'] or 0.0:.1f} s"
-    if s["loaded"] < asked:  # started before the pool: early (warmed up), or kept from a run
+    how = process_clock.origin(s["started"], s["loaded"], asked)
+    if how == "kept":  # started before the pool: early (warmed up), or kept from a run
         ahead = (
             "" if s["warm_up_s"] is None else f", after a warm-up of {s['warm_up_s']:.1f} s before the pool"
         )
         return f" (the slowest engine: {setup}{ahead})"
-    pooled = s["started"] is not None and s["started"] < asked  # a worker Ray had started ahead
-    first = "an idle Ray worker taking it" if pooled else "a new process, Python and Ray"
+    first = "an idle Ray worker taking it" if how == "pooled" else "a new process, Python and Ray"
     return f" (the slowest engine: {first} {s['loaded'] - asked:.1f} s, then {setup})"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
-from rlx import actor_reuse, ports
+from rlx import actor_reuse, ports, process_clock
 from rlx.trainer.rank import TrainerRank
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,11 @@ def _slowest_start(warm: list[dict], asked: float) -> str:
     times and `asked`, when the driver asked Ray for the ranks."""
     w = max(warm, key=lambda w: w["loaded"] + w["imports_s"])
     then = f"Megatron and the kernels {w['imports_s']:.1f} s"
-    if w["loaded"] < asked:  # its code was there before: a rank process an earlier run handed back
+    how = process_clock.origin(w["started"], w["loaded"], asked)
+    if how == "kept":  # a rank process an earlier run handed back
         return f" (the slowest rank: a process of an earlier run, {then})"
-    if w["started"] is not None and w["started"] < asked:  # a worker Ray had started ahead
-        first = "an idle Ray worker taking it and importing torch"
-    else:
-        first = "a new process: Python, Ray's worker and torch"
+    first = {"pooled": "an idle Ray worker taking it and importing torch",
+             "new": "a new process: Python, Ray's worker and torch"}[how]  # fmt: skip
     ready = w["loaded"] + w["imports_s"] - asked
     return f" (the slowest rank, ready {ready:.1f} s after it was asked for: {first} {w['loaded'] - asked:.1f} s, then {then})"
 

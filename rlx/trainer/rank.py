@@ -34,8 +34,7 @@ class TrainerRank:
         Returns when (seconds since the epoch) this process `started` (None where the kernel
         cannot say), when it had `loaded` this module (torch with it), and `imports_s`, this
         call's time: the group's start-up log splits a rank's start with them."""
-        began, age = time.perf_counter(), process_clock.age()
-        started = None if age is None else time.time() - age
+        began, started = time.perf_counter(), process_clock.started_at()
         import rlx.trainer.megatron  # noqa: F401
         from rlx.models.kernels import load_ahead
 
