@@ -48,13 +48,28 @@ def spawn_ranks(fn: Callable, world_size: int, *args) -> None:
     "forkserver", started on first use with RANK_PRELOAD imported and nothing else done: no
     thread, no torch.distributed, no model), so each starts as a new interpreter would, without
     paying for the imports again. `fn` must be a module-level function (it is pickled by name).
-    A failing rank raises here with its traceback.
+    A failing rank raises here with its traceback. The port is picked here and bound by rank 0
+    later: where another process took it meanwhile (the other pytest worker's connections draw
+    from the same ephemeral range), the ranks start again on a new one, at most PORT_TRIES times.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts (once per process)
-    mp.start_processes(
-        fn, args=(world_size, free_port(), *args), nprocs=world_size, join=True, start_method="forkserver"
-    )
+    for attempt in range(PORT_TRIES):
+        try:
+            mp.start_processes(
+                fn,
+                args=(world_size, free_port(), *args),
+                nprocs=world_size,
+                join=True,
+                start_method="forkserver",
+            )
+            return
+        except mp.ProcessRaisedException as e:
+            if "Address already in use" not in str(e) or attempt == PORT_TRIES - 1:
+                raise
+
+
+PORT_TRIES = 3
 
 
 @contextlib.contextmanager

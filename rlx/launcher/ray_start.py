@@ -49,8 +49,18 @@ def local_init_args(num_cpus: int | None = None, **extra: Any) -> dict[str, Any]
             "logging_level": logging.WARNING} | extra  # fmt: skip
 
 
-def start_local(**init_args: Any) -> None:
-    """Start a Ray of this process's own, every process of it on loopback (`local_init_args`)."""
+PRELOAD = "rlx.trainer.preload"  # a trainer rank's imports, without touching CUDA
+
+
+def start_local(*, preload: bool = False, **init_args: Any) -> None:
+    """Start a Ray of this process's own, every process of it on loopback (`local_init_args`).
+    `preload`: its worker processes import a trainer rank's modules (torch, Megatron, the kernels:
+    `rlx.trainer.preload`) before they take work, so that later runs' ranks start without them;
+    for a Ray that serves several runs (a test session's), since Ray starts a worker per CPU at once."""
+    if preload:
+        init_args["_system_config"] = init_args.get("_system_config", {}) | {
+            "preload_python_modules": [PRELOAD]
+        }
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # nothing off the host reaches a loopback Ray; RAY_AUTH_MODE=token, if set, is kept
     os.environ.setdefault(AUTH_MODE_ENV, "disabled")

@@ -33,8 +33,10 @@ def _slowest_start(warm: list[dict], asked: float) -> str:
     w = max(warm, key=lambda w: w["loaded"] + w["imports_s"])
     then = f"Megatron and the kernels {w['imports_s']:.1f} s"
     how = process_clock.origin(w["started"], w["loaded"], asked)
-    if how == "kept":  # a rank process an earlier run handed back
+    if how == "kept" and w["runs"]:  # a rank process an earlier run handed back
         return f" (the slowest rank: a process of an earlier run, {then})"
+    if how == "kept":  # an idle worker of a Ray that preloads (rlx.trainer.preload)
+        return f" (the slowest rank: an idle Ray worker with the imports preloaded, {then})"
     first = {"pooled": "an idle Ray worker taking it and importing torch",
              "new": "a new process: Python, Ray's worker and torch"}[how]  # fmt: skip
     ready = w["loaded"] + w["imports_s"] - asked

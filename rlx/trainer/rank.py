@@ -26,20 +26,23 @@ class TrainerRank:
 
     def __init__(self) -> None:  # the trainer is built by `setup`, once the rendezvous is known
         self.trainer = None
+        self.runs = 0  # groups this process was set up for (a kept one: by earlier runs)
 
     def warm_up(self, kernels: str) -> dict[str, float | None]:
         """Before `setup`: import Megatron and rlx's trainer, and the modules of the kernel set
         `model.kernels=kernels` (liger's, on a GPU): 8-12 s of a rank's start on 1×H100, spent
         while the driver does what else it has to (a split run's engines start meanwhile).
         Returns when (seconds since the epoch) this process `started` (None where the kernel
-        cannot say), when it had `loaded` this module (torch with it), and `imports_s`, this
-        call's time: the group's start-up log splits a rank's start with them."""
+        cannot say), when it had `loaded` this module (torch with it), `imports_s`, this call's
+        time, and how many `runs` set it up before: the group's start-up log splits a rank's
+        start with them."""
         began, started = time.perf_counter(), process_clock.started_at()
         import rlx.trainer.megatron  # noqa: F401
         from rlx.models.kernels import load_ahead
 
         load_ahead(kernels)
-        return {"started": started, "loaded": LOADED, "imports_s": time.perf_counter() - began}
+        imports_s = time.perf_counter() - began
+        return {"started": started, "loaded": LOADED, "imports_s": imports_s, "runs": self.runs}
 
     def setup(self, *args, **kwargs) -> None:
         from rlx.trainer.megatron import MegatronTrainer
@@ -47,6 +50,7 @@ class TrainerRank:
         # the store host_rendezvous made for this group (rank 0), taken: a rank process set up
         # again for another group (TrainerGroup.release) must not find an old one
         self.trainer = MegatronTrainer(*args, store=self.__dict__.pop("_store", None), **kwargs)
+        self.runs += 1
         if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
             freeze_startup_objects()
 
@@ -60,8 +64,9 @@ class TrainerRank:
         (each gloo group's threads poll until the group is freed)."""
         if self.trainer is not None:
             self.trainer.shutdown()
+        runs = self.runs
         self.__dict__.clear()
-        self.trainer = None
+        self.trainer, self.runs = None, runs
         gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
         gc.collect()
 

@@ -110,14 +110,17 @@ def _ray_in_use() -> dict[str, float]:
 def gpu_ray():
     """One Ray for the runs of this directory (modules ask with `usefixtures("gpu_ray")`), started
     as a run starts its own (`rlx.launcher.ray_start`) and shut down when the session ends: a run
-    that finds Ray up uses it and leaves it up, so Ray's start and stop are paid once, not per run."""
+    that finds Ray up uses it and leaves it up, so Ray's start and stop are paid once, not per run.
+    Its idle workers preload a trainer rank's imports (`rlx.trainer.preload`: torch, Megatron, the
+    kernels), which each run's ranks would otherwise spend in its start; `_leaves_the_gpus_as_found`
+    would see an idle worker that opened a GPU."""
     import ray
 
     from rlx.launcher import ray_start
 
     started = not ray.is_initialized()
     if started:
-        ray_start.start_local()
+        ray_start.start_local(preload=True)
     yield
     if started:
         ray.shutdown()

@@ -16,24 +16,30 @@ ASKED = 1000.0
 
 def test_the_slowest_rank_is_the_one_ready_last_and_its_start_is_split():
     warm = [
-        {"started": 1000.5, "loaded": 1004.0, "imports_s": 8.0},  # ready at 1012.0
-        {"started": 1000.2, "loaded": 1006.5, "imports_s": 7.0},  # ready at 1013.5: the slowest
+        {"started": 1000.5, "loaded": 1004.0, "imports_s": 8.0, "runs": 0},  # ready at 1012.0
+        {"started": 1000.2, "loaded": 1006.5, "imports_s": 7.0, "runs": 0},  # ready at 1013.5: the slowest
     ]
     assert rank_start(warm, ASKED) == (
         " (the slowest rank, ready 13.5 s after it was asked for: a new process: Python, Ray's worker and torch 6.5 s, "
         "then Megatron and the kernels 7.0 s)"
     )
-    pooled = [{"started": 900.0, "loaded": 1003.0, "imports_s": 9.0}]  # Ray started it before it was asked
+    pooled = [
+        {"started": 900.0, "loaded": 1003.0, "imports_s": 9.0, "runs": 0}
+    ]  # Ray started it before it was asked
     assert rank_start(pooled, ASKED) == (
         " (the slowest rank, ready 12.0 s after it was asked for: an idle Ray worker taking it and importing torch 3.0 s, "
         "then Megatron and the kernels 9.0 s)"
     )
-    kept = [{"started": 10.0, "loaded": 20.0, "imports_s": 0.01}]  # an earlier run's process
+    kept = [{"started": 10.0, "loaded": 20.0, "imports_s": 0.01, "runs": 2}]  # an earlier run's process
     assert (
         rank_start(kept, ASKED)
         == " (the slowest rank: a process of an earlier run, Megatron and the kernels 0.0 s)"
     )
-    unknown = [{"started": None, "loaded": 1002.0, "imports_s": 1.0}]  # no /proc: counted as new
+    preloaded = [{"started": 10.0, "loaded": 20.0, "imports_s": 0.04, "runs": 0}]  # rlx.trainer.preload
+    assert rank_start(preloaded, ASKED) == (
+        " (the slowest rank: an idle Ray worker with the imports preloaded, Megatron and the kernels 0.0 s)"
+    )
+    unknown = [{"started": None, "loaded": 1002.0, "imports_s": 1.0, "runs": 0}]  # no /proc: counted as new
     assert "a new process" in rank_start(unknown, ASKED)
 
 
