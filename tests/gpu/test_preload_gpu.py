@@ -18,17 +18,16 @@ pytestmark = [
 ]
 
 
-class Probe:
-    def report(self) -> dict:
-        return {
-            "preloaded": "rlx.trainer.preload" in sys.modules and "megatron.core" in sys.modules,
-            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "count": torch.cuda.device_count(),
-            "uuid": str(torch.cuda.get_device_properties(0).uuid),
-        }
-
-
 def test_a_gpu_actor_on_a_preloaded_worker_sees_only_its_own_gpu():
+    class Probe:  # defined here, so Ray's pickle carries it by value (tests/ is not on a worker's path)
+        def report(self) -> dict:
+            return {
+                "preloaded": "rlx.trainer.preload" in sys.modules and "megatron.core" in sys.modules,
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "count": torch.cuda.device_count(),
+                "uuid": str(torch.cuda.get_device_properties(0).uuid),
+            }
+
     n = torch.cuda.device_count()
     actors = [ray.remote(num_gpus=1)(Probe).remote() for _ in range(n)]
     try:
