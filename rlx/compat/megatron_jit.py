@@ -8,7 +8,7 @@ off without CUDA (rlx.models.kernels), and the one that still runs there, the Mo
 expert-bias update on a vector of a few experts, is compiled anew in every trainer process, a
 few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu).
 
-So, without CUDA, megatron takes its own `noop_decorator` (`megatron.core.jit.disable_jit_fuser`)
+So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own `noop_decorator` (`megatron.core.jit.disable_jit_fuser`)
 as `megatron.core.jit` loads, before the modules that use `jit_fuser` import it; the functions
 then run eagerly. With a GPU nothing changes. `install()` runs when `rlx` is imported (rlx's
 modules import megatron only after that); in a process that imported megatron before rlx it is
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 
 JIT_MODULE = "megatron.core.jit"
+NVIDIA_DEVICE = "/dev/nvidiactl"  # the driver's control device, there wherever an NVIDIA GPU is
 
 
 class _JitFinder(importlib.abc.MetaPathFinder):
@@ -50,10 +52,23 @@ _finder = _JitFinder()
 
 
 def _after_load(jit_module) -> None:
+    if not _has_gpu():
+        jit_module.disable_jit_fuser()
+
+
+def _has_gpu() -> bool:
+    """Whether this process will find a CUDA GPU, asked without initialising CUDA where it is not
+    yet: a process that initialised CUDA keeps the GPUs it saw then, and a Ray worker that imports
+    megatron before it takes a GPU actor (`rlx.trainer.preload`) is told its GPU only when it takes
+    it (CUDA_VISIBLE_DEVICES). So: a CUDA build of torch, the NVIDIA driver's device node, and
+    CUDA_VISIBLE_DEVICES not set to none."""
     import torch  # loaded by megatron.core.jit itself
 
-    if not torch.cuda.is_available():
-        jit_module.disable_jit_fuser()
+    if torch.cuda.is_initialized():
+        return torch.cuda.is_available()
+    if torch.version.cuda is None or os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    return os.path.exists(NVIDIA_DEVICE)
 
 
 def install() -> None:

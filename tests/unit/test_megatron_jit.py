@@ -1,5 +1,6 @@
 """Without CUDA, megatron's torch.compile'd helpers load as plain functions once rlx is imported
-(rlx.compat.megatron_jit); each case imports in a fresh interpreter, as a new process would."""
+(rlx.compat.megatron_jit), which asks no CUDA to tell; each case imports in a fresh interpreter, as
+a new process would."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ print(jit.jit_fuser is jit.noop_decorator, jit.jit_fuser is torch.compile,
       "torch._inductor.compile_fx" in sys.modules)
 """
 
+GPU_MACHINE = (
+    "torch.version.cuda = '12.8'; torch.cuda.is_available = lambda: 1 / 0; "
+    "import rlx.compat.megatron_jit as j; j.NVIDIA_DEVICE = '/'"
+)
+
 
 def _imports(before: str) -> list[str]:
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", CHECK.format(before=before)],
@@ -35,8 +41,9 @@ def _imports(before: str) -> list[str]:
         ("import rlx", ["True", "False", "False", "False", "False"]),
         # megatron first: too late to change it, megatron compiles as it always did
         ("import megatron.core; import rlx", ["False", "True", "True", "True", "True"]),
-        # a GPU present: nothing changes
-        ("torch.cuda.is_available = lambda: True; import rlx", ["False", "True", "True", "True", "True"]),
+        # a GPU machine (a CUDA build, the driver's device node): nothing changes, and CUDA is not
+        # asked (a Ray worker preloading megatron is told its GPU later: rlx.trainer.preload)
+        (GPU_MACHINE + "; import rlx", ["False", "True", "True", "True", "True"]),
     ],
     ids=["rlx first", "megatron first", "with CUDA"],
 )
