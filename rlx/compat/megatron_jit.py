@@ -8,9 +8,9 @@ off without CUDA (rlx.models.kernels), and the one that still runs there, the Mo
 expert-bias update on a vector of a few experts, is compiled anew in every trainer process, a
 few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu).
 
-So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own `noop_decorator` (`megatron.core.jit.disable_jit_fuser`)
-as `megatron.core.jit` loads, before the modules that use `jit_fuser` import it; the functions
-then run eagerly. With a GPU nothing changes. `install()` runs when `rlx` is imported (rlx's
+So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own
+`noop_decorator` (`megatron.core.jit.disable_jit_fuser`) as `megatron.core.jit` loads, before the
+modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU nothing changes. `install()` runs when `rlx` is imported (rlx's
 modules import megatron only after that); in a process that imported megatron before rlx it is
 too late, and megatron stays as it was.
 

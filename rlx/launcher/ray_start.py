@@ -54,9 +54,10 @@ PRELOAD = "rlx.trainer.preload"  # a trainer rank's imports, without touching CU
 
 def start_local(*, preload: bool = False, **init_args: Any) -> None:
     """Start a Ray of this process's own, every process of it on loopback (`local_init_args`).
-    `preload`: its worker processes import a trainer rank's modules (torch, Megatron, the kernels:
-    `rlx.trainer.preload`) before they take work, so that later runs' ranks start without them;
-    for a Ray that serves several runs (a test session's), since Ray starts a worker per CPU at once."""
+    `preload`: its worker processes import a trainer rank's modules (torch, Megatron and rlx's
+    trainer: `rlx.trainer.preload`) before they take work, so that later runs' ranks start without
+    them; for a Ray that serves several runs (a test session's), since Ray starts a worker per CPU
+    at once."""
     if preload:
         init_args["_system_config"] = init_args.get("_system_config", {}) | {
             "preload_python_modules": [PRELOAD]

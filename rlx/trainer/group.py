@@ -36,7 +36,7 @@ def _slowest_start(warm: list[dict], asked: float) -> str:
     if how == "kept" and w["runs"]:  # a rank process an earlier run handed back
         return f" (the slowest rank: a process of an earlier run, {then})"
     if how == "kept":  # an idle worker of a Ray that preloads (rlx.trainer.preload)
-        return f" (the slowest rank: an idle Ray worker with the imports preloaded, {then})"
+        return f" (the slowest rank: an idle Ray worker with torch and Megatron preloaded, then the kernels {w['imports_s']:.1f} s)"
     first = {"pooled": "an idle Ray worker taking it and importing torch",
              "new": "a new process: Python, Ray's worker and torch"}[how]  # fmt: skip
     ready = w["loaded"] + w["imports_s"] - asked

@@ -37,7 +37,7 @@ def test_the_slowest_rank_is_the_one_ready_last_and_its_start_is_split():
     )
     preloaded = [{"started": 10.0, "loaded": 20.0, "imports_s": 0.04, "runs": 0}]  # rlx.trainer.preload
     assert rank_start(preloaded, ASKED) == (
-        " (the slowest rank: an idle Ray worker with the imports preloaded, Megatron and the kernels 0.0 s)"
+        " (the slowest rank: an idle Ray worker with torch and Megatron preloaded, then the kernels 0.0 s)"
     )
     unknown = [{"started": None, "loaded": 1002.0, "imports_s": 1.0, "runs": 0}]  # no /proc: counted as new
     assert "a new process" in rank_start(unknown, ASKED)
