@@ -111,9 +111,9 @@ def gpu_ray():
     """One Ray for the runs of this directory (modules ask with `usefixtures("gpu_ray")`), started
     as a run starts its own (`rlx.launcher.ray_start`) and shut down when the session ends: a run
     that finds Ray up uses it and leaves it up, so Ray's start and stop are paid once, not per run.
-    Its idle workers preload a trainer rank's imports (`rlx.trainer.preload`: torch, Megatron, the
-    kernels), which each run's ranks would otherwise spend in its start; `_leaves_the_gpus_as_found`
-    would see an idle worker that opened a GPU."""
+    Its idle workers preload a trainer rank's imports (`rlx.trainer.preload`: torch, Megatron and
+    rlx's trainer), which each run's ranks would otherwise spend in its start;
+    `_leaves_the_gpus_as_found` would see an idle worker that opened a GPU."""
     import ray
 
     from rlx.launcher import ray_start
