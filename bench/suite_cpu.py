@@ -26,9 +26,10 @@ import time
 SUITE = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = [  # (kind, pattern in the command line), first match wins
-    ("pytest worker", r"-c import sys;exec\(eval\(sys\.stdin\.readline\(\)\)\)"),  # xdist's
-    ("pytest", r"-m pytest|/pytest\b"),
-    ("launch.py", r"\blaunch\.py\b"),
+    ("launch.py", r"\blaunch\.py\b"),  # before pytest: its arguments name pytest's tmp dirs
+    # xdist's workers, started by execnet, retitle themselves "[pytest-xdist running] <test>"
+    ("pytest worker", r"^\[pytest-xdist|-c import sys;exec\(eval\(sys\.stdin\.readline\(\)\)\)"),
+    ("pytest", r"-m pytest\b|bin/pytest\b"),
     ("submitit job", r"submitit"),
     ("Ray daemons", r"gcs_server|raylet|log_monitor|dashboard|runtime_env|_private/agent|monitor\.py"),
     ("Ray idle worker", r"default_worker\.py|ray::IDLE"),
