@@ -10,9 +10,9 @@ few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu
 
 So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own
 `noop_decorator` (`megatron.core.jit.disable_jit_fuser`) as `megatron.core.jit` loads, before the
-modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU nothing changes. `install()` runs when `rlx` is imported (rlx's
-modules import megatron only after that); in a process that imported megatron before rlx it is
-too late, and megatron stays as it was.
+modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU nothing
+changes. `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
+in a process that imported megatron before rlx it is too late, and megatron stays as it was.
 
 No torch at import time: `import rlx` stays light.
 """

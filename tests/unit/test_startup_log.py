@@ -23,9 +23,8 @@ def test_the_slowest_rank_is_the_one_ready_last_and_its_start_is_split():
         " (the slowest rank, ready 13.5 s after it was asked for: a new process: Python, Ray's worker and torch 6.5 s, "
         "then Megatron and the kernels 7.0 s)"
     )
-    pooled = [
-        {"started": 900.0, "loaded": 1003.0, "imports_s": 9.0, "runs": 0}
-    ]  # Ray started it before it was asked
+    # Ray started it before it was asked
+    pooled = [{"started": 900.0, "loaded": 1003.0, "imports_s": 9.0, "runs": 0}]
     assert rank_start(pooled, ASKED) == (
         " (the slowest rank, ready 12.0 s after it was asked for: an idle Ray worker taking it and importing torch 3.0 s, "
         "then Megatron and the kernels 9.0 s)"
