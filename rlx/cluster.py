@@ -23,10 +23,11 @@ class ClusterConfig:
     # colocated: while the engines generate, the trainer's weights and optimizer state wait in pinned
     # CPU memory (true), or stay on the GPU (false: no PCIe copies at each turn, and the engines'
     # KV cache gets the memory left beside them). Gradient buffers and cached memory are freed either
-    # way. auto: false where the memory plan (rlx.memory) finds that beside the kept state every GPU
-    # fits with cluster.memory_margin free and each engine's KV cache holds its share of a step's
-    # samples at full length; else true (and true where the GPU's memory is unknown)
-    offload_trainer: Any = True  # true | false | auto
+    # way. auto (the default): false where the memory plan (rlx.memory) finds that beside the kept
+    # state every GPU fits with cluster.memory_margin free and each engine's KV cache holds its share
+    # of a step's samples at full length; else true (and true where the GPU's memory is unknown, on
+    # a CPU run, or split)
+    offload_trainer: Any = "auto"  # true | false | auto
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced

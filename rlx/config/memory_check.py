@@ -26,9 +26,13 @@ def memory_setup(rc: RlxConfig) -> Setup:
 
 
 def resolve_offload(rc: RlxConfig) -> str | None:
-    """Set `rc.cluster.offload_trainer` to what `auto` decides (`offload_decision`; true on a CPU
-    run or a model the plan cannot count); the reason, for the run's log (None: it was not auto)."""
+    """Set `rc.cluster.offload_trainer` to what `auto` (the default) decides (`offload_decision`;
+    true on a CPU run or a model the plan cannot count); the reason, for the run's log (None: it was
+    not auto, or the run is not colocated, where nothing is offloaded either way)."""
     if rc.cluster.offload_trainer != "auto":
+        return None
+    if not rc.cluster.colocate:
+        rc.cluster.offload_trainer = True
         return None
     if no_plan(rc):
         rc.cluster.offload_trainer = True

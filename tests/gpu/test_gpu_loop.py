@@ -28,9 +28,9 @@ FP32_ENGINE = "+rollout.engine_args.dtype=float32"  # the trainer's precision, f
 
 def test_colocated_loop_hands_the_gpu_back_and_forth_with_the_trainer_state_offloaded_or_kept(tmp_path):
     """Trainer and engine in fp32 on one GPU (TF32 off), 3 steps, the trainer's state offloaded to
-    the CPU while the engine generates (the default) or kept on the GPU (`cluster.offload_trainer=
-    false`: weights and Adam state stay beside the engine, its KV cache sized from what is left,
-    gradient buffers freed). Either way the engine serves exactly the trainer's weights at every
+    the CPU while the engine generates (`cluster.offload_trainer=true`) or kept on the GPU (`false`,
+    what the default `auto` decides for a model this small: weights and Adam state stay beside the
+    engine, its KV cache capped at the plan's share, gradient buffers freed). Either way the engine serves exactly the trainer's weights at every
     step and the trainer takes optimizer steps; offloaded, the trainer leaves under 2 GiB behind
     while the engine generates. Kept, it keeps its state's bytes on the GPU: fp32 weights and Adam's
     two moments, 12 bytes a parameter, and not the 4 of its gradients: its live tensors (allocated

@@ -574,16 +574,15 @@ def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspel
     from rlx.config.memory_check import resolve_offload
     from rlx.errors import ConfigError
 
-    rc = to_object(compose(["cluster.offload_trainer=auto"]))  # the CPU default job: no plan
+    rc = to_object(compose([]))  # the CPU default job, split: auto by default, nothing to decide or log
+    assert rc.cluster.offload_trainer == "auto"
+    assert resolve_offload(rc) is None and rc.cluster.offload_trainer is True
+    rc = to_object(compose([]))
+    rc.cluster.colocate = True  # colocated without a plan (composing refuses it on a CPU: a user's model class)
     assert (
         resolve_offload(rc) == "offloaded: no memory plan for this run" and rc.cluster.offload_trainer is True
     )
-    gpu = [
-        "cluster=1gpu",
-        "train.precision=bf16",
-        "cluster.gpu_memory_gib=79.6",
-        "cluster.offload_trainer=auto",
-    ]
+    gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=79.6"]  # auto by default
     rc = to_object(compose(gpu))
     assert resolve_offload(rc).startswith("kept on the GPU") and rc.cluster.offload_trainer is False
     assert resolve_offload(rc) is None  # decided: no longer auto
