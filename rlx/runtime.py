@@ -253,12 +253,14 @@ def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
-    if (why := resolve_offload(rc)) is not None:  # cluster.offload_trainer=auto: true or false from here on
-        log.info("cluster.offload_trainer=auto: %s", why)
-    if (why := cap_engine_cache(rc)) is not None:
-        log.info("%s", why)
+    offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
+    capped = cap_engine_cache(rc)
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
         log.info("%s", report(memory))
+    if offload is not None:
+        log.info("cluster.offload_trainer=auto: %s", offload)
+    if capped is not None:
+        log.info("%s", capped)
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's

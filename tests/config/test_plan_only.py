@@ -72,7 +72,8 @@ def test_a_cpu_run_has_no_plan(no_ray, tmp_path):
 
 def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     """`rlx.runtime.run` prepares a run (config, checkpoint, data) before Ray starts; on a GPU
-    cluster its first log lines are the plan, on CPU there is none. Composed here, not run."""
+    cluster its first log lines are the plan, then what `cluster.offload_trainer=auto` decided by
+    it; on CPU there is none. Composed here, not run."""
     import logging
 
     from rlx.config.compose import compose
@@ -87,6 +88,14 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
         _prepare(gpu)
     assert caplog.records[0].getMessage().startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16")
     assert "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)" in caplog.records[0].getMessage()
+    # then what cluster.offload_trainer=auto (the default) decided from it, and the KV cache's cap
+    decided, capped = (r.getMessage() for r in caplog.records[1:3])
+    assert decided.startswith(
+        "cluster.offload_trainer=auto: kept on the GPU: beside it each engine's KV cache"
+    )
+    assert capped.startswith(
+        "the trainer stays on the GPU while the engines generate: each engine's KV cache is capped"
+    )
     with caplog.at_level(logging.INFO):
         caplog.clear()
         _prepare(cpu)

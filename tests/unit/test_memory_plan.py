@@ -578,7 +578,8 @@ def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspel
     assert rc.cluster.offload_trainer == "auto"
     assert resolve_offload(rc) is None and rc.cluster.offload_trainer is True
     rc = to_object(compose([]))
-    rc.cluster.colocate = True  # colocated without a plan (composing refuses it on a CPU: a user's model class)
+    # colocated without a plan (a user's model class; composing refuses colocation on a CPU)
+    rc.cluster.colocate = True
     assert (
         resolve_offload(rc) == "offloaded: no memory plan for this run" and rc.cluster.offload_trainer is True
     )
