@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TESTS = '''
+TESTS = """
 import subprocess, sys
 import pytest
 
@@ -39,7 +39,7 @@ def test_a_child_alive_until_teardown(live_child):
 def test_waiting():
     import time
     time.sleep(0.6)
-'''
+"""
 
 
 def test_each_test_is_charged_the_cpu_of_its_process_tree(tmp_path):
