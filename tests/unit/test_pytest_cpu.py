@@ -1,5 +1,6 @@
 """bench/pytest_cpu.py charges each test the CPU of its process tree: a child it ran and reaped, a
-child still alive when it ends, and nothing for a test that only waits."""
+child still alive when it ends, and nothing for a test that only waits. Each child sleeps after its
+busy part, longer than the plugin's half-second period, so a reading sees all of its CPU."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 BUSY = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < {s}: pass\\n{then}"
 
 def test_a_reaped_child():
-    subprocess.run([sys.executable, "-c", BUSY.format(s=0.6, then="")], check=True)
+    subprocess.run([sys.executable, "-c", BUSY.format(s=0.6, then="import time; time.sleep(0.7)")], check=True)
 
 @pytest.fixture
 def live_child():
@@ -35,6 +36,7 @@ def test_a_child_alive_until_teardown(live_child):
         if (int(fields[11]) + int(fields[12])) >= 0.6 * {tick}:
             break
         time.sleep(0.05)
+    time.sleep(0.7)  # a reading of the child's whole CPU before teardown kills it
 
 def test_waiting():
     import time
