@@ -71,14 +71,27 @@ def serialize_bucket(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple
     return _dump({_FLAT_KEY: flat, **meta.to_fields()}), flat
 
 
+MANAGER_TIMEOUT = "Shared memory manager connection has timed out"  # libshm's message
+MANAGER_TRIES = 3
+
+
 def deserialize(payload: str | bytes) -> list[tuple[str, torch.Tensor]]:
     """The named tensors of a payload from `serialize` or `serialize_bucket`, mapped, not copied.
 
     Only torch's tensor-rebuilding callables are accepted, so a payload cannot run other code.
     """
     data = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
-    with _file_system_sharing():
-        obj = _TensorUnpickler(io.BytesIO(data)).load()
+    for attempt in range(MANAGER_TRIES):
+        try:
+            with _file_system_sharing():
+                obj = _TensorUnpickler(io.BytesIO(data)).load()
+            break
+        except RuntimeError as e:
+            # torch's shared-memory manager (torch_shm_manager) answers a new client within a fixed
+            # time; on a host under full load it once did not (CPU tensors, file_system sharing):
+            # ask again, the storages already mapped come back from torch's cache
+            if MANAGER_TIMEOUT not in str(e) or attempt == MANAGER_TRIES - 1:
+                raise
     if isinstance(obj, dict) and _FLAT_KEY in obj:
         meta = BucketMeta.from_fields(obj["names"], obj["dtypes"], obj["shapes"])
         return unflatten(obj[_FLAT_KEY], meta)

@@ -53,13 +53,35 @@ def _our_shm_files() -> set[str]:
     return {p.name for p in SHM.glob(f"torch_{os.getpid()}_*")} if SHM.is_dir() else set()
 
 
-def test_spawned_process_maps_tensors_bit_exact_and_shm_is_released():
+def _receive_after_a_manager_timeout(payloads: list[str], results) -> None:
+    """`_receive` where torch's shared-memory manager times out on the first storage mapped (what
+    a host under full load once did): `deserialize` asks again, and the replies say whether the
+    timeout really was raised."""
+    from rlx.weight_sync.tensor import MANAGER_TIMEOUT
+
+    real, raised = torch.UntypedStorage._new_shared_filename_cpu, []
+
+    def once_timed_out(*args):
+        if not raised:
+            raised.append(True)
+            raise RuntimeError(MANAGER_TIMEOUT)
+        return real(*args)
+
+    torch.UntypedStorage._new_shared_filename_cpu = once_timed_out
+    replies: list = []
+    _receive(payloads, type("Replies", (), {"put": staticmethod(replies.append)}))
+    for reply in replies:
+        results.put(reply if raised else ("error", "no timeout was raised"))
+
+
+@pytest.mark.parametrize("receive", [_receive, _receive_after_a_manager_timeout])
+def test_spawned_process_maps_tensors_bit_exact_and_shm_is_released(receive):
     before = _our_shm_files()
     handoffs = [TensorHandoff(_weights()), TensorHandoff(_weights(), flat=True)]
     assert _our_shm_files() - before, "the tensors should now live in shared memory"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    proc = ctx.Process(target=_receive, args=([h.payload for h in handoffs], results))
+    proc = ctx.Process(target=receive, args=([h.payload for h in handoffs], results))
     proc.start()
     try:
         replies = [results.get(timeout=WAIT_S) for _ in handoffs]
