@@ -62,7 +62,6 @@ class Sampler:
 
     def __init__(self, root: int, period_s: float = 0.5):
         self.root, self.seen, self.lock = root, {}, threading.Lock()
-        self.stop = threading.Event()
         threading.Thread(target=self._loop, args=(period_s,), daemon=True, name="pytest_cpu").start()
 
     def scan(self) -> dict[tuple[int, str], int]:
@@ -72,7 +71,8 @@ class Sampler:
             return dict(self.seen)
 
     def _loop(self, period_s: float) -> None:
-        while not self.stop.wait(period_s):
+        while True:  # a daemon thread: it ends with the pytest process
+            time.sleep(period_s)
             self.scan()
 
 
