@@ -1,13 +1,17 @@
 """Where one decode step of rlx's engine spends its time, on the GPU; prints one JSON line.
 
-Qwen3-0.6B-shaped random bf16 model, 256 sequences, prompt 256: after the prefill, decode
+A Qwen3-0.6B-shaped random bf16 model (`--shape qwen3_1.7b`: 1.7B), 256 sequences (`--batch`),
+prompt 256: after the prefill, decode
 steps are timed piece by piece (host clock for the CPU work, CUDA events for the GPU work,
 one synchronised pass for each piece's own GPU time), then a torch.profiler pass lists the
 heaviest kernels. Beside it, the attention of one layer alone: the Triton paged kernel, and
 torch FlexAttention over the same paged KV with a block mask built from the block tables
 (`flex_paged_decode`, also used by bench/rollout_throughput.py).
 
-    source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20]
+`--splits` first times the decode kernel alone by batch, context and split count (flash-decoding
+shares, rlx.engine.triton_decode), beside the count it chooses by itself.
+
+    source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits]
 """
 
 from __future__ import annotations
@@ -137,41 +141,83 @@ def paged_kv(batch: int, context: int, kv_heads: int, head_dim: int, page: int, 
     return k, v, tables.to(torch.int32), lens
 
 
-def time_cuda(fn, iters: int = 20) -> float:
+def time_cuda(fn, iters: int = 20, graph: bool = False) -> float:
+    """Seconds a call, from CUDA events around `iters` calls; `graph`: the calls captured in one
+    CUDA graph, as the engine runs them, so that no host launch cost is counted."""
     fn()
+    torch.cuda.synchronize()
+    run = lambda: [fn() for _ in range(iters)]  # noqa: E731
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            run()
+        run = cuda_graph.replay
+    run()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(iters):
-        fn()
+    run()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters / 1e3
 
 
-def triton_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, **launch) -> dict:
+def triton_decode(
+    batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, graph=True, **launch
+) -> dict:
+    """The kernel alone on one layer's KV, in a CUDA graph (as the engine's decode runs it)."""
     from rlx.engine.triton_decode import paged_decode
 
     k, v, tables, lens = paged_kv(batch, context, kv_heads, head_dim, page, "bhsd")
     q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    seconds = time_cuda(lambda: paged_decode(q, k, v, tables, lens, head_dim**-0.5, **launch))
+    seconds = time_cuda(lambda: paged_decode(q, k, v, tables, lens, head_dim**-0.5, **launch), graph=graph)
     kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
     return {"ms": round(seconds * 1e3, 4), "TB_per_s": round(kv_bytes / seconds / 1e12, 3)}
 
 
-def sweep_decode_launch(batch: int, context: int) -> dict:
-    """The Triton kernel's tile and pipeline settings, one line each."""
-    results = {}
+def sweep_decode_launch(batch: int, context: int, splits=(1,)) -> dict:
+    """The Triton kernel's tile, pipeline and split settings, one line each; `default` is what
+    paged_decode chooses by itself."""
+    results = {"default": triton_decode(batch, context)["TB_per_s"]}
     for block_n in (32, 64, 128):
         for num_warps in (4, 8):
             for num_stages in (2, 3, 4):
-                key = f"n{block_n}_w{num_warps}_s{num_stages}"
-                try:
-                    launch = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
-                    results[key] = triton_decode(batch, context, **launch)["TB_per_s"]
-                except Exception as exc:  # e.g. out of shared memory
-                    results[key] = type(exc).__name__
+                for num_splits in splits:
+                    key = f"n{block_n}_w{num_warps}_s{num_stages}_k{num_splits}"
+                    try:
+                        launch = dict(
+                            block_n=block_n, num_warps=num_warps, num_stages=num_stages, num_splits=num_splits
+                        )
+                        results[key] = triton_decode(batch, context, **launch)["TB_per_s"]
+                    except Exception as exc:  # e.g. out of shared memory
+                        results[key] = type(exc).__name__
     return results
+
+
+def split_table(batches=(32, 64, 128, 256), contexts=(300, 520, 770, 2048), splits=(1, 2, 4, 8)) -> dict:
+    """TB/s of the decode kernel (in a graph) by batch, context and split count, beside the count
+    it chooses by itself; then the fused sampler's microseconds by rows and vocabulary shares."""
+    table = {}
+    for batch in batches:
+        for context in contexts:
+            row = {f"k{k}": triton_decode(batch, context, num_splits=k)["TB_per_s"] for k in splits}
+            row["default"] = triton_decode(batch, context)["TB_per_s"]
+            table[f"b{batch}_ctx{context}"] = row
+    from rlx.engine.triton_sample import default_splits, fused_sample
+
+    for rows in batches:
+        logits = torch.randn(rows, 151936, device="cuda", dtype=torch.bfloat16)
+        ints = torch.arange(rows, device="cuda")
+        inv_t, greedy = torch.ones(rows, device="cuda"), torch.zeros_like(ints)
+        tokens, logprobs = torch.empty_like(ints), torch.empty(rows, device="cuda")
+        args = (logits, inv_t, greedy, ints, ints, tokens, logprobs)
+        row = {}
+        for k in (1, 2, 4, 8, 16):
+            seconds = time_cuda(lambda k=k, args=args: fused_sample(*args, splits=k), graph=True)
+            row[f"k{k}"] = round(seconds * 1e6, 1)
+        row["default"] = default_splits(rows, logits.device)
+        table[f"sampler_us_rows{rows}"] = row
+    return table
 
 
 def flex_paged_decode(
@@ -267,13 +313,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--no-attention", action="store_true", help="skip the one-layer attention runs")
     parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's launch settings")
+    parser.add_argument("--splits", action="store_true", help="the decode kernel by batch, context, splits")
+    parser.add_argument("--shape", default="qwen3_0.6b", choices=["qwen3_0.6b", "qwen3_1.7b"])
+    parser.add_argument("--model-root", help="where the random model is written (default: a new temp dir)")
     args = parser.parse_args()
     from rlx.engine import Engine, EngineArgs
 
     name = torch.cuda.get_device_name()
     result = {"device": name, "bandwidth_TB_s": bandwidth(name) / 1e12, "date": time.strftime("%Y-%m-%d")}
     result["bandwidths_known"] = {k: v / 1e12 for k, v in BANDWIDTHS.items()}
-    path = write_model("qwen3_0.6b", Path(tempfile.mkdtemp()))
+    result["shape"], result["batch"] = args.shape, args.batch
+    if args.splits:
+        result["decode_kernel_TB_s"] = split_table()
+    path = write_model(args.shape, Path(args.model_root or tempfile.mkdtemp()))
     engine = Engine(EngineArgs(
         model_path=str(path), dtype="bfloat16", context_length=2048, max_running_requests=256,
         cuda_graph_max_bs=256, mem_fraction_static=0.8,
@@ -289,7 +341,9 @@ def main() -> None:
     del engine
     torch.cuda.empty_cache()
     if args.sweep:
-        result["decode_launch_sweep_TB_s"] = {c: sweep_decode_launch(args.batch, c) for c in (512, 2048)}
+        result["decode_launch_sweep_TB_s"] = {
+            c: sweep_decode_launch(args.batch, c, splits=(1, 2, 4)) for c in (300, 770)
+        }
     if args.no_attention:
         print(json.dumps(result), flush=True)
         return

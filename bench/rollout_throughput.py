@@ -262,6 +262,8 @@ def main() -> None:
     parser.add_argument("--moe-layers", type=int, default=4, help="--moe: layers of the 48 kept")
     parser.add_argument("--handover", action="store_true", help="release/resume and the rollout after (1.7B)")
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
+    parser.add_argument("--batches", default="64,256", help="the batch sizes of the dense runs")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="the dense shapes run")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
@@ -270,11 +272,11 @@ def main() -> None:
     if args.handover:
         run_handover(root, results, "qwen3_0.6b" if args.quick else "qwen3_1.7b")
         return print(json.dumps(results))
-    for name in ["qwen3_0.6b"] if args.quick else list(SHAPES):
+    for name in ["qwen3_0.6b"] if args.quick else args.shapes.split(","):
         path = write_model(name, root)
         engine = make_engine(path)
         run_engine(engine, 8, new=8)  # warm-up: graph capture, Triton compile
-        for batch in [256] if args.quick else [64, 256]:
+        for batch in [256] if args.quick else [int(b) for b in args.batches.split(",")]:
             ours = run_engine(engine, batch)
             ideal = roofline_s(engine, batch)
             ours["roofline_fraction"] = ideal / ours["wall_s"]

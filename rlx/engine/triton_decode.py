@@ -1,12 +1,20 @@
 """Triton paged decode attention (CUDA only; imported when a decode runs on the GPU).
 
-One program per (sequence, kv head): it loads the GQA group's queries once, streams the
-sequence's K/V blocks BLOCK_N tokens at a time through the block table, and keeps an online
-softmax in fp32, so each K/V byte is read exactly once per step. The group's queries are
-padded to 16 rows for tl.dot; decode is bound by memory, so the idle rows cost nothing.
+One program per (sequence, kv head, split): it loads the GQA group's queries once, streams its
+share of the sequence's K/V blocks BLOCK_N tokens at a time through the block table, and keeps
+an online softmax in fp32, so each K/V byte is read exactly once per step. The group's queries
+are padded to 16 rows for tl.dot; decode is bound by memory, so the idle rows cost nothing.
+
+With few rows (rows x kv heads well under the GPU's SMs) one program per sequence leaves most
+SMs idle: the context is then split into `num_splits` shares (flash-decoding), each program
+writes its share's normalised output and log-sum-exp in fp32, and a second kernel merges them.
+The split count depends on the rows alone, so a CUDA graph captured for a batch size keeps it
+while the contexts grow; a share past a short context is empty and merges with weight 0.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -15,14 +23,21 @@ import triton.language as tl
 
 @triton.jit
 def _paged_decode_kernel(
-    Q, K, V, Out, BT, CL, scale,
+    Q, K, V, Out, Part, Lse, BT, CL, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     context_len = tl.load(CL + row)
+    if NUM_SPLITS == 1:
+        lo, hi = 0, context_len
+    else:  # shares of whole BLOCK_N tiles, so that only the last tile of a row is partial
+        share = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * share
+        hi = tl.minimum(lo + share, context_len)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     heads = kv_head * GROUP + g
@@ -31,9 +46,9 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    for start in range(0, context_len, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        valid = n < context_len
+        valid = n < hi
         page = tl.load(BT + row * stride_bt + n // PAGE, mask=valid, other=0).to(tl.int64)
         offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -52,12 +67,52 @@ def _paged_decode_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(
-        Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
-        out.to(Out.dtype.element_ty),
-        mask=q_mask,
-    )
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=q_mask,
+        )
+    else:  # Part [rows, heads, splits, D], Lse [rows, heads, splits], both fp32 and contiguous
+        nonempty = l_i > 0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
+        at = (row * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
+        tl.store(Part + at[:, None] * D + d[None, :], out, mask=q_mask)
+        tl.store(Lse + at, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _merge_splits_kernel(Part, Lse, Out, stride_ot, stride_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """Out[row, head] = sum_s w_s Part[row, head, s] with w = softmax over the shares' lse."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, D)
+    at = (row * tl.num_programs(1) + head) * NUM_SPLITS + s
+    lse = tl.load(Lse + at)  # share 0 is never empty (context_len >= 1), so the max is finite
+    w = tl.exp(lse - tl.max(lse, 0))
+    part = tl.load(Part + at[:, None] * D + d[None, :])
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + row * stride_ot + head * stride_oh + d, out.to(Out.dtype.element_ty))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_splits(rows: int, num_kv_heads: int, device: torch.device) -> int:
+    """Shares per sequence: enough programs for about two per SM, at most 8 (a power of 2).
+    Depends on the row count alone (the CUDA graphs capture it per batch size)."""
+    programs = rows * num_kv_heads
+    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    splits = 1
+    while splits < 8 and programs * splits < target:
+        splits *= 2
+    return splits
 
 
 def paged_decode(
@@ -70,9 +125,11 @@ def paged_decode(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1.
-    The launch settings are arguments so that bench/engine_step_profile.py can sweep them."""
+    The launch settings are arguments so that bench/engine_step_profile.py can sweep them;
+    `num_splits` None chooses by `default_splits`."""
     rows, num_heads, head_dim = q.shape
     _, num_kv_heads, page, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -81,11 +138,24 @@ def paged_decode(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
     if num_stages is None:  # 4 stages measured best for 2-byte KV (docs/benchmarks.md); fp32 tiles
         num_stages = 4 if k_cache.element_size() == 2 else 2  # are twice as big: 4 overflow smem
-    _paged_decode_kernel[(rows, num_kv_heads)](
-        q, k_cache, v_cache, out, block_tables, context_lens, scale,
+    if num_splits is None:
+        num_splits = default_splits(rows, num_kv_heads, q.device)
+    assert num_splits & (num_splits - 1) == 0, f"num_splits={num_splits} must be a power of 2"
+    if num_splits > 1:
+        part = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out  # unused
+    _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
-        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if num_splits > 1:
+        _merge_splits_kernel[(rows, num_heads)](
+            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits
+        )
     return out

@@ -50,7 +50,10 @@ def greedy(engine, max_new=24):
     return engine.generate([GenerateRequest(list(p), SamplingParams(**sp)) for p in PROMPTS])
 
 
-def test_triton_decode_matches_gather_sdpa():
+@pytest.mark.parametrize("num_splits", [1, 2, 8, None])  # None: default_splits (8 for 10 programs)
+def test_triton_decode_matches_gather_sdpa(num_splits):
+    """Rows of 1 token to a whole table, each context split into shares (flash-decoding) or not:
+    with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0."""
     from rlx.engine.attention import gather_attention
     from rlx.engine.triton_decode import paged_decode
 
@@ -61,7 +64,7 @@ def test_triton_decode_matches_gather_sdpa():
     lens = torch.tensor([1, 17, 64, 300, 1000 % (page * 20)], device="cuda", dtype=torch.int32)
     tables = torch.randint(1, blocks, (5, 20), device="cuda", generator=g, dtype=torch.int32)
     q = torch.randn(5, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5)
+    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
     mask = (torch.arange(20 * page, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
     ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
     assert (out.float() - ref.float()).abs().max().item() < 2e-2
@@ -135,15 +138,18 @@ def test_weight_reload_in_place(model_dir, tmp_path):
         assert (torch.tensor(out.output_logprobs) - ref).abs().max().item() < 1e-3
 
 
-def test_fused_sampler_matches_torch_sampler():
+@pytest.mark.parametrize("splits", [1, 4, None])  # None: default_splits (16 for 64 rows, 132 SMs)
+def test_fused_sampler_matches_torch_sampler(splits):
     """The graph's one-pass Triton sampler draws what the torch path draws from the same
-    (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax."""
+    (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax, a
+    tie between two vocabulary shares going to the lower id, as torch.argmax's does."""
     from rlx.engine.sampler import seeded_exponential
     from rlx.engine.triton_sample import fused_sample
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, vocab = 64, 151936
     logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    logits[0, [70000, 150000]] = 100.0  # greedy row 0: a tie across shares
     temperature = torch.rand(rows, device="cuda", generator=g) + 0.5
     greedy = (torch.arange(rows, device="cuda") % 5 == 0).int()
     seed = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
@@ -151,12 +157,12 @@ def test_fused_sampler_matches_torch_sampler():
     tokens = torch.empty(rows, dtype=torch.int64, device="cuda")
     logprobs = torch.empty(rows, device="cuda")
     inv_t = torch.where(greedy.bool(), 1.0, 1.0 / temperature)
-    fused_sample(logits, inv_t, greedy, seed, step, tokens, logprobs)
+    fused_sample(logits, inv_t, greedy, seed, step, tokens, logprobs, splits=splits)
     x = logits.float() * inv_t[:, None]
     logp = x.log_softmax(-1)
     race = (logp.exp() / seeded_exponential(seed, step, vocab)).argmax(-1)
     expected = torch.where(greedy.bool(), logits.float().argmax(-1), race)
-    assert torch.equal(tokens, expected)
+    assert torch.equal(tokens, expected) and tokens[0].item() == 70000
     assert (logprobs - logp.gather(-1, expected[:, None])[:, 0]).abs().max().item() < 1e-4
 
 
