@@ -105,6 +105,46 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
+FALLBACK_MICRO_BATCH = 8  # --micro-batch where the plan sees no GPU (--plan-only on a CPU machine)
+
+
+def choose_micro_batch(args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
+    """The largest micro-batch (32, 16, 8, 4, 2 or 1, dividing a rank's share of the step's samples)
+    whose memory plan fits this machine's GPUs with `cluster.memory_margin` free, colocated with the
+    trainer's state kept on the GPU (what `auto` decides); fewer, longer micro-batches spend less
+    host time a step (1.7B on 1xH100: 8 -> 16 took the train phase from 2.37 to 1.63 s). Returns
+    the size and why."""
+    from dataclasses import replace
+
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import _decide, _setup, gpu_memory, no_plan
+    from rlx.errors import ConfigError
+    from rlx.memory import memory_errors, plan_memory
+
+    trainer_gpus, _, colocated = gpu_counts(args)
+    share = args.prompts * args.n // max(trainer_gpus // (args.tp * args.cp), 1)
+    for micro_batch in (m for m in (32, 16, 8, 4, 2, 1) if share % m == 0):
+        trial = argparse.Namespace(**vars(args) | {"micro_batch": micro_batch})
+        try:  # validation refuses a plan that does not fit at all
+            rc = to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(trial), *extra]))
+        except ConfigError:
+            continue
+        gpu_bytes = gpu_memory(rc)[0]
+        if no_plan(rc) or gpu_bytes is None:
+            return FALLBACK_MICRO_BATCH, "no GPU seen by the memory plan"
+        setup = _setup(rc)
+        if colocated and rc.cluster.offload_trainer == "auto":
+            offload, why = _decide(setup, rc)
+            if not offload:
+                return micro_batch, f"the largest the plan keeps on the GPU ({why})"
+            continue
+        if rc.cluster.offload_trainer == "auto":
+            setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=True))
+        if not memory_errors(setup, plan_memory(setup, gpu_bytes)):
+            return micro_batch, "the largest the memory plan fits"
+    return 1, "none larger fits the memory plan"
+
+
 def predicted_peak_gib(cfg, mean_prompt_len: float) -> float:
     """The memory plan's trainer peak (rank 0's torch.cuda.max_memory_allocated, in GiB) for the
     composed `cfg`, its samples counted with prompts of the batch's mean length (the plan's own
@@ -170,7 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--response-len", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        help="default: the largest of 32, 16, 8, 4, 2, 1 that the memory plan fits on this machine's GPUs "
+        "(colocated: with the trainer's state kept on the GPU, as cluster.offload_trainer=auto decides); "
+        f"{FALLBACK_MICRO_BATCH} where no GPU is seen",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output-dir", help="keep the run directory here (default: a temporary one)")
     return parser
@@ -179,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> None:
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = build_parser().parse_args(own)
+    why_micro_batch = "--micro-batch"
+    if args.micro_batch is None:
+        args.micro_batch, why_micro_batch = choose_micro_batch(args, extra)
+        print(f"micro-batch {args.micro_batch}: {why_micro_batch}", file=sys.stderr, flush=True)
     if args.plan_only:
         from rlx.config.compose import compose, to_object
         from rlx.config.memory_check import print_plan
@@ -215,6 +265,7 @@ def main(argv: list[str]) -> None:
         "placement": "colocated" if colocated else f"split {trainer_gpus}+{engine_gpus}", "gpus": num_gpus,
         "tp": args.tp, "ep": args.ep, "cp": args.cp,
         "samples": args.prompts * args.n, "response_len": args.response_len, "steps": len(history),
+        "micro_batch": args.micro_batch, "micro_batch_from": why_micro_batch,
         "wall_s": round(wall, 1), "checkpoint_write_s": round(write_s, 1),
         # time/logprobs_s: absent where the old log-probs came from the training pass (train.old_logprobs);
         # time/colocate_*: absent when split
