@@ -16,7 +16,9 @@
 A random-weight Qwen3 of the stated shape (written once as an HF checkpoint under RLX_CACHE, in
 bf16 on the GPU), or
 a real checkpoint by path (`--model`; its family and shape from config.json), bf16 training, `--prompts` prompts x `--n` samples of exactly `--response-len` tokens
-(`rollout.ignore_eos`; the prompts are the toy task's few tokens). Runs `--steps` steps and
+(`rollout.ignore_eos`; the prompts are the toy task's few tokens), micro-batches of
+`--micro-batch` samples (default: the largest the memory plan fits on this machine's GPUs,
+colocated with the trainer's state kept; `choose_micro_batch`). Runs `--steps` steps and
 reports the median of all but the first (CUDA graph capture, kernel compilation, allocator
 warm-up), as one JSON line: seconds per phase, tokens/s per GPU counted both ways (NeMo-RL's:
 prompt + response tokens of the step / step time / GPUs; and response tokens alone), the trainer's peak memory and, colocated, the memory
@@ -123,11 +125,13 @@ def choose_micro_batch(args: argparse.Namespace, extra: list[str]) -> tuple[int,
 
     trainer_gpus, _, colocated = gpu_counts(args)
     share = args.prompts * args.n // max(trainer_gpus // (args.tp * args.cp), 1)
+    refused = None
     for micro_batch in (m for m in (32, 16, 8, 4, 2, 1) if share % m == 0):
         trial = argparse.Namespace(**vars(args) | {"micro_batch": micro_batch})
         try:  # validation refuses a plan that does not fit at all
             rc = to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(trial), *extra]))
-        except ConfigError:
+        except ConfigError as e:
+            refused = e
             continue
         gpu_bytes = gpu_memory(rc)[0]
         if no_plan(rc) or gpu_bytes is None:
@@ -142,6 +146,8 @@ def choose_micro_batch(args: argparse.Namespace, extra: list[str]) -> tuple[int,
             setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=True))
         if not memory_errors(setup, plan_memory(setup, gpu_bytes)):
             return micro_batch, "the largest the memory plan fits"
+    if refused is not None:  # no size composes: the error is not the micro-batch's, or none fits
+        raise refused
     return 1, "none larger fits the memory plan"
 
 

@@ -424,7 +424,7 @@ def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
     from rlx.config.memory_check import memory_setup
 
     bench = _grpo_bench()
-    args = bench.build_parser().parse_args(["--shape", "0.6b", "--split"])
+    args = bench.build_parser().parse_args(["--shape", "0.6b", "--split", "--micro-batch", "8"])
     cfg = compose(bench.overrides_for(args))
     setup = replace(memory_setup(to_object(cfg)), prompt_len=6)
     assert bench.predicted_peak_gib(cfg, 6.2) == trainer_peak_allocated(setup) / GIB
@@ -433,6 +433,19 @@ def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
 
 
 H100_GIB = "cluster.gpu_memory_gib=79.6"
+
+
+def test_the_grpo_bench_picks_the_largest_micro_batch_the_plan_keeps_on_the_gpu(monkeypatch):
+    """1.7B colocated on an 80 GB H100: 32 would train at 74.8 GiB (refused), 16 keeps the trainer's
+    state beside the engine (measured: 50.6 GiB at its peak, docs/benchmarks.md); split, the trainer's
+    GPU alone, 16 as well; where the plan sees no GPU, the old fixed 8."""
+    bench = _grpo_bench()
+    args = bench.build_parser().parse_args(["--shape", "1.7b"])
+    assert bench.choose_micro_batch(args, [H100_GIB])[0] == 16
+    split = bench.build_parser().parse_args(["--shape", "1.7b", "--split"])
+    assert bench.choose_micro_batch(split, [H100_GIB]) == (16, "the largest the memory plan fits")
+    monkeypatch.setattr("rlx.config.memory_check.visible_gpu_bytes", lambda: None)  # no nvidia-smi
+    assert bench.choose_micro_batch(args, [])[0] == bench.FALLBACK_MICRO_BATCH == 8
 
 
 @pytest.mark.parametrize(
