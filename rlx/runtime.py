@@ -21,7 +21,13 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
-from rlx.config.memory_check import cap_engine_cache, memory_plan, resolve_offload
+from rlx.config.memory_check import (
+    cap_engine_cache,
+    memory_plan,
+    resolve_offload,
+    roomier_line,
+    roomier_micro_batch,
+)
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
@@ -253,6 +259,7 @@ def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
+    roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
     offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
     capped = cap_engine_cache(rc)
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
@@ -261,6 +268,8 @@ def _prepare(cfg: DictConfig) -> _Job:
         log.info("cluster.offload_trainer=auto: %s", offload)
     if capped is not None:
         log.info("%s", capped)
+    if roomier is not None:
+        log.info("%s", roomier_line(rc, roomier))
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's

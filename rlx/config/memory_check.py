@@ -12,7 +12,7 @@ from rlx.config.build import build
 from rlx.config.layout import Classes
 from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
-from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report
+from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report, trainer_peak_allocated
 from rlx.memory.gpus import visible_gpu_bytes
 from rlx.memory.plan import kept_kv_tokens, offload_decision
 
@@ -60,6 +60,47 @@ def cap_engine_cache(rc: RlxConfig) -> str | None:
     return (
         f"the trainer stays on the GPU while the engines generate: each engine's KV cache is capped at "
         f"{tokens:,} tokens beside it (rollout.engine_args.max_total_tokens={tokens})"
+    )
+
+
+def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float] | None:
+    """The largest `train.micro_batch_size` above the configured one (doubling it while it divides a
+    data-parallel rank's share of `train.global_batch_size`) that the plan fits on this run's GPUs
+    with the trainer's state where it goes now (kept on the GPU where `auto` keeps it at the
+    configured size), and its planned trainer peak in GiB. Fewer, longer micro-batches spend less
+    host time a step (Qwen3-1.7B on 1×H100: 8 -> 16 took the train phase from 2.37 to 1.63 s,
+    docs/benchmarks.md). None: packing, pipeline parallelism, no plan or GPU size, or none larger
+    fits. Call it before `resolve_offload` (it reads `auto`)."""
+    t, c = rc.train, rc.cluster
+    if no_plan(rc) or t.max_tokens_per_micro_batch is not None or c.pipeline_parallel_size > 1:
+        return None
+    gpu_bytes = gpu_memory(rc)[0]
+    if gpu_bytes is None:
+        return None
+    setup = _setup(rc)
+    keep = c.offload_trainer == "auto" and c.colocate and not _decide(setup, rc)[0]
+    share, best = t.global_batch_size // setup.data_parallel_size, None
+    size = t.micro_batch_size * 2
+    while size <= share and share % size == 0:
+        trial = replace(setup, train=replace(setup.train, micro_batch_size=size))
+        if keep and _decide(trial, rc)[0]:
+            break  # `auto` would move the state to the host at this size
+        if c.offload_trainer == "auto":
+            trial = replace(trial, cluster=replace(trial.cluster, offload_trainer=not keep))
+        if memory_errors(trial, plan_memory(trial, gpu_bytes)):
+            break
+        best = (size, trainer_peak_allocated(trial) / GIB)
+        size *= 2
+    return best
+
+
+def roomier_line(rc: RlxConfig, roomier: tuple[int, float]) -> str:
+    """The run's log line for `roomier_micro_batch`'s answer."""
+    size, peak = roomier
+    return (
+        f"train.micro_batch_size={rc.train.micro_batch_size}: the plan fits {size} as well (trainer peak "
+        f"{peak:.3g} GiB); fewer, longer micro-batches spend less host time a step "
+        f"(train.micro_batch_size={size})"
     )
 
 
@@ -140,8 +181,11 @@ def print_plan(rc: RlxConfig) -> None:
     if (reason := no_plan(rc)) is not None:
         print(f"memory plan: none for {reason}")
         return
+    roomier = roomier_micro_batch(rc)
     setup, plan = _planned(rc)
     print(report(plan), flush=True)
+    if roomier is not None:
+        print(f"note: {roomier_line(rc, roomier)}", flush=True)
     if errors := memory_errors(setup, plan):
         raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
 

@@ -48,6 +48,8 @@ def test_plan_only_prints_the_plan_and_starts_nothing(no_ray, tmp_path):
     for term in ("policy weights", "gradients", "optimizer state", "activations", "KV cache", "CUDA graphs"):
         assert f"    {term}" in done.stdout, term
     assert "to spare" in done.stdout and "Traceback" not in done.stderr
+    # 32 x 8 samples a step, 64 a micro-batch: a 75k-parameter model fits the whole step in one
+    assert "note: train.micro_batch_size=64: the plan fits 256 as well (trainer peak " in done.stdout
     assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "config.yaml").exists()  # no run started
 
 
@@ -89,7 +91,8 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     assert caplog.records[0].getMessage().startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16")
     assert "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)" in caplog.records[0].getMessage()
     # then what cluster.offload_trainer=auto (the default) decided from it, and the KV cache's cap
-    decided, capped = (r.getMessage() for r in caplog.records[1:3])
+    decided, capped, roomier = (r.getMessage() for r in caplog.records[1:4])
+    assert roomier.startswith("train.micro_batch_size=64: the plan fits 256 as well")
     assert decided.startswith(
         "cluster.offload_trainer=auto: kept on the GPU: beside it each engine's KV cache"
     )

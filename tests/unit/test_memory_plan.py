@@ -435,6 +435,25 @@ def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
 H100_GIB = "cluster.gpu_memory_gib=79.6"
 
 
+def test_the_plan_names_the_largest_micro_batch_that_fits_as_well():
+    """`roomier_micro_batch`: the 1.7B shape colocated at micro-batch 8 on an 80 GB GPU, the trainer's
+    state kept by `auto`: 16 fits as well (its peak is the plan's own at 16), 32 would not (74.8 GiB
+    to train); at 16 nothing larger fits; packing has no micro-batch size to raise."""
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import memory_setup, roomier_micro_batch
+
+    bench = _grpo_bench()
+
+    def config(*extra: str):
+        args = bench.build_parser().parse_args(["--shape", "1.7b", "--micro-batch", extra[0]])
+        return to_object(compose([*bench.overrides_for(args), H100_GIB, *extra[1:]]))
+
+    size, peak = roomier_micro_batch(config("8"))
+    assert size == 16 and peak == trainer_peak_allocated(memory_setup(config("16"))) / GIB
+    assert roomier_micro_batch(config("16")) is None
+    assert roomier_micro_batch(config("8", "train.max_tokens_per_micro_batch=8192")) is None
+
+
 def test_the_grpo_bench_picks_the_largest_micro_batch_the_plan_keeps_on_the_gpu(monkeypatch):
     """1.7B colocated on an 80 GB H100: 32 would train at 74.8 GiB (refused), 16 keeps the trainer's
     state beside the engine (measured: 50.6 GiB at its peak, docs/benchmarks.md); split, the trainer's
@@ -443,7 +462,7 @@ def test_the_grpo_bench_picks_the_largest_micro_batch_the_plan_keeps_on_the_gpu(
     args = bench.build_parser().parse_args(["--shape", "1.7b"])
     assert bench.choose_micro_batch(args, [H100_GIB])[0] == 16
     split = bench.build_parser().parse_args(["--shape", "1.7b", "--split"])
-    assert bench.choose_micro_batch(split, [H100_GIB]) == (16, "the largest the memory plan fits")
+    assert bench.choose_micro_batch(split, [H100_GIB])[0] == 16
     monkeypatch.setattr("rlx.config.memory_check.visible_gpu_bytes", lambda: None)  # no nvidia-smi
     assert bench.choose_micro_batch(args, [])[0] == bench.FALLBACK_MICRO_BATCH == 8
 
