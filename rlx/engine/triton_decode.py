@@ -104,11 +104,16 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device (the Triton kernels size their grids by it)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def default_splits(rows: int, num_kv_heads: int, device: torch.device) -> int:
     """Shares per sequence: enough programs for about two per SM, at most 8 (a power of 2).
     Depends on the row count alone (the CUDA graphs capture it per batch size)."""
     programs = rows * num_kv_heads
-    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target = 2 * sm_count(device)
     splits = 1
     while splits < 8 and programs * splits < target:
         splits *= 2

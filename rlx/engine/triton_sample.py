@@ -22,11 +22,11 @@ Rows that need top-k / top-p / min-p need a sort and stay with the torch sampler
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from rlx.engine.triton_decode import sm_count
 
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
 _MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
@@ -109,14 +109,9 @@ def _merge_kernel(PartF, PartI, Tokens, Logprobs, SPLITS: tl.constexpr):
     tl.store(Logprobs + row, x - lse_max - tl.log(total))
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def default_splits(rows: int, device: torch.device) -> int:
     """Vocabulary shares a row: programs for about four per SM, at most 16 (a power of 2)."""
-    target = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target = 4 * sm_count(device)
     splits = 1
     while splits < 16 and rows * splits < target:
         splits *= 2
