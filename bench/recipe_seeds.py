@@ -1,6 +1,7 @@
 """A learning recipe on several seeds side by side: `launch.py +experiment=NAME run.seed=S` for each
 seed at once, one GPU each (round-robin over the visible GPUs; `--per-gpu 2` puts two runs on a
-GPU, each engine given `--mem-fraction` of it), then one JSON line per seed and a summary: the
+GPU, each engine given `--mem-fraction` of it and each run's memory plan its share of the GPU's
+memory), then one JSON line per seed and a summary: the
 reward's last-10 mean, best step, first step at or above `--threshold`, and the reward at steps
 100 and 200.
 
@@ -21,6 +22,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_overrides(
+    per_gpu: int, mem_fraction: float, gpu_gib: float | None, overrides: list[str]
+) -> list[str]:
+    """What each of `per_gpu` runs sharing one GPU is told: its engine's share of the GPU and, unless
+    the overrides say it, `cluster.gpu_memory_gib` of its share, so that its memory plan (and what
+    `cluster.offload_trainer=auto` decides by it) counts the part of the GPU it has, not the whole."""
+    if per_gpu <= 1:
+        return []
+    shared = [f"+rollout.engine_args.mem_fraction_static={mem_fraction}"]
+    if gpu_gib is not None and not any(o.startswith("cluster.gpu_memory_gib=") for o in overrides):
+        shared.append(f"cluster.gpu_memory_gib={gpu_gib / per_gpu:.1f}")
+    return shared
 
 
 def summary(seed: int, metrics: Path, threshold: float) -> dict:
@@ -60,10 +75,11 @@ def main() -> None:
     if len(seeds) > gpus * args.per_gpu:
         sys.exit(f"{len(seeds)} seeds need {len(seeds)} GPUs, or --per-gpu {-(-len(seeds) // gpus)}")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+    shared = shared_overrides(args.per_gpu, args.mem_fraction, gpu_gib, args.overrides)
     start, runs = time.time(), []
     for i, seed in enumerate(seeds):
         out = Path(args.out) / f"seed{seed}"
-        shared = [f"+rollout.engine_args.mem_fraction_static={args.mem_fraction}"] if args.per_gpu > 1 else []
         recipe = [f"+experiment={args.experiment}"] if args.experiment else []  # "": the default job
         cmd = [sys.executable, "launch.py", *recipe, f"run.seed={seed}", f"hydra.run.dir={out}",
                "run.progress=false", *shared, *args.overrides]  # fmt: skip

@@ -647,3 +647,19 @@ def test_a_trainer_kept_on_the_gpu_caps_each_engines_kv_cache_at_its_share_besid
     for offloaded in (["cluster.offload_trainer=true"], split):
         rc = to_object(compose([*gpu, *many, *offloaded]))  # offloaded, or split from its engines
         assert cap_engine_cache(rc) is None and "max_total_tokens" not in rc.rollout.engine_args
+
+
+def test_runs_sharing_a_gpu_are_each_planned_on_their_share():
+    """bench/recipe_seeds.py --per-gpu 2 on an 80 GB GPU: each run's engine takes its fraction and
+    its plan counts 39.8 GiB (composed: the plan sees that much), unless the run's overrides name the
+    size; one run a GPU is told nothing."""
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import gpu_memory
+
+    seeds = _bench("recipe_seeds")
+    shared = seeds.shared_overrides(2, 0.4, 79.6, [])
+    assert shared == ["+rollout.engine_args.mem_fraction_static=0.4", "cluster.gpu_memory_gib=39.8"]
+    rc = to_object(compose(["+experiment=reverse8_1gpu", *shared]))
+    assert gpu_memory(rc)[0] == round(39.8 * GIB)
+    assert seeds.shared_overrides(2, 0.4, 79.6, ["cluster.gpu_memory_gib=30"]) == shared[:1]
+    assert seeds.shared_overrides(1, 0.4, 79.6, []) == []
