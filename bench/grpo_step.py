@@ -124,9 +124,8 @@ def choose_micro_batch(args: argparse.Namespace, extra: list[str]) -> tuple[int,
     if no_plan(rc) or gpu_memory(rc)[0] is None:
         return FALLBACK_MICRO_BATCH, "no GPU seen by the memory plan"
     size, _ = roomier_micro_batch(rc) or (1, None)
-    return min(
-        size, MAX_MICRO_BATCH
-    ), "the largest the memory plan fits (the trainer's state where auto puts it)"
+    why = "the largest the memory plan fits (the trainer's state where auto puts it)"
+    return min(size, MAX_MICRO_BATCH), why
 
 
 def predicted_peak_gib(cfg, mean_prompt_len: float) -> float:
