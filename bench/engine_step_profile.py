@@ -162,15 +162,13 @@ def time_cuda(fn, iters: int = 20, graph: bool = False) -> float:
     return start.elapsed_time(end) / iters / 1e3
 
 
-def triton_decode(
-    batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, graph=True, **launch
-) -> dict:
+def triton_decode(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16, **launch) -> dict:
     """The kernel alone on one layer's KV, in a CUDA graph (as the engine's decode runs it)."""
     from rlx.engine.triton_decode import paged_decode
 
     k, v, tables, lens = paged_kv(batch, context, kv_heads, head_dim, page, "bhsd")
     q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    seconds = time_cuda(lambda: paged_decode(q, k, v, tables, lens, head_dim**-0.5, **launch), graph=graph)
+    seconds = time_cuda(lambda: paged_decode(q, k, v, tables, lens, head_dim**-0.5, **launch), graph=True)
     kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
     return {"ms": round(seconds * 1e3, 4), "TB_per_s": round(kv_bytes / seconds / 1e12, 3)}
 

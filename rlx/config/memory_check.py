@@ -83,11 +83,10 @@ def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float] | None:
     size = t.micro_batch_size * 2
     while size <= share and share % size == 0:
         trial = replace(setup, train=replace(setup.train, micro_batch_size=size))
-        if keep and _decide(trial, rc)[0]:
-            break  # `auto` would move the state to the host at this size
-        if c.offload_trainer == "auto":
+        if c.offload_trainer == "auto":  # as `auto` decided at the configured size
             trial = replace(trial, cluster=replace(trial.cluster, offload_trainer=not keep))
-        if memory_errors(trial, plan_memory(trial, gpu_bytes)):
+        # kept: `offload_decision` plans it (it would not fit, or would leave the KV cache short)
+        if _decide(trial, rc)[0] if keep else memory_errors(trial, plan_memory(trial, gpu_bytes)):
             break
         best = (size, trainer_peak_allocated(trial) / GIB)
         size *= 2
