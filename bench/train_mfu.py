@@ -118,8 +118,9 @@ def predicted_peak_gib(
 ) -> float:
     """The memory plan's (rlx.memory) prediction of max_memory_allocated for this bench's step: bf16,
     no distributed optimizer, `micro_batch` rows of `seq_len`. Its logits term is the RL trainer's
-    loss (bf16 logits and their gradient); this bench's loss is megatron's cross entropy, which
-    takes the logits in fp32, so the bench's own logits cost about 2 x tokens x vocabulary bytes more."""
+    loss (bf16 logits, their gradient written over them); this bench's loss is megatron's cross
+    entropy, which keeps a bf16 gradient beside them and takes both in fp32 as well, so the bench's
+    own logits cost about 6 x tokens x vocabulary bytes more (`bench_peak_bytes`)."""
     from rlx.cluster import ClusterConfig
     from rlx.memory import GIB, Setup, trainer_peak_allocated
     from rlx.rollout.config import RolloutConfig
@@ -141,12 +142,13 @@ MARGIN = 0.10  # of the GPU left free beside the predicted peak (rlx.cluster's m
 
 def bench_peak_bytes(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora=None) -> int:
     """This bench's predicted peak: the plan's (`predicted_peak_gib`), plus what its loss adds: megatron's
-    cross entropy takes the logits and their gradient in fp32, 2 x 2 bytes a token and word more
-    than the RL loss's bf16 the plan counts."""
+    cross entropy keeps the logits' bf16 gradient beside them (2 bytes a token and word) and takes
+    both in fp32 as well (2 x 2 bytes more), where the RL loss the plan counts writes its gradient
+    over its bf16 logits."""
     from rlx.memory import GIB
 
-    fp32_logits = 2 * 2 * micro_batch * seq_len * cfg.vocab_size
-    return round(predicted_peak_gib(cfg, micro_batch, accum, seq_len, lora) * GIB) + fp32_logits
+    loss_logits = (2 + 2 * 2) * micro_batch * seq_len * cfg.vocab_size
+    return round(predicted_peak_gib(cfg, micro_batch, accum, seq_len, lora) * GIB) + loss_logits
 
 
 def choose_micro_batch(cfg: ModelConfig, seq_len: int, gpu_bytes: int, rows: int = ROWS, lora=None) -> int:
@@ -422,7 +424,7 @@ def main(argv: list[str]) -> dict:
         "peak_tflops": args.peak_tflops,
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len, lora),
-        # with the bench's fp32 logits (what chose the micro-batch when none was given)
+        # with the bench's own logits (what chose the micro-batch when none was given)
         "predicted_bench_peak_gib": bench_peak_bytes(cfg, args.micro_batch, args.accum, args.seq_len, lora)
         / 2**30,
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,

@@ -142,11 +142,8 @@ def mask_bytes(mb: MicroBatch, cp: int) -> int:
     return mb.seq_len // cp * mb.seq_len if mb.packed else 0
 
 
-def logits_bytes(
-    m: ModelConfig, mb: MicroBatch, *, tp: int, cp: int, dtype_bytes: int, with_grad: bool
-) -> int:
+def logits_bytes(m: ModelConfig, mb: MicroBatch, *, tp: int, cp: int, dtype_bytes: int) -> int:
     """The output layer's logits (this rank's vocabulary shard, every position of its tokens) in the
     activation dtype, which rlx's log-prob function keeps for its backward (it never copies them to
-    fp32: `rlx.trainer.logprobs`), and with `with_grad` their gradient beside them."""
-    one = mb.local_tokens(cp) * (m.vocab_size // tp) * dtype_bytes
-    return one * (2 if with_grad else 1)
+    fp32: `rlx.trainer.logprobs`)."""
+    return mb.local_tokens(cp) * (m.vocab_size // tp) * dtype_bytes

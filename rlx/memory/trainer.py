@@ -15,8 +15,8 @@ What the trainer builds (`rlx.trainer.trainable.wrap_for_training`, `rlx.trainer
 - activations (`rlx.memory.activations`) of the micro-batches a stage holds at once: under
   megatron's 1F1B schedule stage r of P keeps min(P - r, micro-batches) of them (the first stage
   P, i.e. all layers' worth), with virtual stages Korthikanti's L·(1 + (P - 1)/(P·V)) on the first;
-- on the last stage, the logits of one micro-batch and their gradient (this rank's vocabulary
-  shard, activation dtype);
+- on the last stage, the logits of one micro-batch (this rank's vocabulary shard, activation
+  dtype), their gradient written over them (with sequence parallelism beside them: two copies);
 - in the forward-only passes (old and reference log-probs, the critic's values), which keep no
   activations: that micro-batch's logits and one layer's activations at a time;
 - in the optimizer step, torch's multi-tensor Adam's temporary sqrt(v) (fp32, the size of the state).
@@ -202,11 +202,15 @@ def training_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
         mbs = layers // len(stage_moe)
         terms.append(Term("packed attention masks (boolean, L × L)", mask_bytes(mb, lay.cp) * mbs, (key, CP)))
     if stage == s.cluster.pipeline_parallel_size - 1:
-        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes, with_grad=True)
-        vocab = s.model.vocab_size // lay.tp
-        terms.append(
-            Term(f"logits and their gradient ({vocab:,}-way vocabulary shard)", logits, (key, TP, CP))
-        )
+        # the backward writes the gradient over the logits (rlx.trainer.logprobs); under sequence
+        # parallelism GPTModel's batch-first copy of them and the output layer's contiguous copy of
+        # the gradient make it two (rlx.trainer.logits_layout)
+        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes)
+        vocab = f"{s.model.vocab_size // lay.tp:,}-way vocabulary shard"
+        if lay.sequence_parallel:
+            terms.append(Term(f"logits and their gradient ({vocab})", 2 * logits, (key, TP, CP)))
+        else:
+            terms.append(Term(f"logits, their gradient written over them ({vocab})", logits, (key, TP, CP)))
     return terms
 
 
@@ -222,7 +226,7 @@ def forward_only_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     if mb.packed:
         terms.append(Term("packed attention mask (boolean, L × L)", mask_bytes(mb, lay.cp), (key, CP)))
     if stage == s.cluster.pipeline_parallel_size - 1:
-        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes, with_grad=False)
+        logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes)
         terms.append(Term("logits (forward only)", logits, (key, TP)))
     return terms
 

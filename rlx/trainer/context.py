@@ -91,16 +91,17 @@ def next_token_logprobs(
     logits_BSV: torch.Tensor, tokens_BL: torch.Tensor, *, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token p + 1) and the entropy at every position p < L - 1 ([B, L - 1] each), from
-    this rank's (vocab- and context-parallel) logits of the micro-batch `tokens_BL`."""
-    if cp_size() == 1:
-        return logprobs_and_entropy(
-            logits_BSV[:, :-1], tokens_BL[:, 1:], temperature=temperature, with_entropy=with_entropy
-        )
-    # position p predicts token p + 1; the last position's target (wrapped round) is dropped below
+    this rank's (vocab- and context-parallel) logits of the micro-batch `tokens_BL`, which the
+    backward overwrites with their gradient (the trainer reads them once)."""
+    # position p predicts token p + 1; the last position's target (wrapped round) is dropped
+    # below. Every position's logits go in whole, not as a [:, :-1] view: the gradient is then
+    # written over them instead of into a zero-padded copy of the view's (SliceBackward)
     next_BL = tokens_BL.roll(-1, dims=1)
-    target_BS = next_BL[:, local_positions(tokens_BL.shape[1], tokens_BL.device)]
+    target_BS = (
+        next_BL if cp_size() == 1 else next_BL[:, local_positions(tokens_BL.shape[1], tokens_BL.device)]
+    )
     logp_BS, entropy_BS = logprobs_and_entropy(
-        logits_BSV, target_BS, temperature=temperature, with_entropy=with_entropy
+        logits_BSV, target_BS, temperature=temperature, with_entropy=with_entropy, grad_over_logits=True
     )
     logp_BL = gather_sequence(logp_BS)[:, :-1]
     entropy_BL = gather_sequence(entropy_BS)[:, :-1] if entropy_BS is not None else None

@@ -4,7 +4,8 @@ Shapes: B batch, S sequence positions, V vocabulary entries held by this tensor-
 
 One autograd function computes both in a few passes over the logits, reading them in their own
 dtype (bf16 logits stay bf16) and saving only them and three fp32 numbers per position for the
-backward, whose gradient it writes in one more pass:
+backward, whose gradient it writes in one more pass (for the trainer over the logits themselves,
+which nothing reads after it: a micro-batch's backward then holds one [B, S, V] tensor, not two):
 
     a = logits / T - max,   log Z = log sum exp(a),   p = exp(a - log Z)
     log p(t) = a_t - log Z,   H = log Z - sum p * a
@@ -74,6 +75,14 @@ def _grad_logits(logits, max_, log_z, expected, target, owned, grad_logp, grad_e
     return grad.to(logits.dtype)
 
 
+def _grad_over_logits(logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, temperature):
+    """`_grad_logits` written over the logits themselves (elementwise: each entry reads only its
+    own logit and its row's numbers), so the backward holds one [B, S, V] tensor, not two."""
+    logits.copy_(
+        _grad_logits(logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, temperature)
+    )
+
+
 @cache
 def _kernel(fn, on_cuda: bool):
     """`fn` itself on the CPU; compiled into one kernel on CUDA. Shapes are left to torch's
@@ -91,7 +100,7 @@ def _tp_all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.
 
 class _LogprobEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, temperature: float, with_entropy: bool):
+    def forward(ctx, logits, target, temperature: float, with_entropy: bool, overwrite: bool):
         run = lambda fn, *args: _kernel(fn, logits.is_cuda)(*args)  # noqa: E731
         num_local = logits.shape[-1]
         local_target = target - parallel_state.get_tensor_model_parallel_rank() * num_local
@@ -108,7 +117,7 @@ class _LogprobEntropy(torch.autograd.Function):
             expected = _tp_all_reduce(run(_expected_shifted, logits, max_, log_z, temperature))
             entropy = log_z - expected
         ctx.save_for_backward(logits, max_, log_z, expected, local_target, owned)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.overwrite = temperature, overwrite
         ctx.set_materialize_grads(False)
         return logp, entropy
 
@@ -119,18 +128,27 @@ class _LogprobEntropy(torch.autograd.Function):
             grad_logp = torch.zeros_like(log_z)
         if expected is None:
             grad_entropy = None
-        grad = _kernel(_grad_logits, logits.is_cuda)(
-            logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, ctx.temperature
-        )
-        return grad, None, None, None
+        args = (logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, ctx.temperature)
+        if not ctx.overwrite:
+            return _kernel(_grad_logits, logits.is_cuda)(*args), None, None, None, None
+        _kernel(_grad_over_logits, logits.is_cuda)(*args)
+        return logits, None, None, None, None
 
 
 def logprobs_and_entropy(
-    logits_BSV: torch.Tensor, target_BS: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = True
+    logits_BSV: torch.Tensor,
+    target_BS: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    grad_over_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) and the entropy of the temperature-scaled distribution at every position,
     in fp32 whatever the logits' dtype.
 
     `logits_BSV` is this rank's vocabulary shard (any dtype, any strides: a [:, :-1] view is not
-    copied); `target_BS` holds global token ids."""
-    return _LogprobEntropy.apply(logits_BSV, target_BS, float(temperature), with_entropy)
+    copied); `target_BS` holds global token ids. `grad_over_logits`: the backward writes the
+    logits' gradient over them, for a caller that never reads them after it (the trainer; not a
+    leaf, nor a view of a tensor whose other entries matter): one [B, S, V] tensor less at the peak."""
+    overwrite = grad_over_logits and logits_BSV.is_contiguous() and not logits_BSV.is_leaf
+    return _LogprobEntropy.apply(logits_BSV, target_BS, float(temperature), with_entropy, overwrite)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from rlx.trainer.logits_layout import batch_first_logits
+
 VIRTUAL_STAGES_KEY = "virtual_pipeline_model_parallel_size"  # in model.megatron_overrides
 
 
@@ -39,6 +41,7 @@ def build_chunks(family, hf_dir: str | Path, params_dtype: torch.dtype, device: 
         # Megatron-LM's get_model moves the whole model afterwards, and so do we.
         chunk = family.build_model(params_dtype=params_dtype, vp_stage=vp_stage).to(device)
         family.load_hf_weights(chunk, hf_dir)
+        batch_first_logits(chunk)  # logits never copied to batch-first (rlx.trainer.logits_layout)
         chunks.append(chunk)
     return chunks
 

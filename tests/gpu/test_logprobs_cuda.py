@@ -55,3 +55,37 @@ def test_compiled_matches_fp64_and_keeps_no_fp32_copy():
     scale = ref.grad.abs().max().item()
     print(f"grad: max |fused - fp64| {grad_err.max().item():.2e} of max |grad| {scale:.2e}")
     assert grad_err.max().item() <= scale * 2**-8  # one bf16 rounding of the largest entry
+
+
+def test_gradient_written_over_the_logits_takes_no_second_copy():
+    """The trainer's way (`grad_over_logits`, whole logits that are not a leaf): the compiled
+    backward writes the gradient into the logits' own storage, so the backward needs no second
+    [B, L, V] tensor, and the gradient is the fp64 one within a bf16 rounding."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    values = (torch.randn(B, L, V, device="cuda", generator=gen) * 2).bfloat16()
+    target = torch.randint(0, V, (B, L), device="cuda", generator=gen)
+    w_logp, w_ent = torch.randn(2, B, L - 1, device="cuda", generator=gen).unbind(0)
+    ref = values.double().requires_grad_()
+    logsm = torch.log_softmax(ref / 0.9, dim=-1)[:, :-1]
+    ref_logp = logsm.gather(-1, target[:, :-1].unsqueeze(-1)).squeeze(-1)
+    ((w_logp * ref_logp).sum() + (w_ent * -(logsm.exp() * logsm).sum(-1)).sum()).backward()
+    ref_grad, ref = ref.grad, None
+    base = torch.empty_like(values).requires_grad_()
+    with megatron_world():
+        for _ in range(2):  # the first call compiles
+            base.grad = None
+            with torch.no_grad():
+                base.copy_(values)
+            logits = base.view_as(base)  # contiguous and not a leaf, as an output layer's result
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            logp, entropy = logprobs_and_entropy(logits, target, temperature=0.9, grad_over_logits=True)
+            ((w_logp * logp[:, :-1]).sum() + (w_ent * entropy[:, :-1]).sum()).backward()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - before
+    bf16_logits = values.numel() * 2
+    print(f"\npeak beyond the logits, gradient written over them: {extra / bf16_logits:.3f}x the bf16 logits")
+    assert extra <= 0.25 * bf16_logits  # per-position numbers only, no [B, L, V] tensor
+    err = (base.grad.double() - ref_grad).abs().max().item()
+    assert err <= ref_grad.abs().max().item() * 2**-8  # one bf16 rounding of the largest entry

@@ -88,6 +88,33 @@ def test_bf16_logits_keep_their_dtype_and_fp32_results():
     torch.testing.assert_close(grad.double(), ref_grad, atol=1e-5, rtol=8e-3)  # one bf16 rounding
 
 
+def test_gradient_written_over_the_logits():
+    """`grad_over_logits`: the gradient of whole (contiguous, non-leaf) logits is written into their
+    own storage and reaches the leaf as the reference's; a leaf or a view keeps its values."""
+    logits_BLV, tokens_BL, w_logp, w_ent = inputs()
+    ref_logp, ref_entropy, ref_grad = reference(logits_BLV, tokens_BL, w_logp, w_ent, 0.7, True)
+    leaf = logits_BLV.clone().requires_grad_()
+    logits = leaf * 1.0  # as an output layer's result: not a leaf
+    storage = logits.data_ptr()
+    received = []
+    logits.register_hook(received.append)
+    target = tokens_BL.roll(-1, dims=1)  # the last position's (wrapped) result is dropped
+    with megatron_world():
+        logp, entropy = logprobs_and_entropy(logits, target, temperature=0.7, grad_over_logits=True)
+        ((w_logp * logp[:, :-1]).sum() + (w_ent * entropy[:, :-1]).sum()).backward()
+    torch.testing.assert_close(logp[:, :-1].detach().double(), ref_logp, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(entropy[:, :-1].detach().double(), ref_entropy, atol=2e-6, rtol=1e-6)
+    assert received[0].data_ptr() == storage  # no gradient tensor of its own
+    torch.testing.assert_close(leaf.grad.double(), ref_grad, atol=2e-6, rtol=1e-5)
+    assert leaf.grad.data_ptr() != storage and torch.equal(logits.detach(), leaf.grad)  # held it
+    for kept in (leaf, logits_BLV.clone().requires_grad_()[:, :-1]):  # a leaf, a view: not written over
+        before = kept.detach().clone()
+        with megatron_world():
+            logp, _ = logprobs_and_entropy(kept, target[:, : kept.shape[1]], grad_over_logits=True)
+            logp.sum().backward()
+        assert torch.equal(kept.detach(), before)
+
+
 def _tp2_rank(rank: int, world_size: int, port: int, out: dict) -> None:
     torch.set_num_threads(1)
     logits_BLV, tokens_BL, w_logp, w_ent = inputs()

@@ -72,17 +72,18 @@ def test_training_terms_of_one_gpu_by_hand():
         "gradients": TINY_PARAMS * 4,  # fp32 grad buffer: 300,544
         "optimizer state": TINY_PARAMS * 12,  # fp32 master + m + v: 901,632
         "activations": 239_616,
-        "logits and their gradient": 64 * 16 * 2 * 2,  # 64 tokens × 16 vocab × bf16 × (logits + grad)
+        # 64 tokens × 16 vocab × bf16: the backward writes the gradient over them
+        "logits, their gradient written over them": 64 * 16 * 2,
         "CUDA context": CUDA_CONTEXT_BYTES,
     }
-    assert training.bytes == 150_272 + 300_544 + 901_632 + 239_616 + 4_096 + CUDA_CONTEXT_BYTES
+    assert training.bytes == 150_272 + 300_544 + 901_632 + 239_616 + 2_048 + CUDA_CONTEXT_BYTES
     # forward only: one layer at a time (119,808) and the logits without a gradient (2,048)
     assert terms(forward)["one layer's activations"] == 119_808
     assert terms(forward)["logits"] == 2_048
     # the optimizer step: Adam's sqrt(v), fp32, 4 bytes a parameter
     assert terms(step)["Adam's step temporary"] == TINY_PARAMS * 4
     # what bench/grpo_step.py prints beside torch's max_memory_allocated: the largest phase less the
-    # CUDA context; here the step's (1,352,448 of state + 300,544) over training's (+ 243,712)
+    # CUDA context; here the step's (1,352,448 of state + 300,544) over training's (+ 241,664)
     assert trainer_peak_allocated(setup()) == step.bytes - CUDA_CONTEXT_BYTES == 1_652_992
 
 
@@ -123,7 +124,7 @@ def test_tensor_parallel_and_the_distributed_optimizer():
     # heads and FFN split over TP (no sequence parallelism for a dense model):
     #   attention 2·(128 + 128/2 + 96/2 + 64/2) + 16/2 = 552; MLP 2·(128 + 256/2 + 128/2) = 640
     assert training["activations"] == (552 + 640) * 64 * 2
-    assert training["logits and their gradient"] == 64 * 8 * 2 * 2  # an 8-way vocabulary shard
+    assert training["logits, their gradient written over them"] == 64 * 8 * 2  # an 8-way vocabulary shard
 
 
 def test_pipeline_stages_hold_their_micro_batches_in_flight():
@@ -132,8 +133,8 @@ def test_pipeline_stages_hold_their_micro_batches_in_flight():
     s = setup(cluster={"num_trainer_procs": 4, "pipeline_parallel_size": 2})
     p = model_params(TINY)
     first, last = (terms(trainer_phases(s, p, stage)[0]) for stage in (0, 1))
-    assert first["activations"] == 2 * 119_808 and "logits and their gradient" not in first
-    assert last["activations"] == 119_808 and last["logits and their gradient"] == 4_096
+    assert first["activations"] == 2 * 119_808 and "logits, their gradient written over them" not in first
+    assert last["activations"] == 119_808 and last["logits, their gradient written over them"] == 2_048
     assert [r.name for r in plan_memory(s, None).roles] == [
         "trainer GPU (first pipeline stage)", "trainer GPU (last pipeline stage)", "engine GPU"
     ]  # fmt: skip
@@ -145,7 +146,7 @@ def test_context_parallel_keeps_the_whole_sequences_keys_and_values():
     s = setup(cluster={"num_trainer_procs": 2, "context_parallel_size": 2})
     training = terms(trainer_phases(s, model_params(TINY), 0)[0])
     assert training["activations"] == (1_040 + 1_024) * 32 * 2
-    assert training["logits and their gradient"] == 32 * 16 * 2 * 2
+    assert training["logits, their gradient written over them"] == 32 * 16 * 2
 
 
 def test_recompute_and_packing():
@@ -224,6 +225,9 @@ def test_moe_experts_split_over_expert_parallel_ranks():
     #   attention 2·(2·32 + 128/2 + 96/2 + 64/2) + 8 = 424
     #   MoE MLP   2·(2·32 + E=8 + k=2·(2h + 4·32/2)) = 2·(72 + 2·192) = 912
     assert training["activations"] == (424 + 912) * 64 * 2
+    # the output layer under sequence parallelism keeps GPTModel's batch-first copy of the logits and
+    # makes their gradient contiguous: two copies of 64 tokens × an 8-way vocabulary shard × bf16
+    assert training["logits and their gradient"] == 2 * 64 * 8 * 2
 
 
 def test_engine_kv_cache_by_hand():
@@ -362,7 +366,7 @@ def test_the_report_names_every_term_and_the_margin():
     )
     assert lines[1] == "GPU memory: 1.5 GiB (cluster.gpu_memory_gib=1.5)"
     for name in ("policy weights", "gradients (fp32 grad buffer)", "optimizer state", "activations",
-                 "logits and their gradient", "engine weights", "KV cache", "CUDA graphs", "workspace"):  # fmt: skip
+                 "logits, their gradient written over them", "engine weights", "KV cache", "CUDA graphs", "workspace"):  # fmt: skip
         assert f"    {name}" in text, name
     # the trainer's peak is its optimizer step: 1,652,992 bytes + its CUDA context = 538,523,904, which
     # leaves 1,610,612,736 - 538,523,904 = 1,072,088,832 bytes (1.0 GiB, 67%) of a 1.5 GiB GPU
@@ -407,7 +411,7 @@ _grpo_bench = _bench
 def test_the_training_bench_chooses_the_largest_micro_batch_the_plan_fits(gpu_gib, expected):
     """bench/train_mfu.py without --micro-batch: the Qwen3-1.7B shape at seq 4096, 32 rows a step.
     Its default 4 x 8 ran out of memory on an H100 (80 GB) and measured 75.4 GiB on an H200, 52.2 GiB
-    at 2 x 16 on an H100 (docs/benchmarks.md): the plan, with the bench's fp32 logits, gives 2 on an
+    at 2 x 16 on an H100 (docs/benchmarks.md): the plan, with the bench's own logits, gives 2 on an
     H100 and 4 on an H200; the next larger one would leave less than 10% free."""
     bench = _bench("train_mfu")
     cfg = bench.model_config([])
@@ -415,8 +419,9 @@ def test_the_training_bench_chooses_the_largest_micro_batch_the_plan_fits(gpu_gi
     assert bench.choose_micro_batch(cfg, 4096, gpu) == expected
     need = {m: bench.bench_peak_bytes(cfg, m, 32 // m, 4096) for m in (1, 2, 4, 8)}
     assert need[expected] <= 0.9 * gpu < need[2 * expected]
-    # the fp32 logits term: 2 x 2 bytes a token and word over the plan's
-    assert need[2] - round(bench.predicted_peak_gib(cfg, 2, 16, 4096) * GIB) == 4 * 2 * 4096 * 151_936
+    # the cross entropy's logits: a bf16 gradient beside them and both in fp32, 2 + 2 x 2 bytes a token
+    # and word over the plan's (which writes the RL loss's gradient over its bf16 logits)
+    assert need[2] - round(bench.predicted_peak_gib(cfg, 2, 16, 4096) * GIB) == 6 * 2 * 4096 * 151_936
 
 
 def test_the_grpo_bench_prints_the_plans_prediction_of_its_measured_peak():
@@ -437,8 +442,9 @@ H100_GIB = "cluster.gpu_memory_gib=79.6"
 
 def test_the_plan_names_the_largest_micro_batch_that_fits_as_well():
     """`roomier_micro_batch`: the 1.7B shape colocated at micro-batch 8 on an 80 GB GPU, the trainer's
-    state kept by `auto`: 16 fits as well (its peak is the plan's own at 16), 32 would not (74.8 GiB
-    to train); at 16 nothing larger fits; packing has no micro-batch size to raise."""
+    state kept by `auto`: 32 fits as well (its peak is the plan's own at 32; measured 67.2 GiB at its
+    peak, docs/benchmarks.md), 64 would not (109.2 GiB to train); at 32 nothing larger fits; packing
+    has no micro-batch size to raise."""
     from rlx.config.compose import compose, to_object
     from rlx.config.memory_check import memory_setup, roomier_micro_batch
 
@@ -449,20 +455,21 @@ def test_the_plan_names_the_largest_micro_batch_that_fits_as_well():
         return to_object(compose([*bench.overrides_for(args), H100_GIB, *extra[1:]]))
 
     size, peak = roomier_micro_batch(config("8"))
-    assert size == 16 and peak == trainer_peak_allocated(memory_setup(config("16"))) / GIB
-    assert roomier_micro_batch(config("16")) is None
+    assert size == 32 and peak == trainer_peak_allocated(memory_setup(config("32"))) / GIB
+    assert roomier_micro_batch(config("16"))[0] == 32
+    assert roomier_micro_batch(config("32")) is None
     assert roomier_micro_batch(config("8", "train.max_tokens_per_micro_batch=8192")) is None
 
 
 def test_the_grpo_bench_picks_the_largest_micro_batch_the_plan_keeps_on_the_gpu(monkeypatch):
-    """1.7B colocated on an 80 GB H100: 32 would train at 74.8 GiB (refused), 16 keeps the trainer's
-    state beside the engine (measured: 50.6 GiB at its peak, docs/benchmarks.md); split, the trainer's
-    GPU alone, 16 as well; where the plan sees no GPU, the old fixed 8."""
+    """1.7B colocated on an 80 GB H100: 32 keeps the trainer's state beside the engine (measured:
+    67.2 GiB at its peak, docs/benchmarks.md), the bench's cap; split, the trainer's GPU alone, 32 as
+    well; where the plan sees no GPU, the old fixed 8."""
     bench = _grpo_bench()
     args = bench.build_parser().parse_args(["--shape", "1.7b"])
-    assert bench.choose_micro_batch(args, [H100_GIB])[0] == 16
+    assert bench.choose_micro_batch(args, [H100_GIB])[0] == 32 == bench.MAX_MICRO_BATCH
     split = bench.build_parser().parse_args(["--shape", "1.7b", "--split"])
-    assert bench.choose_micro_batch(split, [H100_GIB])[0] == 16
+    assert bench.choose_micro_batch(split, [H100_GIB])[0] == 32
     monkeypatch.setattr("rlx.config.memory_check.visible_gpu_bytes", lambda: None)  # no nvidia-smi
     assert bench.choose_micro_batch(args, [])[0] == bench.FALLBACK_MICRO_BATCH == 8
 
