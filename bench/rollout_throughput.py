@@ -9,6 +9,9 @@ its 512 decode steps. transformers `generate` (bf16, sdpa) runs side by side, wi
 tokens only to bound the GPU time (per token it only gets slower with length, so its
 figure is an upper bound); `generate_batch` (transformers' continuous batching) once.
 
+Each batch's prefill is also timed alone (the prompts with one new token): prompt tokens/s and
+the fraction of the bf16 compute roofline (`prefill_flops`).
+
 `--moe`: the Qwen3-MoE decode instead, on a Qwen3-30B-A3B layer shape cut to 4 of its 48 layers
 (hidden 2048, 32 query / 4 KV heads of 128, 128 experts of FFN width 768, top-8, untied
 151,936-word embeddings: 3.1B parameters, 0.5B active; `--moe-layers 18` is the slice
@@ -36,6 +39,9 @@ import torch
 
 # HBM bandwidth by device (datasheet, bytes/s): the roofline uses the device it runs on
 BANDWIDTHS = {"H200": 4.8e12, "H100": 3.35e12}
+# dense bf16 tensor-core peak (datasheet, SXM, FLOP/s): the prefill's compute roofline; a large
+# bf16 GEMM reaches about 790 TFLOP/s on either (../shared/device/README.md)
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12}
 PROMPT, NEW = 256, 512
 SHAPES = {
     "qwen3_0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28),
@@ -83,6 +89,37 @@ def roofline_s(engine, batch: int) -> float:
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     tokens_read = batch * sum(PROMPT + t + 1 for t in range(NEW))
     return (NEW * weights + tokens_read * kv_per_token) / bandwidth(torch.cuda.get_device_name())
+
+
+def prefill_flops(cfg, batch: int, prompt: int = PROMPT) -> float:
+    """FLOPs of prefilling `batch` prompts of `prompt` tokens: 2 per active matmul weight a token
+    (attention's projections; the MLP's, or the router's and its top-k experts' for a MoE), causal
+    attention's QK and PV (2 x 2 x heads x head dim a token and earlier key, half the square on
+    average), and the LM head once a sequence (the first sampled token's logits)."""
+    hidden, d = cfg.hidden_size, cfg.head_dim
+    attention = hidden * d * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    if getattr(cfg, "num_experts", 0):
+        mlp = cfg.num_experts_per_tok * 3 * hidden * cfg.moe_intermediate_size + cfg.num_experts * hidden
+    else:
+        mlp = 3 * hidden * cfg.intermediate_size
+    tokens = batch * prompt
+    per_token = 2 * cfg.num_hidden_layers * (attention + mlp)
+    causal = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * d * batch * prompt * (prompt + 1) / 2
+    return tokens * per_token + causal + 2 * batch * cfg.vocab_size * hidden
+
+
+def run_prefill(engine, batch: int) -> dict:
+    """Prefill alone: `batch` prompts of PROMPT tokens, one new token each; its tokens/s and its
+    fraction of the compute roofline (`prefill_flops` at the device's peak)."""
+    wall = run_engine(engine, batch, new=1)["wall_s"]
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), PEAK_BF16_FLOPS["H200"])
+    flops = prefill_flops(engine.hf_config, batch)
+    return {
+        "prefill_tokens_per_s": round(batch * PROMPT / wall),
+        "prefill_tflops_per_s": round(flops / wall / 1e12, 1),
+        "compute_roofline_fraction": round(flops / wall / peak, 3),
+    }
 
 
 def run_engine(engine, batch: int, new: int = NEW) -> dict:
@@ -187,9 +224,12 @@ def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> N
             graphs = False
         run_engine(engine, 8, new=8)  # warm-up
         for batch in batches:
+            prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
             ours["roofline_fraction"] = roofline_s(engine, batch) / ours["wall_s"]
-            entry = {"model": name, "batch": batch, "cuda_graphs": graphs, "rlx": ours}
+            decode = batch * NEW / ours["decode_tokens_per_s"]  # the decode steps alone, no prefill
+            ours["decode_roofline_fraction"] = roofline_s(engine, batch) / decode
+            entry = {"model": name, "batch": batch, "cuda_graphs": graphs, "rlx": ours, "prefill": prefill}
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
         engine.release_memory()
@@ -279,11 +319,12 @@ def main() -> None:
         for batch in batches:  # warm-up: graph capture and Triton compiles (the kernels' splits and
             run_engine(engine, batch, new=4)  # the prefill's sampler rows vary with the batch)
         for batch in batches:
+            prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
             ideal = roofline_s(engine, batch)
             ours["roofline_fraction"] = ideal / ours["wall_s"]
             ours["roofline_tokens_per_s"] = batch * NEW / ideal
-            entry = {"model": name, "batch": batch, "rlx": ours}
+            entry = {"model": name, "batch": batch, "rlx": ours, "prefill": prefill}
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
         engine.release_memory()
