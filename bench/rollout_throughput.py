@@ -111,7 +111,7 @@ def prefill_flops(cfg, batch: int, prompt: int = PROMPT) -> float:
 def run_prefill(engine, batch: int) -> dict:
     """Prefill alone: `batch` prompts of PROMPT tokens, one new token each; its tokens/s and its
     fraction of the compute roofline (`prefill_flops` at the device's peak)."""
-    wall = run_engine(engine, batch, new=1)["wall_s"]
+    wall = run_engine(engine, batch, new=1, seed=PREFILL_SEED + batch)["wall_s"]
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), PEAK_BF16_FLOPS["H200"])
     flops = prefill_flops(engine.hf_config, batch)
@@ -122,10 +122,16 @@ def run_prefill(engine, batch: int) -> dict:
     }
 
 
-def run_engine(engine, batch: int, new: int = NEW) -> dict:
+# each run its own prompts: the engine's prefix cache would serve a repeated prompt's prefill
+WARMUP_SEED, PREFILL_SEED = 10_000, 20_000
+
+
+def run_engine(engine, batch: int, new: int = NEW, seed: int | None = None) -> dict:
+    """`batch` random prompts of PROMPT tokens (drawn from `seed`, default the batch size), `new`
+    tokens each; tokens/s, decode tokens/s (after every first token), time to first token."""
     from rlx.engine.sequence import GenerateRequest, SamplingParams
 
-    g = torch.Generator().manual_seed(batch)
+    g = torch.Generator().manual_seed(batch if seed is None else seed)
     seqs = []
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -222,7 +228,8 @@ def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> N
         if graphs and engine.runner.graphs is None:  # a tree whose MoE decode is never graphed
             results["cuda_graphs_captured"] = False
             graphs = False
-        run_engine(engine, 8, new=8)  # warm-up
+        for batch in batches:  # warm-up: each batch's decode graph is captured at its first need
+            run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)
         for batch in batches:
             prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
@@ -275,7 +282,7 @@ def handover(engine, named: list, batch: int) -> dict:
     entry = {"enable_weights_cpu_backup": engine.args.enable_weights_cpu_backup}
     entry["ladder_capture_s"], entry["ladder_sizes"] = timed(graphs.capture), len(graphs.graphs)
     run_engine(engine, 8, new=8)  # Triton kernels compiled
-    run_engine(engine, batch)
+    run_engine(engine, batch, seed=WARMUP_SEED + batch)
     entry["warm_rollout_s"] = run_engine(engine, batch)["wall_s"]
     for ladder in (False, True):
         key = "after_resume_with_ladder" if ladder else "after_resume"
@@ -284,7 +291,8 @@ def handover(engine, named: list, batch: int) -> dict:
         entry[f"{key}_load_weights_s"] = timed(lambda: engine.load_named_weights(named))
         entry[f"{key}_resume_kv_cache_s"] = timed(lambda: engine.resume_memory(["kv_cache"]))
         captured, capture_s = graphs.num_captured, graphs.capture_s
-        rollout_s = (timed(graphs.capture) if ladder else 0.0) + run_engine(engine, batch)["wall_s"]
+        fresh = run_engine(engine, batch, seed=PREFILL_SEED + ladder)["wall_s"]  # new prompts, as a step's
+        rollout_s = (timed(graphs.capture) if ladder else 0.0) + fresh
         entry[f"{key}_rollout_s"] = rollout_s
         entry[f"{key}_graphs_captured"] = graphs.num_captured - captured
         entry[f"{key}_capture_s"] = graphs.capture_s - capture_s
@@ -317,7 +325,7 @@ def main() -> None:
         engine = make_engine(path)
         batches = [256] if args.quick else [int(b) for b in args.batches.split(",")]
         for batch in batches:  # warm-up: graph capture and Triton compiles (the kernels' splits and
-            run_engine(engine, batch, new=4)  # the prefill's sampler rows vary with the batch)
+            run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)  # the prefill's sampler rows vary)
         for batch in batches:
             prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
