@@ -20,11 +20,14 @@ without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in
 (512+ draws of 8 among 128), so the byte model above holds as it is. Run it with
 `PYTHONPATH=<an older rlx tree>` to measure that tree's engine on the same model.
 
+`--varlen`: a rollout of 128 sequences of 16-512 new tokens after a release and warm, decode
+graphs padded up to twice the rows or captured at each ladder size (`run_varlen`).
+
 `--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
 release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
 one, with the engine's CPU weight backup on and off (`run_handover`).
 
-    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick | --moe | --handover]
+    source .whl/install.sh && python3 bench/rollout_throughput.py [--quick | --moe | --handover | --varlen]
 """
 
 from __future__ import annotations
@@ -126,18 +129,20 @@ def run_prefill(engine, batch: int) -> dict:
 WARMUP_SEED, PREFILL_SEED = 10_000, 20_000
 
 
-def run_engine(engine, batch: int, new: int = NEW, seed: int | None = None) -> dict:
+def run_engine(engine, batch: int, new: int | list[int] = NEW, seed: int | None = None) -> dict:
     """`batch` random prompts of PROMPT tokens (drawn from `seed`, default the batch size), `new`
-    tokens each; tokens/s, decode tokens/s (after every first token), time to first token."""
+    tokens each (or `new[i]` for prompt i); tokens/s, decode tokens/s (after every first token),
+    time to first token."""
     from rlx.engine.sequence import GenerateRequest, SamplingParams
 
     g = torch.Generator().manual_seed(batch if seed is None else seed)
     seqs = []
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(batch):
+    for i in range(batch):
         ids = torch.randint(2, engine.vocab_size, (PROMPT,), generator=g).tolist()
-        seqs.append(engine.add(GenerateRequest(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))))
+        n = new[i] if isinstance(new, list) else new
+        seqs.append(engine.add(GenerateRequest(ids, SamplingParams(max_new_tokens=n, ignore_eos=True))))
     first: dict[int, float] = {}
     decode_start = None
     while engine.has_work():
@@ -277,6 +282,36 @@ def run_handover(root: Path, results: dict, name: str, batch: int = 128) -> None
         torch.cuda.empty_cache()
 
 
+def run_varlen(root: Path, results: dict, name: str, batch: int = 128) -> None:
+    """A rollout whose sequences end at different lengths (uniform 16-512 new tokens, as EOS ends
+    an RL rollout's), its batch shrinking as they finish: after a memory release and resume (a
+    colocated step: no decode graph left) and again warm, with a step replaying a captured graph
+    of up to twice its rows (`rlx.engine.cuda_graph.graph_size`, pad factor 2: what an engine does
+    once released) and with the exact ladder size captured at first need (pad factor 1: an engine
+    never released, and every engine before)."""
+    from rlx.engine.cuda_graph import PAD_FACTOR
+
+    engine = make_engine(write_model(name, root))
+    graphs = engine.runner.graphs
+    lengths = torch.randint(16, NEW + 1, (batch,), generator=torch.Generator().manual_seed(0)).tolist()
+    run_engine(engine, batch, new=lengths, seed=WARMUP_SEED)  # Triton kernels compiled
+    for pad in (1.0, PAD_FACTOR):
+        engine.release_memory(["kv_cache"])  # any release clears the graphs; the weights stay
+        engine.resume_memory(["kv_cache"])
+        graphs.pad_factor = pad  # after a release the engine pads (2); 1: the rule before
+        entry = {"model": name, "batch": batch, "new_tokens": "uniform 16-512", "pad_factor": pad}
+        for run in ("after_resume", "warm"):
+            captured, capture_s = graphs.num_captured, graphs.capture_s
+            out = run_engine(engine, batch, new=lengths, seed=PREFILL_SEED + len(entry))
+            entry[f"{run}_rollout_s"] = round(out["wall_s"], 3)
+            entry[f"{run}_tokens_per_s"] = round(out["tokens_per_s"])
+            entry[f"{run}_graphs_captured"] = graphs.num_captured - captured
+            entry[f"{run}_capture_s"] = round(graphs.capture_s - capture_s, 3)
+        results["runs"].append(entry)
+        print(json.dumps(entry), flush=True)
+    print(json.dumps(results))
+
+
 def handover(engine, named: list, batch: int) -> dict:
     graphs = engine.runner.graphs
     entry = {"enable_weights_cpu_backup": engine.args.enable_weights_cpu_backup}
@@ -309,6 +344,9 @@ def main() -> None:
     parser.add_argument("--moe-batches", default="64,256", help="--moe: the batch sizes")
     parser.add_argument("--moe-layers", type=int, default=4, help="--moe: layers of the 48 kept")
     parser.add_argument("--handover", action="store_true", help="release/resume and the rollout after (1.7B)")
+    parser.add_argument(
+        "--varlen", action="store_true", help="a rollout of mixed lengths, graphs padded or not"
+    )
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     parser.add_argument("--batches", default="64,256", help="the batch sizes of the dense runs")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="the dense shapes run")
@@ -317,6 +355,8 @@ def main() -> None:
     root = Path(args.model_root or tempfile.mkdtemp())
     if args.moe:
         return run_moe(root, results, [int(b) for b in args.moe_batches.split(",")], args.moe_layers)
+    if args.varlen:
+        return run_varlen(root, results, "qwen3_0.6b" if args.quick else "qwen3_1.7b")
     if args.handover:
         run_handover(root, results, "qwen3_0.6b" if args.quick else "qwen3_1.7b")
         return print(json.dumps(results))

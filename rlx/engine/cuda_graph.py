@@ -8,9 +8,17 @@ filled in one pass over the rows), one replay, and one copy out (tokens and logp
 KV slots and context lengths are derived from positions and block tables inside the graph.
 
 The graphs bake in the addresses of the weights and the KV cache: weights are loaded in
-place, and a memory release clears the graphs. Each batch size is captured when a decode step
-first needs it, so a colocated rollout (after a release) captures only the sizes it runs.
-Padded rows read and write the reserved block 0 only.
+place, and a memory release clears the graphs. A batch size is captured when a decode step first
+needs it, so a colocated rollout (after a release) captures only the sizes it runs. Once the
+graphs have been cleared they live one rollout, and a step replays a captured graph of up to
+twice its rows (`graph_size`) rather than capture a new one: as the rollout's sequences finish,
+its batch shrinks through the ladder's sizes, and a capture (a warm-up step, the capture, an
+instantiation) takes about 45 ms on the Qwen3-1.7B shape, where a padded row costs a step
+almost nothing (the weights are read once whatever the rows; its attention reads one block).
+An engine never released (split placement) keeps its graphs, and captures each ladder size.
+Measured (docs/benchmarks.md, `bench/rollout_throughput.py --varlen`): 128 sequences of 16-512
+tokens after a release, 12 captures and 2.51 s against 7 and 2.31 s; warm, 1.94 s exact against
+1.98 s padded. Padded rows read and write the reserved block 0 only.
 """
 
 from __future__ import annotations
@@ -31,6 +39,16 @@ IDS, POSITIONS, SEEDS, STEPS, GREEDY, SOURCES = range(6)
 def batch_size_ladder(max_bs: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 16))
     return sorted(set(sizes + [max_bs]))
+
+
+PAD_FACTOR = 2.0  # a step replays a captured graph of at most this many times its rows
+
+
+def graph_size(rows: int, ladder: list[int], captured, pad_factor: float = PAD_FACTOR) -> int:
+    """The graph a decode step of `rows` rows replays: the smallest captured size from `rows` up
+    to `pad_factor` × `rows`, else the smallest ladder size that holds them (to be captured)."""
+    reusable = [size for size in captured if rows <= size <= pad_factor * rows]
+    return min(reusable) if reusable else next(s for s in ladder if s >= rows)
 
 
 class DecodeGraphs:
@@ -54,6 +72,7 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None  # the memory pool every graph shares (one replays at a time)
         self.capture_s, self.num_captured = 0.0, 0  # seconds spent capturing, graphs captured
+        self.pad_factor = 1.0  # exact ladder sizes until a release clears the graphs (`clear`)
 
     def _forward(self, bs: int) -> torch.Tensor:
         from rlx.engine.triton_sample import fused_sample
@@ -115,8 +134,11 @@ class DecodeGraphs:
         self.num_captured += len(sizes)
 
     def clear(self) -> None:
+        """Drop every graph (a memory release): from now on graphs last one rollout, so steps pad
+        to a captured graph of up to `PAD_FACTOR` times their rows rather than capture (module)."""
         self.graphs.clear()
         self.pool = None
+        self.pad_factor = PAD_FACTOR
 
     def can_run(self, num_rows: int) -> bool:
         return num_rows <= self.max_bs
@@ -126,7 +148,7 @@ class DecodeGraphs:
         previous step that samples row i's input when that token is PENDING); returns the
         logits [size, V]. The sampled tokens and logprobs land in `self.out`."""
         rows = len(seqs)
-        size = next(s for s in self.sizes if s >= rows)
+        size = graph_size(rows, self.sizes, self.graphs, self.pad_factor)
         if size not in self.graphs:
             self.capture([size])
         self.turn ^= 1

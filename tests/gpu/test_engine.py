@@ -187,11 +187,15 @@ def test_overlap_and_graphs_give_the_plain_engine_outputs(model_dir):
 def test_graphs_captured_mid_rollout_give_the_outputs_of_graphs_captured_up_front(model_dir):
     """A batch size is captured the first time a decode step needs it, between overlapped steps
     (the batch shrinks as rows finish): its warm-up must not touch the live KV cache or the
-    sampled tokens the next step reads. Same tokens as with the whole ladder captured before."""
+    sampled tokens the next step reads. Same tokens as with the whole ladder captured before, and
+    as after a memory release, where steps replay a captured graph of up to twice their rows."""
     from rlx.engine import GenerateRequest, SamplingParams
 
-    def run(up_front: bool):
+    def run(up_front: bool, released: bool = False):
         engine = engine_for(model_dir, dtype="float32", max_total_tokens=4096)
+        if released:  # the graphs cleared, as in a colocated step: pad rather than capture
+            engine.release_memory(["kv_cache"])
+            engine.resume_memory(["kv_cache"])
         if up_front:
             engine.runner.graphs.capture()
         captured = engine.runner.graphs.num_captured
@@ -206,7 +210,9 @@ def test_graphs_captured_mid_rollout_give_the_outputs_of_graphs_captured_up_fron
 
     lazy, captured_during = run(up_front=False)
     assert captured_during == 5  # 12 rows shrinking one by one: sizes 16, 8, 4, 2, 1
-    assert lazy == run(up_front=True)[0]
+    padded, captured_after_release = run(up_front=False, released=True)
+    assert captured_after_release == 4  # 16 (12 to 8 rows), 8 (7 to 4), 4 (3 and 2), 1
+    assert lazy == padded == run(up_front=True)[0]
 
 
 def test_seeded_rows_draw_the_same_alone_and_batched(model_dir):
