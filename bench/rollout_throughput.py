@@ -129,6 +129,17 @@ def run_prefill(engine, batch: int) -> dict:
 WARMUP_SEED, PREFILL_SEED = 10_000, 20_000
 
 
+def warm_up(engine, batches: list[int]) -> None:
+    """What a timed run must not pay: every decode graph of the ladder (a run's batch shrinks
+    through smaller sizes at its end, the sequences whose prefill came in a later chunk finishing
+    later; each size is otherwise captured at its first need, inside the timing) and the Triton
+    kernels each batch's prefill compiles (the sampler's and attention's variants by rows)."""
+    if engine.runner.graphs is not None:
+        engine.runner.graphs.capture()
+    for batch in batches:
+        run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)
+
+
 def run_engine(engine, batch: int, new: int | list[int] = NEW, seed: int | None = None) -> dict:
     """`batch` random prompts of PROMPT tokens (drawn from `seed`, default the batch size), `new`
     tokens each (or `new[i]` for prompt i); tokens/s, decode tokens/s (after every first token),
@@ -233,8 +244,7 @@ def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> N
         if graphs and engine.runner.graphs is None:  # a tree whose MoE decode is never graphed
             results["cuda_graphs_captured"] = False
             graphs = False
-        for batch in batches:  # warm-up: each batch's decode graph is captured at its first need
-            run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)
+        warm_up(engine, batches)
         for batch in batches:
             prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
@@ -365,8 +375,7 @@ def main() -> None:
         path = write_model(name, root)
         engine = make_engine(path)
         batches = [256] if args.quick else [int(b) for b in args.batches.split(",")]
-        for batch in batches:  # warm-up: graph capture and Triton compiles (the kernels' splits and
-            run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)  # the prefill's sampler rows vary)
+        warm_up(engine, batches)
         for batch in batches:
             prefill = run_prefill(engine, batch)
             ours = run_engine(engine, batch)
