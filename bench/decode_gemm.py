@@ -1,0 +1,174 @@
+"""The decode step's GEMMs at RL batch sizes: cuBLAS, cuBLASLt and a split-K Triton GEMM; one JSON
+line per GEMM and per layer, on the GPU.
+
+At 64-256 rows a decode GEMM reads its whole weight for little arithmetic, so it is bound by
+memory, yet cuBLAS leaves much of the bandwidth unused on the small ones (o_proj, down_proj):
+their few output tiles occupy few SMs. A split-K GEMM cuts the reduction dimension into shares,
+each program writing an fp32 partial ([splits, rows, N]) that a consumer would sum (for o_proj
+and down_proj, the next `add_rms_norm` could read the partials instead of one bf16 output).
+Here the partials' own write is timed with the GEMM, their sum is not. For each shape the
+Triton kernel's settings are swept (splits 1-8, BLOCK_N 32-128, BLOCK_K 64/128, 3-5 stages) and
+the fastest correct one is kept; every call is timed inside a CUDA graph, as the engine runs
+decode. Shapes: Qwen3-0.6B's and Qwen3-1.7B's qkv, o, gate_up and down projections (the
+engine's merged layouts).
+
+    source .whl/install.sh && python3 bench/decode_gemm.py [--rows 64,128,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+SHAPES = {  # name -> (K, N) of weight [N, K]
+    "qwen3_1.7b": {"qkv": (2048, 4096), "o": (2048, 2048), "gate_up": (2048, 12288), "down": (6144, 2048)},
+    "qwen3_0.6b": {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)},
+}
+BANDWIDTHS = {"H200": 4.8e12, "H100": 3.35e12}  # HBM, datasheet
+
+
+def time_graph_us(fn, iters: int = 20) -> float:
+    """Microseconds a call, `iters` calls captured in one CUDA graph, best of 3 replays."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / iters * 1e3)
+    return best
+
+
+@triton.jit
+def _split_k_gemm(
+    X, W, Out, M, K_SHARE, stride_xm, stride_wn, stride_os, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Out[share] = X[:, share's K] @ W[:, share's K]^T, all M rows in one tile; K_SHARE and N
+    multiples of BLOCK_K and BLOCK_N."""
+    pid_n = tl.program_id(0)
+    share = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k0 = share * K_SHARE
+    x_ptrs = X + rm[:, None] * stride_xm + (k0 + rk)[None, :]
+    w_ptrs = W + rn[None, :].to(tl.int64) * stride_wn + (k0 + rk)[:, None]
+    rows = rm[:, None] < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K_SHARE, BLOCK_K):
+        acc = tl.dot(tl.load(x_ptrs, mask=rows, other=0.0), tl.load(w_ptrs), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out = Out + share * stride_os + rm[:, None] * stride_om + rn[None, :]
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=rows)
+
+
+def split_k_gemm(x, w, out, splits: int, block_n: int, block_k: int, stages: int) -> None:
+    """`out` [M, N] bf16 (splits 1) or [splits, M, N] fp32 partials."""
+    m, k = x.shape
+    block_m = max(16, triton.next_power_of_2(m))
+    _split_k_gemm[(w.shape[0] // block_n, splits)](
+        x, w, out, m, k // splits, x.stride(0), w.stride(0), out.stride(0) if splits > 1 else 0,
+        out.stride(-2), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=8 if block_m * block_n >= 128 * 128 else 4, num_stages=stages,
+    )  # fmt: skip
+
+
+def best_split_k(x, w, reference) -> tuple[float, dict | None]:
+    """The fastest correct setting of the sweep: (microseconds, setting)."""
+    m, k = x.shape
+    n = w.shape[0]
+    block_m = max(16, triton.next_power_of_2(m))
+    best = (float("inf"), None)
+    for splits, block_n, block_k, stages in itertools.product(
+        (1, 2, 4, 8), (32, 64, 128), (64, 128), (3, 4, 5)
+    ):
+        if k % (splits * block_k) or n % block_n or block_m * block_n > 128 * 128:
+            continue
+        if (block_m + block_n) * block_k * 2 * stages > 200_000:  # shared memory of the pipeline
+            continue
+        out = (
+            torch.empty(splits, m, n, device="cuda", dtype=torch.float32)
+            if splits > 1
+            else torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        )
+        setting = dict(splits=splits, block_n=block_n, block_k=block_k, stages=stages)
+        try:
+            split_k_gemm(x, w, out, **setting)
+        except triton.runtime.errors.OutOfResources:
+            continue
+        got = out.float().sum(0) if splits > 1 else out.float()
+        if (got - reference).abs().max().item() > 0.02 * reference.abs().max().item():
+            continue  # a setting that computes something else is no candidate
+        us = time_graph_us(lambda out=out, setting=setting: split_k_gemm(x, w, out, **setting))
+        if us < best[0]:
+            best = (us, setting)
+    return best
+
+
+def cublas_us(x, w, library: str) -> float:
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        return time_graph_us(lambda: F.linear(x, w))
+    finally:
+        torch.backends.cuda.preferred_blas_library("cublas")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="64,128,256", help="decode batch sizes (GEMM rows)")
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name()
+    bandwidth = next((v for k, v in BANDWIDTHS.items() if k in name), BANDWIDTHS["H200"])
+    start = time.perf_counter()
+    for shape, gemms in SHAPES.items():
+        for m in (int(r) for r in args.rows.split(",")):
+            layer = {"cublas_us": 0.0, "cublaslt_us": 0.0, "split_k_us": 0.0, "bytes": 0}
+            for gemm, (k, n) in gemms.items():
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                reference = F.linear(x, w).float()
+                row = {
+                    "device": name,
+                    "shape": shape,
+                    "rows": m,
+                    "gemm": gemm,
+                    "MB": round(k * n * 2 / 1e6, 1),
+                }
+                row["cublas_us"] = round(cublas_us(x, w, "cublas"), 2)
+                row["cublaslt_us"] = round(cublas_us(x, w, "cublaslt"), 2)
+                us, setting = best_split_k(x, w, reference)
+                row["split_k_us"], row["split_k_setting"] = round(us, 2), setting
+                row["cublas_TB_s"] = round(k * n * 2 / row["cublas_us"] / 1e6, 2)
+                row["split_k_TB_s"] = round(k * n * 2 / us / 1e6, 2)
+                print(json.dumps(row), flush=True)
+                for key in ("cublas_us", "cublaslt_us", "split_k_us"):
+                    layer[key] += row[key]
+                layer["bytes"] += k * n * 2
+            layer["roofline_us"] = layer["bytes"] / bandwidth * 1e6
+            print(json.dumps({"device": name, "shape": shape, "rows": m, "layer": {
+                k: round(v, 2) for k, v in layer.items()
+            }}), flush=True)  # fmt: skip
+    print(json.dumps({"bench": "decode_gemm", "device": name, "date": time.strftime("%Y-%m-%d"),
+                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
