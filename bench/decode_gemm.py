@@ -9,7 +9,7 @@ and down_proj, the next `add_rms_norm` could read the partials instead of one bf
 Here the partials' own write is timed with the GEMM, their sum is not. For each shape the
 Triton kernel's settings are swept (splits 1-8, BLOCK_N 32-128, BLOCK_K 64/128, 3-5 stages) and
 the fastest correct one is kept; every call is timed inside a CUDA graph, as the engine runs
-decode. Shapes: Qwen3-0.6B's and Qwen3-1.7B's qkv, o, gate_up and down projections (the
+decode (`engine_step_profile.time_cuda`). Shapes: Qwen3-0.6B's and Qwen3-1.7B's qkv, o, gate_up and down projections (the
 engine's merged layouts).
 
     source .whl/install.sh && python3 bench/decode_gemm.py [--rows 64,128,256]
@@ -26,33 +26,13 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from engine_step_profile import time_cuda
+from rollout_throughput import bandwidth
 
 SHAPES = {  # name -> (K, N) of weight [N, K]
     "qwen3_1.7b": {"qkv": (2048, 4096), "o": (2048, 2048), "gate_up": (2048, 12288), "down": (6144, 2048)},
     "qwen3_0.6b": {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)},
 }
-BANDWIDTHS = {"H200": 4.8e12, "H100": 3.35e12}  # HBM, datasheet
-
-
-def time_graph_us(fn, iters: int = 20) -> float:
-    """Microseconds a call, `iters` calls captured in one CUDA graph, best of 3 replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / iters * 1e3)
-    return best
 
 
 @triton.jit
@@ -117,7 +97,7 @@ def best_split_k(x, w, reference) -> tuple[float, dict | None]:
         got = out.float().sum(0) if splits > 1 else out.float()
         if (got - reference).abs().max().item() > 0.02 * reference.abs().max().item():
             continue  # a setting that computes something else is no candidate
-        us = time_graph_us(lambda out=out, setting=setting: split_k_gemm(x, w, out, **setting))
+        us = time_cuda(lambda out=out, setting=setting: split_k_gemm(x, w, out, **setting), graph=True) * 1e6
         if us < best[0]:
             best = (us, setting)
     return best
@@ -126,7 +106,7 @@ def best_split_k(x, w, reference) -> tuple[float, dict | None]:
 def cublas_us(x, w, library: str) -> float:
     torch.backends.cuda.preferred_blas_library(library)
     try:
-        return time_graph_us(lambda: F.linear(x, w))
+        return time_cuda(lambda: F.linear(x, w), graph=True) * 1e6
     finally:
         torch.backends.cuda.preferred_blas_library("cublas")
 
@@ -136,7 +116,7 @@ def main() -> None:
     parser.add_argument("--rows", default="64,128,256", help="decode batch sizes (GEMM rows)")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
-    bandwidth = next((v for k, v in BANDWIDTHS.items() if k in name), BANDWIDTHS["H200"])
+    hbm = bandwidth(name)
     start = time.perf_counter()
     for shape, gemms in SHAPES.items():
         for m in (int(r) for r in args.rows.split(",")):
@@ -162,7 +142,7 @@ def main() -> None:
                 for key in ("cublas_us", "cublaslt_us", "split_k_us"):
                     layer[key] += row[key]
                 layer["bytes"] += k * n * 2
-            layer["roofline_us"] = layer["bytes"] / bandwidth * 1e6
+            layer["roofline_us"] = layer["bytes"] / hbm * 1e6
             print(json.dumps({"device": name, "shape": shape, "rows": m, "layer": {
                 k: round(v, 2) for k, v in layer.items()
             }}), flush=True)  # fmt: skip

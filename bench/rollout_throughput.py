@@ -82,8 +82,13 @@ def write_model(name: str, root: Path) -> Path:
     return path
 
 
+def for_device(table: dict[str, float], device_name: str) -> float:
+    """`table`'s figure for the GPU named `device_name` (the H200's for one not in it)."""
+    return next((v for k, v in table.items() if k in device_name), table["H200"])
+
+
 def bandwidth(device_name: str) -> float:
-    return next((v for k, v in BANDWIDTHS.items() if k in device_name), BANDWIDTHS["H200"])
+    return for_device(BANDWIDTHS, device_name)
 
 
 def roofline_s(engine, batch: int) -> float:
@@ -115,8 +120,7 @@ def run_prefill(engine, batch: int) -> dict:
     """Prefill alone: `batch` prompts of PROMPT tokens, one new token each; its tokens/s and its
     fraction of the compute roofline (`prefill_flops` at the device's peak)."""
     wall = run_engine(engine, batch, new=1, seed=PREFILL_SEED + batch)["wall_s"]
-    name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), PEAK_BF16_FLOPS["H200"])
+    peak = for_device(PEAK_BF16_FLOPS, torch.cuda.get_device_name())
     flops = prefill_flops(engine.hf_config, batch)
     return {
         "prefill_tokens_per_s": round(batch * PROMPT / wall),

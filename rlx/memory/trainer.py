@@ -206,11 +206,13 @@ def training_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
         # parallelism GPTModel's batch-first copy of them and the output layer's contiguous copy of
         # the gradient make it two (rlx.trainer.logits_layout)
         logits = logits_bytes(s.model, mb, tp=lay.tp, cp=lay.cp, dtype_bytes=lay.dtype_bytes)
+        copies, name = (
+            (2, "logits and their gradient")
+            if lay.sequence_parallel
+            else (1, "logits, their gradient written over them")
+        )
         vocab = f"{s.model.vocab_size // lay.tp:,}-way vocabulary shard"
-        if lay.sequence_parallel:
-            terms.append(Term(f"logits and their gradient ({vocab})", 2 * logits, (key, TP, CP)))
-        else:
-            terms.append(Term(f"logits, their gradient written over them ({vocab})", logits, (key, TP, CP)))
+        terms.append(Term(f"{name} ({vocab})", copies * logits, (key, TP, CP)))
     return terms
 
 
