@@ -65,7 +65,6 @@ from rlx.lora.adapter import is_adapter
 from rlx.lora.apply import apply_lora
 from rlx.lora.config import LoRAConfig
 from rlx.models.config import ModelConfig
-from rlx.models.precision import half_precision
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 
 # Qwen/Qwen3-1.7B's config.json (Qwen3ForCausalLM): about 1.72B parameters, tied embeddings.
@@ -114,7 +113,12 @@ def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> t
 
 
 def predicted_peak_gib(
-    cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora: LoRAConfig | None = None
+    cfg: ModelConfig,
+    micro_batch: int,
+    accum: int,
+    seq_len: int,
+    lora: LoRAConfig | None = None,
+    adam_fused: bool = True,
 ) -> float:
     """The memory plan's (rlx.memory) prediction of max_memory_allocated for this bench's step: bf16,
     no distributed optimizer, `micro_batch` rows of `seq_len`. Its logits term is the RL trainer's
@@ -131,6 +135,7 @@ def predicted_peak_gib(
         micro_batch_size=micro_batch,
         global_batch_size=micro_batch * accum,
         lora=lora or LoRAConfig(),
+        adam_fused=adam_fused,
     )
     setup = Setup(cfg, train, ClusterConfig(gpus_per_node=1), RolloutConfig(max_response_len=seq_len))
     return trainer_peak_allocated(setup) / GIB
@@ -140,7 +145,9 @@ ROWS = 32  # sequences a step when --micro-batch is not given: the micro-batch x
 MARGIN = 0.10  # of the GPU left free beside the predicted peak (rlx.cluster's memory_margin)
 
 
-def bench_peak_bytes(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora=None) -> int:
+def bench_peak_bytes(
+    cfg: ModelConfig, micro_batch: int, accum: int, seq_len: int, lora=None, adam_fused: bool = True
+) -> int:
     """This bench's predicted peak: the plan's (`predicted_peak_gib`), plus what its loss adds: megatron's
     cross entropy keeps the logits' bf16 gradient beside them (2 bytes a token and word) and takes
     both in fp32 as well (2 x 2 bytes more), where the RL loss the plan counts writes its gradient
@@ -148,55 +155,46 @@ def bench_peak_bytes(cfg: ModelConfig, micro_batch: int, accum: int, seq_len: in
     from rlx.memory import GIB
 
     loss_logits = (2 + 2 * 2) * micro_batch * seq_len * cfg.vocab_size
-    return round(predicted_peak_gib(cfg, micro_batch, accum, seq_len, lora) * GIB) + loss_logits
+    return round(predicted_peak_gib(cfg, micro_batch, accum, seq_len, lora, adam_fused) * GIB) + loss_logits
 
 
-def choose_micro_batch(cfg: ModelConfig, seq_len: int, gpu_bytes: int, rows: int = ROWS, lora=None) -> int:
+def choose_micro_batch(
+    cfg: ModelConfig, seq_len: int, gpu_bytes: int, rows: int = ROWS, lora=None, adam_fused: bool = True
+) -> int:
     """The largest micro-batch (8, 4, 2 or 1, dividing `rows`) whose step leaves MARGIN of a GPU
     of `gpu_bytes` free by `bench_peak_bytes` (the default 4 x 8 ran out of memory on an H100)."""
     for micro_batch in (m for m in (8, 4, 2, 1) if rows % m == 0):
-        if bench_peak_bytes(cfg, micro_batch, rows // micro_batch, seq_len, lora) <= (1 - MARGIN) * gpu_bytes:
+        peak = bench_peak_bytes(cfg, micro_batch, rows // micro_batch, seq_len, lora, adam_fused)
+        if peak <= (1 - MARGIN) * gpu_bytes:
             return micro_batch
     return 1
 
 
 def build_training(
-    cfg: ModelConfig, device: torch.device, lr: float, fuse_wgrad: bool = True, lora: LoRAConfig | None = None
+    cfg: ModelConfig,
+    device: torch.device,
+    lr: float,
+    fuse_wgrad: bool = True,
+    lora: LoRAConfig | None = None,
+    adam_fused: bool = True,
 ):
-    """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU. `fuse_wgrad`: weight
-    gradients accumulated into the fp32 grad buffer by their GEMMs where the kernel set does so,
-    as in the trainer (rlx.models.kernels.fuse_weight_gradients). `lora`: adapters on the model,
-    the rest frozen, as the trainer puts them (rlx.lora.apply)."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    """(DDP-wrapped bf16 model, megatron optimizer, bare GPTModel) for one GPU, wrapped as the
+    trainer wraps its model (`rlx.trainer.trainable.wrap_for_training`: megatron DDP with an fp32
+    grad buffer, megatron's Adam with fp32 masters, clip 1.0, no weight decay). `fuse_wgrad`:
+    weight gradients accumulated into the fp32 grad buffer by their GEMMs where the kernel set does
+    so (rlx.models.kernels.fuse_weight_gradients). `lora`: adapters on the model, the rest frozen,
+    as the trainer puts them (rlx.lora.apply). `adam_fused`: `train.adam_fused`."""
+    from rlx.trainer.config import TrainConfig
+    from rlx.trainer.trainable import wrap_for_training
 
     family = build(cfg)
     # Torch norms are built on the CPU; Megatron-LM's get_model moves the whole model too.
     gpt = family.build_model(params_dtype=torch.bfloat16).to(device)
     if lora is not None:
         apply_lora(gpt, lora, seed=0)
-    model = DistributedDataParallel(
-        config=gpt.config,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
-        module=half_precision(gpt),
-    )
-    if fuse_wgrad and family.kernels().wgrad_accumulation:
-        from rlx.models.kernels import fuse_weight_gradients
-
-        fuse_weight_gradients([model])
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam", lr=lr, weight_decay=0.0, clip_grad=1.0, bf16=True, params_dtype=torch.bfloat16
-        ),
-        [model],
-    )
-    gpt.config.finalize_model_grads_func = finalize_model_grads
-    gpt.config.no_sync_func = model.no_sync
-    gpt.config.grad_scale_func = optimizer.scale_loss
+    train_cfg = TrainConfig(precision="bf16", clip_grad=1.0, weight_decay=0.0, adam_fused=adam_fused)
+    fuse = fuse_wgrad and family.kernels().wgrad_accumulation
+    (model,), optimizer = wrap_for_training([gpt], train_cfg, lr, torch.bfloat16, fuse_wgrad=fuse)
     return model, optimizer, gpt
 
 
@@ -325,6 +323,12 @@ def main(argv: list[str]) -> dict:
         "--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (base frozen)"
     )
     parser.add_argument("--lora-alpha", type=float, default=16.0)
+    parser.add_argument(
+        "--adam",
+        choices=["fused", "foreach"],
+        default="fused",
+        help="torch's fused Adam (train.adam_fused, the default) or its multi-tensor one",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--profile",
@@ -339,10 +343,11 @@ def main(argv: list[str]) -> dict:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     cfg = model_config(args.overrides)
+    fused = args.adam == "fused"
     lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha) if args.lora_rank else None
     if args.micro_batch is None:  # from the GPU's memory: no default run fails for want of it
         total = torch.cuda.mem_get_info()[1]
-        args.micro_batch = choose_micro_batch(cfg, args.seq_len, total, lora=lora)
+        args.micro_batch = choose_micro_batch(cfg, args.seq_len, total, lora=lora, adam_fused=fused)
         args.accum = args.accum or ROWS // args.micro_batch
         print(f"micro-batch {args.micro_batch} x {args.accum}: the largest the memory plan fits on "
               f"{torch.cuda.get_device_name()} ({total / 2**30:.1f} GiB) with {MARGIN:.0%} free", flush=True)  # fmt: skip
@@ -353,7 +358,7 @@ def main(argv: list[str]) -> dict:
     device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
     try:
         model, optimizer, gpt = build_training(
-            cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad, lora=lora
+            cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad, lora=lora, adam_fused=fused
         )
         if args.compile_layers:
             compile_layers(gpt)
@@ -423,9 +428,14 @@ def main(argv: list[str]) -> dict:
         "share_of_measured_matmul": flops_causal * tokens_per_s / (H200_BF16_MEASURED_TFLOPS * 1e12),
         "peak_tflops": args.peak_tflops,
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "predicted_peak_gib": predicted_peak_gib(cfg, args.micro_batch, args.accum, args.seq_len, lora),
+        "adam": args.adam,
+        "predicted_peak_gib": predicted_peak_gib(
+            cfg, args.micro_batch, args.accum, args.seq_len, lora, fused
+        ),
         # with the bench's own logits (what chose the micro-batch when none was given)
-        "predicted_bench_peak_gib": bench_peak_bytes(cfg, args.micro_batch, args.accum, args.seq_len, lora)
+        "predicted_bench_peak_gib": bench_peak_bytes(
+            cfg, args.micro_batch, args.accum, args.seq_len, lora, fused
+        )
         / 2**30,
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "losses": losses,

@@ -101,12 +101,12 @@ def tiny_bf16_trainable(train_cfg, lr: float = 1e-2) -> Iterator[tuple]:
         family.load_hf_weights(gpt, hf_dir)
         (ddp,), optimizer = wrap_for_training([gpt], train_cfg, lr, torch.bfloat16)
 
-        def step() -> None:
+        def step() -> tuple:
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
             loss = ddp(input_ids=ids_BL[:, :-1], position_ids=None, attention_mask=None, labels=ids_BL[:, 1:])
             loss.mean().backward()
-            optimizer.step()
+            return optimizer.step()  # (success, gradient norm, zeros)
 
         yield gpt, ddp, optimizer, step
 

@@ -310,10 +310,12 @@ def candidates_for(s: Setup, role: Role) -> dict[str, list[tuple[object, Setup]]
         return found
     forward = phase == "forward-only passes"
     if phase == "optimizer step":
-        # the state alone: sharding or splitting it helps, and Adam one tensor at a time (a smaller
-        # temporary); smaller micro-batches do not
-        if t.adam_foreach:
-            found["train.adam_foreach"] = [("false", train(adam_foreach=False))]
+        # the state alone: sharding or splitting it helps, and the fused Adam (no temporary) or
+        # Adam one tensor at a time (a smaller one); smaller micro-batches do not
+        if not t.adam_fused:
+            found["train.adam_fused"] = [("true", train(adam_fused=True))]
+            if t.adam_foreach:
+                found["train.adam_foreach"] = [("false", train(adam_foreach=False))]
     elif t.max_tokens_per_micro_batch is not None:
         key = "logprob_max_tokens_per_micro_batch" if forward else "max_tokens_per_micro_batch"
         budget = getattr(t, key) or t.max_tokens_per_micro_batch

@@ -238,19 +238,24 @@ def context_term(who: str) -> Term:
 
 
 def step_terms(s: Setup, p: ModelParams, stage: int) -> list[Term]:
-    """What the optimizer step adds: torch's multi-tensor Adam (megatron's fallback without apex)
-    computes sqrt(v) for all of its weights at once, one fp32 temporary of the state's size; with
-    `train.adam_foreach=false`, of one tensor at a time (the largest one's)."""
+    """What the optimizer step adds: nothing with torch's fused Adam (`train.adam_fused`, the
+    default); torch's multi-tensor Adam (megatron's fallback without apex) computes sqrt(v) for all
+    of its weights at once, one fp32 temporary of the state's size; with `train.adam_foreach=false`,
+    of one tensor at a time (the largest one's)."""
+    if s.train.adam_fused:
+        return []
     trainable = trainable_params(s, rank_share(s, p, stage), stage)
     moments = optimizer_term(s, trainable, "").bytes * 4 // optimizer_bytes_per_param(s.train.precision)
     if not s.train.adam_foreach:
         one = min(moments, largest_tensor(s, stage) * 4)
         return [
             Term(
-                "Adam's step temporary (sqrt of v of its largest tensor, fp32)", one, ("train.adam_foreach",)
+                "Adam's step temporary (sqrt of v of its largest tensor, fp32)",
+                one,
+                ("train.adam_fused=true", "train.adam_foreach"),
             )
         ]
-    knobs = (*optimizer_knobs(s), "train.adam_foreach=false")
+    knobs = (*optimizer_knobs(s), "train.adam_fused=true", "train.adam_foreach=false")
     return [Term("Adam's step temporary (sqrt of v, fp32)", moments, knobs)]
 
 

@@ -63,10 +63,14 @@ class TrainConfig:
     recompute: str = "none"  # none | full | selective: activation recompute, memory for compute
     # shard the optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
     distributed_optimizer: bool = False
-    # torch's Adam (megatron's without apex) on GPUs: true, its multi-tensor step, whose fp32 sqrt(v)
-    # temporary is as large as a third of the optimizer state (12 GiB a rank for a 30B-A3B slice);
-    # false, one tensor at a time (a temporary of the largest tensor; more kernel launches), the
-    # same arithmetic. On CPU torch steps one tensor at a time either way.
+    # torch's fused Adam (megatron builds torch's Adam without TE or apex): one kernel over all
+    # tensors, reading each state tensor once, no temporaries (the way TE's and apex's FusedAdam
+    # step). false: torch's unfused Adam, as `adam_foreach` says.
+    adam_fused: bool = True
+    # with adam_fused=false, on GPUs: true, torch's multi-tensor step, whose fp32 sqrt(v) temporary
+    # is as large as a third of the optimizer state (12 GiB a rank for a 30B-A3B slice); false, one
+    # tensor at a time (a temporary of the largest tensor; more kernel launches), the same
+    # arithmetic. On CPU torch's unfused Adam steps one tensor at a time either way.
     adam_foreach: bool = True
     # low-rank adapters on the policy, its base weights frozen (rlx.lora); off unless lora.rank is set
     lora: LoRAConfig = field(default_factory=LoRAConfig)

@@ -223,6 +223,7 @@ class Trainable:
             adapters_only=self.lora is not None,
         )
         self.num_updates = int(common.pop(_NUM_UPDATES) or 0)  # checkpoints before the schedule: 0
+        choose_adam_kernel(self.optimizer, self.cfg)  # the saved param groups carried the writer's
         return common
 
 
@@ -244,8 +245,10 @@ def wrap_for_training(
     )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from rlx.compat import megatron_multi_tensor
     from rlx.models.precision import half_precision
 
+    megatron_multi_tensor.apply()  # the gradient norm and master-weight copies as foreach ops
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=train_cfg.distributed_optimizer
     )
@@ -279,10 +282,7 @@ def wrap_for_training(
         ),
         ddp_chunks,
     )
-    if not train_cfg.adam_foreach:  # train.adam_foreach=false: one tensor at a time
-        for wrapper in sub_optimizers(optimizer):
-            for group in wrapper.optimizer.param_groups:
-                group["foreach"] = False
+    choose_adam_kernel(optimizer, train_cfg)
     # Grad sync at the end of the last micro-batch; the schedule reads the first chunk's config.
     tf_config = chunks[0].config
     tf_config.finalize_model_grads_func = finalize_model_grads
@@ -290,6 +290,29 @@ def wrap_for_training(
     tf_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     tf_config.grad_scale_func = optimizer.scale_loss
     return ddp_chunks, optimizer
+
+
+def choose_adam_kernel(optimizer, train_cfg) -> None:
+    """Point the torch Adam(s) megatron built at `train.adam_fused` / `train.adam_foreach`'s kernel:
+    fused (a param group's `fused` flag, which torch's constructor would set, checked as it checks:
+    floating-point tensors on a device with the fused kernel), else multi-tensor or one tensor at a
+    time. Also after a checkpoint's param groups (the writer's flags) were loaded: each weight's
+    step count is moved where the chosen kernel keeps it (fused: beside the weight; else the host)."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices, _get_scalar_dtype
+
+    fused_devices = _get_fused_kernels_supported_devices()
+    for wrapper in sub_optimizers(optimizer):
+        state = wrapper.optimizer.state
+        for group in wrapper.optimizer.param_groups:
+            fusable = all(p.is_floating_point() and p.device.type in fused_devices for p in group["params"])
+            fused = train_cfg.adam_fused and fusable
+            group["fused"] = fused
+            group["foreach"] = False if fused or not train_cfg.adam_foreach else None
+            for p in group["params"]:
+                step = state.get(p, {}).get("step")
+                if torch.is_tensor(step):
+                    where = p.device if fused else torch.device("cpu")
+                    state[p]["step"] = step.to(device=where, dtype=_get_scalar_dtype(is_fused=fused))
 
 
 def run_schedule(chunks, forward_step: Callable, mbs: list[MicroBatch], forward_only: bool) -> list[dict]:

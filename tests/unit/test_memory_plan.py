@@ -80,29 +80,38 @@ def test_training_terms_of_one_gpu_by_hand():
     # forward only: one layer at a time (119,808) and the logits without a gradient (2,048)
     assert terms(forward)["one layer's activations"] == 119_808
     assert terms(forward)["logits"] == 2_048
-    # the optimizer step: Adam's sqrt(v), fp32, 4 bytes a parameter
-    assert terms(step)["Adam's step temporary"] == TINY_PARAMS * 4
+    # the optimizer step: torch's fused Adam (train.adam_fused, the default) adds no temporary
+    assert terms(step) == {k: v for k, v in terms(training).items() if k in ("policy weights", "gradients",
+                           "optimizer state", "CUDA context")}  # fmt: skip
     # what bench/grpo_step.py prints beside torch's max_memory_allocated: the largest phase less the
-    # CUDA context; here the step's (1,352,448 of state + 300,544) over training's (+ 241,664)
-    assert trainer_peak_allocated(setup()) == step.bytes - CUDA_CONTEXT_BYTES == 1_652_992
+    # CUDA context; here training's (1,352,448 of state + 241,664) over the step's
+    assert trainer_peak_allocated(setup()) == training.bytes - CUDA_CONTEXT_BYTES == 1_594_112
+    # torch's unfused multi-tensor Adam: sqrt(v), fp32, 4 bytes a parameter; the step's phase is
+    # then the largest (1,352,448 of state + 300,544 over training's + 241,664)
+    unfused = setup(train={"adam_fused": False})
+    step = trainer_phases(unfused, model_params(TINY), 0)[2]
+    assert terms(step)["Adam's step temporary"] == TINY_PARAMS * 4
+    assert trainer_peak_allocated(unfused) == step.bytes - CUDA_CONTEXT_BYTES == 1_652_992
 
 
 def test_adam_one_tensor_at_a_time_holds_the_largest_tensors_temporary():
-    """train.adam_foreach=false: sqrt(v) of one tensor at a time, the largest the rank holds: the gated
+    """train.adam_fused=false, adam_foreach=false: sqrt(v) of one tensor at a time, the largest the rank holds: the gated
     MLP's fc1, 2·f·h = 2·128·64 = 16,384 weights (the fused QKV (a + 2g)·d·h = 8·16·64 = 8,192, the
     embedding 16·64 = 1,024), in fp32; the multi-tensor step's 4 bytes a parameter offer it as a knob."""
-    s = setup(train={"adam_foreach": False})
+    s = setup(train={"adam_fused": False, "adam_foreach": False})
     step = plan_memory(s, GIB).roles[0].phases[2]
     assert step.name == "optimizer step"
     assert terms(step)["Adam's step temporary"] == 16_384 * 4
     wide = replace(TINY, vocab_size=1_000)  # now the embedding, 1,000·64, is the largest
-    assert terms(plan_memory(setup(model=wide, train={"adam_foreach": False}), GIB).roles[0].phases[2])[
+    unfused = {"adam_fused": False, "adam_foreach": False}
+    assert terms(plan_memory(setup(model=wide, train=unfused), GIB).roles[0].phases[2])[
         "Adam's step temporary"
     ] == 64_000 * 4  # fmt: skip
     (temporary,) = [
-        t for t in plan_memory(setup(), GIB).roles[0].phases[2].terms if t.name.startswith("Adam")
-    ]
-    assert "train.adam_foreach=false" in temporary.knobs
+        t for t in plan_memory(setup(train={"adam_fused": False}), GIB).roles[0].phases[2].terms
+        if t.name.startswith("Adam")
+    ]  # fmt: skip
+    assert {"train.adam_fused=true", "train.adam_foreach=false"} <= set(temporary.knobs)
 
 
 def test_fp32_keeps_no_master_copy_and_unfused_swiglu_keeps_the_gate():
@@ -191,7 +200,9 @@ def test_lora_keeps_gradients_and_optimizer_state_for_the_adapters_only():
         "optimizer state": 6_656 * 12,
         "activations": 0,
     }  # no reference model: the base is the reference (activations: the adapters' own are not counted)
-    assert terms(step)["Adam's step temporary"] == 6_656 * 4
+    assert "Adam's step temporary" not in terms(step)  # the fused Adam's step holds none
+    unfused = setup(train=lora | {"adam_fused": False}, needs_ref=True)
+    assert terms(trainer_phases(unfused, model_params(TINY), 0)[2])["Adam's step temporary"] == 6_656 * 4
     # TP=2: the split factor halves (column-parallel B, row-parallel A):
     #   qkv 256 + 64·4 = 512, proj 4·32 + 256 = 384, fc1 256 + 128·4 = 768, fc2 4·64 + 256 = 512
     tp2 = setup(train=lora, cluster={"num_trainer_procs": 2, "tensor_parallel_size": 2})
@@ -368,9 +379,9 @@ def test_the_report_names_every_term_and_the_margin():
     for name in ("policy weights", "gradients (fp32 grad buffer)", "optimizer state", "activations",
                  "logits, their gradient written over them", "engine weights", "KV cache", "CUDA graphs", "workspace"):  # fmt: skip
         assert f"    {name}" in text, name
-    # the trainer's peak is its optimizer step: 1,652,992 bytes + its CUDA context = 538,523,904, which
-    # leaves 1,610,612,736 - 538,523,904 = 1,072,088,832 bytes (1.0 GiB, 67%) of a 1.5 GiB GPU
-    assert "  peak 0.5 GiB (optimizer step): 1.0 GiB (67%) to spare" in lines
+    # the trainer's peak is training: 1,594,112 bytes + its CUDA context = 538,465,024, which leaves
+    # 1,610,612,736 - 538,465,024 = 1,072,147,712 bytes (1.0 GiB, 67%) of a 1.5 GiB GPU
+    assert "  peak 0.5 GiB (training): 1.0 GiB (67%) to spare" in lines
 
 
 @pytest.fixture
@@ -495,17 +506,21 @@ def test_issue_28s_bench_runs_compose_and_fit_an_h100_by_the_plan(argv, layout):
 
 
 def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
-    """Qwen3-30B-A3B cut to 20 layers, EP=4: the plan's optimizer step is 72.2 GiB of 79.6, 9% free;
-    on 4×H100 it ran out of memory there with 3.7 GiB fragmented (docs/benchmarks.md). Refused at
-    compose under the default cluster.memory_margin=0.1, naming the margin and how to go on anyway."""
+    """Qwen3-30B-A3B cut to 20 layers, EP=4, with torch's multi-tensor Adam (`train.adam_fused=false`,
+    the only Adam then): the plan's optimizer step is 72.2 GiB of 79.6, 9% free; on 4×H100 it ran out
+    of memory there with 3.7 GiB fragmented (docs/benchmarks.md). Refused at compose under the
+    default cluster.memory_margin=0.1, naming the margin and how to go on anyway. The fused Adam
+    (the default) holds no temporary: the peak is then training's, 70.9 GiB, which starts."""
     from rlx.config.compose import compose
     from rlx.errors import ConfigError
 
     bench = _grpo_bench()
     argv = ["--option", "qwen3_30b_a3b", "--layers", "20", "--gpus", "4", "--ep", "4", "--micro-batch", "2"]
-    overrides = bench.overrides_for(bench.build_parser().parse_args(argv))
+    overrides = [*bench.overrides_for(bench.build_parser().parse_args(argv)), H100_GIB]
+    compose(overrides)  # the fused Adam
+    overrides.append("train.adam_fused=false")
     with pytest.raises(ConfigError) as refused:
-        compose([*overrides, H100_GIB])
+        compose(overrides)
     message = str(refused.value)
     assert (
         "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
@@ -515,15 +530,20 @@ def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
         and "cluster.memory_margin=0.09 to start it anyway" in message
     )
     assert "largest terms (GiB): optimizer state 36.6" in message
-    # one tensor at a time, Adam's 12.2 GiB temporary shrinks to the vocabulary shard's 1.2
-    assert "set train.adam_foreach=false (the plan then predicts 70.9 GiB)" in message
-    compose([*overrides, H100_GIB, "cluster.memory_margin=0.09"])  # what the message offers starts
+    # the fused Adam, or Adam one tensor at a time (its 12.2 GiB temporary shrinks to the vocabulary
+    # shard's 1.2): the peak is then training's
+    assert (
+        "set train.adam_fused=true (the plan then predicts 70.9 GiB) or "
+        "train.adam_foreach=false (the plan then predicts 70.9 GiB)" in message
+    )
+    compose([*overrides, "cluster.memory_margin=0.09"])  # what the message offers starts
 
 
 def test_a_9b_trainer_on_two_h100s_is_refused_by_the_plan():
     """GLM-4-9B's trainer on 2 GPUs (split 2+2, TP=2, so DP=1: the optimizer state unsharded) needs
-    more than an H100: 9.40B / 2 parameters x (2 weights + 4 grads + 12 master and moments) + the
-    step's 4 bytes is 96.3 GiB; refused at compose, naming the GPU and the knobs."""
+    more than an H100: 9.40B / 2 parameters x (2 weights + 4 grads + 12 master and moments) is
+    78.8 GiB before the activations (88.0 GiB at training's peak); refused at compose, naming the GPU
+    and the knobs."""
     from rlx.config.compose import compose
     from rlx.errors import ConfigError
 
@@ -540,7 +560,7 @@ def test_a_9b_trainer_on_two_h100s_is_refused_by_the_plan():
         "--micro-batch",
         "2",
     ]
-    with pytest.raises(ConfigError, match=r"the trainer GPU needs 9\d\.\d GiB .* more than the 79.6 GiB"):
+    with pytest.raises(ConfigError, match=r"the trainer GPU needs 88\.0 GiB .* more than the 79.6 GiB"):
         compose([*bench.overrides_for(bench.build_parser().parse_args(argv)), H100_GIB])
 
 
