@@ -13,14 +13,15 @@ through the hooks megatron has for them, so the layer's forward is megatron's ow
 - RoPE: megatron's `fused_apply_rotary_pos_emb` slot (`apply_rope_fusion`), empty without TE.
 
 Kernel sets (`KERNEL_SETS`): "liger" (liger-kernel's gate-up SwiGLU and vocab-parallel cross
-entropy, the `gpu` extra), "compile" (torch.compile of the same torch math, no extra dependency),
-"torch" (megatron's unfused layers). RoPE is torch.compile of megatron's own
-`_apply_rotary_pos_emb_bshd` in both fused sets: liger's RoPE kernel wants [b, s, h, d] memory and
-megatron's is [s, b, h, d]. The liger set keeps megatron's torch norms: torch's `rms_norm` is one
-fused CUDA kernel each way (torch 2.11), within 10% of liger's Triton RMSNorm in GPU time, and
-far cheaper to launch: at short sequences (RL's micro-batches of a few thousand tokens) the
-step is bound by the host's launches, where liger's per-call Python made the whole step 16%
-slower (docs/benchmarks.md).
+entropy, the `gpu` extra, and rlx's own Triton RMSNorm), "compile" (torch.compile of the same
+torch math, no extra dependency), "torch" (megatron's unfused layers). RoPE is torch.compile of
+megatron's own `_apply_rotary_pos_emb_bshd` in both fused sets: liger's RoPE kernel wants
+[b, s, h, d] memory and megatron's is [s, b, h, d]. The liger set's norms are
+`rlx.models.triton_norm`'s: torch's `rms_norm` reduces the weight's gradient at a quarter of the
+memory bandwidth on the per-head q/k norms and copies their strided input, and liger's RMSNorm
+was no faster than torch's while its per-call Python made the step at RL's short micro-batches
+16% slower (docs/benchmarks.md); rlx's kernel reads the rows where they lie and sums the weight's
+gradient per program (the 1.7B step at seq 4096 3.32 -> 3.15 s on 1×H100).
 
 On a machine without CUDA every set resolves to "torch": the CPU path (and CI, which has no
 triton) builds exactly the layers it always did. Nothing here imports triton or liger until a
@@ -82,10 +83,16 @@ def _compiled_rope() -> Callable:
     return compiled_rope
 
 
+def _triton_norm() -> type:
+    return importlib.import_module("rlx.models.triton_norm").TritonRMSNorm
+
+
 KERNEL_SETS: dict[str, KernelSet] = {
     "torch": KernelSet("torch"),
     "liger": KernelSet(
         "liger",
+        norm=_triton_norm,
+        qk_norm=_triton_norm,
         swiglu=_liger_swiglu,
         rope=_compiled_rope,
         cross_entropy=_liger_cross_entropy,

@@ -98,6 +98,47 @@ def test_rms_norm(device, kernels, width):
     assert_no_less_accurate(f"rms_norm[{kernels},{width}]", fused, unfused, ref)
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no triton")
+@pytest.mark.parametrize(
+    ("shape", "take"),
+    [
+        ((8192, 2, 8, 3 * 128), lambda t: t[..., :128]),  # evenly spaced rows, read where they lie
+        ((4096, 2, 4, 4 * 128), lambda t: t[..., : 2 * 128].reshape(4096, 2, 8, 128)),  # uneven: copied
+        ((2, 3, 2048), lambda t: t),  # fewer rows than a program's block
+    ],
+)
+def test_triton_rms_norm_rows_in_place_and_many_per_program(device, shape, take):
+    """rlx.models.triton_norm on q/k-like views of a fused projection (131,072 rows of 128: each
+    backward program then walks many blocks of rows, summing the weight's gradient) and on a tiny
+    input, against torch's norm and fp32 as above."""
+    from rlx.models.triton_norm import TritonRMSNorm
+
+    torch.manual_seed(0)
+    x = take(torch.randn(shape, device=device, dtype=torch.bfloat16))
+    width = x.shape[-1]
+    w = (1 + 0.1 * torch.randn(width, device=device)).to(torch.bfloat16)
+    dy = torch.randn(x.shape, device=device, dtype=torch.bfloat16)
+    modules = [TritonRMSNorm(_Config(), width, eps=1e-6).to(device, torch.bfloat16),
+               torch.nn.RMSNorm(width, eps=1e-6).to(device, torch.bfloat16),
+               torch.nn.RMSNorm(width, eps=1e-6).to(device)]  # fmt: skip
+
+    def call(module, x):
+        return lambda w: torch.func.functional_call(module, {"weight": w}, (x,))
+
+    # x itself (a view) goes into the fused norm: the gradient is checked through w and the output
+    fused, unfused = (run(call(m, x), [w], dy) for m in modules[:2])
+    ref = run(call(modules[2], x.float()), [w.float()], dy.float())
+    assert_no_less_accurate(f"triton_rms_norm{tuple(x.shape)}", fused, unfused, ref)
+    leaf = x.detach().clone().requires_grad_()  # and the input's gradient, from a contiguous copy
+    out = modules[0](leaf)
+    out.backward(dy)
+    ref_leaf = x.detach().float().requires_grad_()
+    modules[2](ref_leaf).backward(dy.float())
+    unfused_leaf = x.detach().clone().requires_grad_()
+    modules[1](unfused_leaf).backward(dy)
+    assert_no_less_accurate("triton_rms_norm dx", [leaf.grad], [unfused_leaf.grad], [ref_leaf.grad])
+
+
 def swiglu_reference(y: torch.Tensor) -> torch.Tensor:
     """The unfused SwiGLU both fused versions are held to: silu(gate) * up over fc1's [gate | up]."""
     gate, up = torch.chunk(y, 2, dim=-1)
