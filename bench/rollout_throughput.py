@@ -2,7 +2,8 @@
 
 For a Qwen3-0.6B-shaped and a Qwen3-1.7B-shaped random model (bf16), batch 64 and 256,
 prompt 256 tokens, 512 new tokens, ignore_eos, temperature 1: output tokens/s, time to first
-token, and the fraction of the memory-bandwidth roofline. Byte model of a decode step: every
+token, and the fraction of the memory-bandwidth roofline, of the whole run and of its decode steps
+alone (`with_roofline`). Byte model of a decode step: every
 weight read once (the tied embedding counted once, as the LM head reads it) plus the K and V
 of every sequence's context, at 4.8 TB/s (H200); the roofline time of a run is the sum over
 its 512 decode steps. transformers `generate` (bf16, sdpa) runs side by side, with 128 new
@@ -97,6 +98,17 @@ def roofline_s(engine, batch: int) -> float:
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     tokens_read = batch * sum(PROMPT + t + 1 for t in range(NEW))
     return (NEW * weights + tokens_read * kv_per_token) / bandwidth(torch.cuda.get_device_name())
+
+
+def with_roofline(engine, batch: int, ours: dict) -> dict:
+    """`ours` (a `run_engine` result of NEW tokens a sequence) with its fraction of the roofline:
+    of the whole run (prefill and first tokens included) and of the decode steps alone (decode
+    tokens/s against the roofline's tokens/s; `decode_roofline_fraction`)."""
+    ideal = roofline_s(engine, batch)
+    ours["roofline_tokens_per_s"] = batch * NEW / ideal
+    ours["roofline_fraction"] = ideal / ours["wall_s"]
+    ours["decode_roofline_fraction"] = ours["decode_tokens_per_s"] / ours["roofline_tokens_per_s"]
+    return ours
 
 
 def prefill_flops(cfg, batch: int, prompt: int = PROMPT) -> float:
@@ -251,10 +263,7 @@ def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> N
         warm_up(engine, batches)
         for batch in batches:
             prefill = run_prefill(engine, batch)
-            ours = run_engine(engine, batch)
-            ours["roofline_fraction"] = roofline_s(engine, batch) / ours["wall_s"]
-            decode = batch * NEW / ours["decode_tokens_per_s"]  # the decode steps alone, no prefill
-            ours["decode_roofline_fraction"] = roofline_s(engine, batch) / decode
+            ours = with_roofline(engine, batch, run_engine(engine, batch))
             entry = {"model": name, "batch": batch, "cuda_graphs": graphs, "rlx": ours, "prefill": prefill}
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
@@ -382,10 +391,7 @@ def main() -> None:
         warm_up(engine, batches)
         for batch in batches:
             prefill = run_prefill(engine, batch)
-            ours = run_engine(engine, batch)
-            ideal = roofline_s(engine, batch)
-            ours["roofline_fraction"] = ideal / ours["wall_s"]
-            ours["roofline_tokens_per_s"] = batch * NEW / ideal
+            ours = with_roofline(engine, batch, run_engine(engine, batch))
             entry = {"model": name, "batch": batch, "rlx": ours, "prefill": prefill}
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)

@@ -36,7 +36,9 @@ def _forward_kernel(X, W, Y, RSTD, n_rows, x_stride, y_stride, eps, N: tl.conste
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < N)[None, :]
-    x = tl.load(X + rows[:, None].to(tl.int64) * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows[:, None].to(tl.int64) * x_stride + cols[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
