@@ -83,3 +83,28 @@ def test_the_fused_step_is_the_default_and_gives_the_same_weights(paths):
         torch.testing.assert_close(weights_one[key].float(), tensor.float(), rtol=2**-8, atol=1e-6)
         moved += not torch.equal(tensor, before[key])
     assert moved == len(weights)
+
+
+def test_a_resumed_optimizer_keeps_this_runs_kernel_not_the_writers(paths):
+    """torch's `load_state_dict` restores the saved param groups' flags: a checkpoint written by a
+    multi-tensor run would resume unfused. `Trainable.load` chooses again (`choose_adam_kernel`)."""
+    from rlx.trainer.trainable import choose_adam_kernel
+
+    with tiny_bf16_trainable(TrainConfig(precision="bf16", adam_fused=False)) as (_, _, writer, step):
+        step()
+        saved = [inner.optimizer.state_dict() for inner in writer.chained_optimizers]
+    cfg = TrainConfig(precision="bf16")
+    with tiny_bf16_trainable(cfg) as (_, _, reader, step):
+        for inner, state in zip(reader.chained_optimizers, saved, strict=True):
+            inner.optimizer.load_state_dict(state)
+        groups = [g for inner in reader.chained_optimizers for g in inner.optimizer.param_groups]
+        assert not any(g["fused"] for g in groups)  # the writer's
+        choose_adam_kernel(reader, cfg)
+        assert all(g["fused"] and g["foreach"] is False for g in groups)
+        steps = [s["step"] for inner in reader.chained_optimizers for s in inner.optimizer.state.values()]
+        assert steps and all(s.dtype == torch.float32 and s.item() == 1.0 for s in steps)
+        paths.clear()
+        step()
+        assert set(paths) == {"_fused_adam"}
+        assert all(s.item() == 2.0 for inner in reader.chained_optimizers for s in [
+            st["step"] for st in inner.optimizer.state.values()])  # fmt: skip
