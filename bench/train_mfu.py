@@ -18,7 +18,8 @@ random (no checkpoint: speed does not depend on them); tokens are uniform random
 What is trained: the family's `build_model` (megatron's local spec, SDPA core attention, no
 Transformer Engine, the fused kernels `model.kernels` selects: rlx.models.kernels) in bf16 through megatron's `Float16Module` (`rlx.models.precision`), megatron's
 `DistributedDataParallel` (fp32 gradient buffer) and `get_megatron_optimizer` (Adam, bf16=True:
-fp32 master weights), one optimizer step per `--micro-batch` x `--accum` sequences of `--seq-len`
+fp32 master weights; torch's fused Adam, or its multi-tensor one with `--adam foreach`), wrapped
+by the trainer's own `wrap_for_training`, one optimizer step per `--micro-batch` x `--accum` sequences of `--seq-len`
 tokens through `get_forward_backward_func`, loss = megatron's vocab-parallel cross entropy. No
 activation recompute. `--warmup` steps are excluded; the clock is read after a device synchronize.
 One more step is then timed in parts (`host_and_gpu_s`): when the GPU has nothing left to run once
