@@ -306,8 +306,16 @@ def _find_resume(rc: RlxConfig, out: Path) -> Path | None:
 
 
 def _shape(rc: RlxConfig) -> dict[str, Any]:
-    """What a checkpoint's tensors depend on: the model's shape keys, whether there is a critic."""
-    return {f"model.{k}": getattr(rc.model, k) for k in SHAPE_KEYS} | {"critic": build(rc.algo).needs_critic}
+    """What a checkpoint's tensors depend on: the model's shape keys, whether there is a critic,
+    and the optimizer's layout (megatron's distributed optimizer or not)."""
+    return {f"model.{k}": getattr(rc.model, k) for k in SHAPE_KEYS} | {
+        "critic": build(rc.algo).needs_critic,
+        "train.distributed_optimizer": rc.train.distributed_optimizer,
+    }
+
+
+# what a checkpoint saved before a key was recorded had (none could save a distributed optimizer)
+_SHAPE_BEFORE_RECORDED = {"train.distributed_optimizer": False}
 
 
 def _check_resumable(rc: RlxConfig, state: dict, path: Path) -> None:
@@ -317,11 +325,11 @@ def _check_resumable(rc: RlxConfig, state: dict, path: Path) -> None:
     changed = [
         f"{k}: {saved.get(k)!r} in the checkpoint, {v!r} now"
         for k, v in _shape(rc).items()
-        if saved.get(k) != v
+        if saved.get(k, _SHAPE_BEFORE_RECORDED.get(k)) != v
     ]
     if changed:
         raise ConfigError(
-            f"run.resume_from: the checkpoint {path} was saved with another model or algorithm: "
+            f"run.resume_from: the checkpoint {path} was saved with another model, algorithm or optimizer layout: "
             + "; ".join(changed)
             + ". Resume with the same values (the checkpoint's config.yaml has them), or start fresh without run.resume_from"
         )

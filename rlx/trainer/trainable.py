@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rlx.compat import megatron_distrib_optimizer
 from rlx.errors import ConfigError
 from rlx.sample import Sample
 from rlx.trainer.batch import (
@@ -249,6 +250,7 @@ def wrap_for_training(
     from rlx.models.precision import half_precision
 
     megatron_multi_tensor.apply()  # the gradient norm and master-weight copies as foreach ops
+    megatron_distrib_optimizer.apply()  # its checkpoints load with torch's Adam
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=train_cfg.distributed_optimizer
     )
@@ -312,7 +314,10 @@ def choose_adam_kernel(optimizer, train_cfg) -> None:
                 step = state.get(p, {}).get("step")
                 if torch.is_tensor(step):
                     where = p.device if fused else torch.device("cpu")
-                    state[p]["step"] = step.to(device=where, dtype=_get_scalar_dtype(is_fused=fused))
+                    # a copy each: a loaded checkpoint may share one tensor among all weights
+                    state[p]["step"] = step.to(
+                        device=where, dtype=_get_scalar_dtype(is_fused=fused), copy=True
+                    )
 
 
 def run_schedule(chunks, forward_step: Callable, mbs: list[MicroBatch], forward_only: bool) -> list[dict]:
@@ -376,7 +381,9 @@ def _sharded_state(
     }
     state = {**model_state, **common}
     if with_optimizer:
-        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=megatron_distrib_optimizer.METADATA
+        )
     return state
 
 
@@ -421,6 +428,8 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
 
     stepped = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_OPTIMIZER_STEPPED, True)
+    if stepped:
+        megatron_distrib_optimizer.allocate_state(optimizer)  # state to load into
     placeholders = dict.fromkeys(common_keys)
     state = dist_checkpointing.load(
         _sharded_state(chunks, optimizer, True, stepped, placeholders, adapters_only), str(ckpt_dir)

@@ -180,3 +180,30 @@ def test_an_rlx_run_s_checkpoint_is_found_by_its_run_dir_its_checkpoints_dir_its
     assert _find_resume(to_object(compose(["run.resume_from=auto"])), run_dir) == ckpt
     assert _find_resume(to_object(compose(["run.resume_from=auto"])), tmp_path / "fresh") is None
     assert not unpickled.exists()  # finding reads `latest` and state.json only
+
+
+def test_a_distributed_optimizer_checkpoint_resumes_on_fewer_ranks_and_only_with_that_optimizer(tmp_path):
+    """`train.distributed_optimizer=true` saves (megatron's default format for it was refused by its
+    own checkpointing: rlx.compat.megatron_distrib_optimizer), written by 2 data-parallel ranks and
+    resumed by 1; resuming it with the other optimizer, whose state megatron lays out differently,
+    is refused before the run starts, naming the setting."""
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    distributed = ["train.distributed_optimizer=true", *SHORT]
+    run(compose([f"run.output_dir={first}", "run.num_rollout=2", "run.save=true", "cluster.num_trainer_procs=2",
+                 *distributed]))  # fmt: skip
+    history = run(
+        compose([f"run.output_dir={resumed}", "run.num_rollout=3", f"run.resume_from={first}", *distributed])
+    )
+    assert [h["step"] for h in history] == [2]
+    assert history[0]["train/grad_norm"] > 0
+    with pytest.raises(ConfigError, match="train.distributed_optimizer: True in the checkpoint, False now"):
+        run(
+            compose(
+                [
+                    f"run.output_dir={tmp_path / 'other'}",
+                    "run.num_rollout=3",
+                    f"run.resume_from={first}",
+                    *SHORT,
+                ]
+            )
+        )
