@@ -19,7 +19,7 @@ Three things stood between `train.distributed_optimizer=true` and a checkpoint t
   `apply()` hands the copy the weight's own step count for that key (a copy onto itself).
 
 After a load every weight shares one step tensor (megatron sets the same one on all):
-`rlx.trainer.trainable.choose_adam_kernel` gives each its own, or Adam would count a step once a
+`rlx.trainer.adam.choose_adam_kernel` gives each its own, or Adam would count a step once a
 weight.
 """
 

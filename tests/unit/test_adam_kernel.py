@@ -1,4 +1,4 @@
-"""Which torch Adam kernel steps the trainer (rlx.trainer.trainable.choose_adam_kernel): the fused
+"""Which torch Adam kernel steps the trainer (rlx.trainer.adam.choose_adam_kernel): the fused
 one (`train.adam_fused`, the default: one pass over all tensors, no temporaries), else the
 multi-tensor one or, with `train.adam_foreach=false`, one tensor at a time (whose sqrt(v) temporary
 is the largest tensor's, not a third of the optimizer state). The same arithmetic: the unfused two
@@ -88,7 +88,7 @@ def test_the_fused_step_is_the_default_and_gives_the_same_weights(paths):
 def test_a_resumed_optimizer_keeps_this_runs_kernel_not_the_writers(paths):
     """torch's `load_state_dict` restores the saved param groups' flags: a checkpoint written by a
     multi-tensor run would resume unfused. `Trainable.load` chooses again (`choose_adam_kernel`)."""
-    from rlx.trainer.trainable import choose_adam_kernel
+    from rlx.trainer.adam import choose_adam_kernel
 
     with tiny_bf16_trainable(TrainConfig(precision="bf16", adam_fused=False)) as (_, _, writer, step):
         step()

@@ -10,8 +10,9 @@ import pytest
 import torch
 from helpers import tiny_bf16_trainable  # tests/ is on sys.path (conftest)
 
+from rlx.trainer.adam import choose_adam_kernel
 from rlx.trainer.config import TrainConfig
-from rlx.trainer.trainable import choose_adam_kernel, load_checkpoint, save_checkpoint
+from rlx.trainer.trainable import load_checkpoint, save_checkpoint
 
 
 def _steps(optimizer) -> list[torch.Tensor]:
