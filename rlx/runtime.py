@@ -322,11 +322,9 @@ def _check_resumable(rc: RlxConfig, state: dict, path: Path) -> None:
     saved = state.get("shape")
     if saved is None:
         return
-    changed = [
-        f"{k}: {saved.get(k)!r} in the checkpoint, {v!r} now"
-        for k, v in _shape(rc).items()
-        if saved.get(k, _SHAPE_BEFORE_RECORDED.get(k)) != v
-    ]
+    now = _shape(rc)
+    written = {k: saved.get(k, _SHAPE_BEFORE_RECORDED.get(k)) for k in now}
+    changed = [f"{k}: {written[k]!r} in the checkpoint, {v!r} now" for k, v in now.items() if written[k] != v]
     if changed:
         raise ConfigError(
             f"run.resume_from: the checkpoint {path} was saved with another model, algorithm or optimizer layout: "
