@@ -87,42 +87,33 @@ def _programs(device_index: int) -> int:
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`(t, row stride)`: `t` as evenly spaced rows of its last dimension, copied only if it is not."""
+    """`(rows, row stride)`: `t` as a [rows, N] view of its last dimension where its rows are evenly
+    spaced (torch's `view` merges the leading dimensions only then), else a contiguous copy."""
     n = t.shape[-1]
-    if t.is_contiguous():
-        return t, n
     if t.stride(-1) == 1:
-        # evenly spaced rows: each leading dimension's stride is the next one's times its size
-        stride, ok = None, True
-        for size, s in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1]), strict=True):
-            if size == 1:
-                continue
-            if stride is None:
-                stride, expected = s, s * size
-            elif s == expected:
-                expected = s * size
-            else:
-                ok = False
-                break
-        if ok:
-            return t, n if stride is None else stride
-    return t.contiguous(), n
+        try:
+            rows = t.view(-1, n)
+            return rows, rows.stride(0)
+        except RuntimeError:  # "view size is not compatible with input tensor's size and stride"
+            pass
+    return t.contiguous().view(-1, n), n
 
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n = x.shape[-1]
-        x, x_stride = _rows(x)
-        rows = x.numel() // n
+        x_rows, x_stride = _rows(x)
+        rows = x_rows.shape[0]
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block_m, block_n, warps = _blocks(n)
         _forward_kernel[(triton.cdiv(rows, block_m),)](
-            x, weight, y, rstd, rows, x_stride, n, eps, N=n, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps
-        )
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.x_stride = x_stride
+            x_rows, weight, y, rstd, rows, x_stride, n, eps, N=n, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps,
+        )  # fmt: skip
+        ctx.save_for_backward(x_rows, weight, rstd)
+        ctx.x_stride, ctx.shape = x_stride, x.shape
         return y
 
     @staticmethod
@@ -131,7 +122,7 @@ class RMSNormFunction(torch.autograd.Function):
         n = x.shape[-1]
         rows = rstd.numel()
         dy, dy_stride = _rows(dy)
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dx = torch.empty(ctx.shape, dtype=x.dtype, device=x.device)
         block_m, block_n, warps = _blocks(n)
         programs = min(_programs(x.device.index or 0), triton.cdiv(rows, block_m))
         rows_per_program = triton.cdiv(triton.cdiv(rows, programs), block_m) * block_m
