@@ -19,7 +19,8 @@ What the trainer builds (`rlx.trainer.trainable.wrap_for_training`, `rlx.trainer
   dtype), their gradient written over them (with sequence parallelism beside them: two copies);
 - in the forward-only passes (old and reference log-probs, the critic's values), which keep no
   activations: that micro-batch's logits and one layer's activations at a time;
-- in the optimizer step, torch's multi-tensor Adam's temporary sqrt(v) (fp32, the size of the state).
+- in the optimizer step, with `train.adam_fused=false`, torch's multi-tensor Adam's temporary sqrt(v)
+  (fp32, the size of the state; the fused Adam, the default, holds none).
 
 Predicted is torch's allocated memory (`torch.cuda.max_memory_allocated`, which the loop logs as
 `perf/trainer_peak_mem_gib`), plus the process's CUDA context. Not counted: the caching
