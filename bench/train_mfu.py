@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -66,6 +65,7 @@ from rlx.lora.adapter import is_adapter
 from rlx.lora.apply import apply_lora
 from rlx.lora.config import LoRAConfig
 from rlx.models.config import ModelConfig
+from rlx.ports import LOOPBACK, free_port
 from rlx.trainer.parallel import destroy_distributed, init_distributed
 
 # Qwen/Qwen3-1.7B's config.json (Qwen3ForCausalLM): about 1.72B parameters, tied embeddings.
@@ -353,10 +353,7 @@ def main(argv: list[str]) -> dict:
         print(f"micro-batch {args.micro_batch} x {args.accum}: the largest the memory plan fits on "
               f"{torch.cuda.get_device_name()} ({total / 2**30:.1f} GiB) with {MARGIN:.0%} free", flush=True)  # fmt: skip
     args.accum = args.accum or 8
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    device = init_distributed(0, 1, "127.0.0.1", port, seed=args.seed)
+    device = init_distributed(0, 1, LOOPBACK, free_port(), seed=args.seed)
     try:
         model, optimizer, gpt = build_training(
             cfg, device, args.lr, fuse_wgrad=not args.unfused_wgrad, lora=lora, adam_fused=fused
