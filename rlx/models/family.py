@@ -288,6 +288,9 @@ class ModelFamily:
             from rlx.models.layers import apply_llama3_rope_scaling
 
             apply_llama3_rope_scaling(model, self.cfg)
+        from rlx.models.residual_norm import link_residual_norms
+
+        link_residual_norms(model)
         return model
 
     def load_hf_weights(self, model: torch.nn.Module, hf_dir: str | Path) -> None:

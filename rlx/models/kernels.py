@@ -13,10 +13,12 @@ through the hooks megatron has for them, so the layer's forward is megatron's ow
 - RoPE: megatron's `fused_apply_rotary_pos_emb` slot (`apply_rope_fusion`), empty without TE.
 
 Kernel sets (`KERNEL_SETS`): "liger" (liger-kernel's gate-up SwiGLU and vocab-parallel cross
-entropy, the `gpu` extra, and rlx's own Triton RMSNorm), "compile" (torch.compile of the same
-torch math, no extra dependency), "torch" (megatron's unfused layers). RoPE is torch.compile of
-megatron's own `_apply_rotary_pos_emb_bshd` in both fused sets: liger's RoPE kernel wants
-[b, s, h, d] memory and megatron's is [s, b, h, d]. The liger set's norms are
+entropy, the `gpu` extra, and rlx's own Triton RMSNorm and RoPE), "compile" (torch.compile of the
+same torch math, no extra dependency), "torch" (megatron's unfused layers). liger's RoPE kernel
+wants [b, s, h, d] memory and megatron's is [s, b, h, d]: the compile set's RoPE is torch.compile
+of megatron's own `_apply_rotary_pos_emb_bshd`, the liger set's `rlx.models.triton_rope` (the
+compiled one evaluates cos and sin for every element: three times RoPE's memory time at the 1.7B
+shape). The liger set's norms are
 `rlx.models.triton_norm`'s: torch's `rms_norm` reduces the weight's gradient at a quarter of the
 memory bandwidth on the per-head q/k norms and copies their strided input, and liger's RMSNorm
 was no faster than torch's while its per-call Python made the step at RL's short micro-batches
@@ -87,6 +89,10 @@ def _triton_norm() -> type:
     return importlib.import_module("rlx.models.triton_norm").TritonRMSNorm
 
 
+def _triton_rope() -> Callable:
+    return triton_rope
+
+
 KERNEL_SETS: dict[str, KernelSet] = {
     "torch": KernelSet("torch"),
     "liger": KernelSet(
@@ -94,7 +100,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         norm=_triton_norm,
         qk_norm=_triton_norm,
         swiglu=_liger_swiglu,
-        rope=_compiled_rope,
+        rope=_triton_rope,
         cross_entropy=_liger_cross_entropy,
         requires="liger-kernel",
         modules=("liger_kernel.ops", "liger_kernel.megatron"),
@@ -187,6 +193,15 @@ def compiled_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fals
     """Megatron's unfused RoPE over [s, b, h, d] (`freqs` [s, 1, 1, rot_dim] angles), compiled:
     the same arithmetic as `apply_rope_fusion=False`, in one kernel each way."""
     return _compiled_rope_bshd()(t, freqs, rotary_interleaved=interleaved)
+
+
+def triton_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_) -> torch.Tensor:
+    """RoPE through `rlx.models.triton_rope`'s kernels where they take (t, freqs) (non-interleaved,
+    one angle a position), else `compiled_rope`."""
+    kernel = importlib.import_module("rlx.models.triton_rope")
+    if not interleaved and kernel.supported(t, freqs):
+        return kernel.apply_rope(t, freqs)
+    return compiled_rope(t, freqs, interleaved=interleaved)
 
 
 @cache

@@ -1,7 +1,8 @@
 """Megatron layer pieces shared by the dense families, beyond what megatron-core's local spec offers.
 
 - `local_layer_spec`: megatron's local (no Transformer Engine) GPT layer spec with the core
-  attention on torch SDPA, fused GPU kernels where a `rlx.models.kernels.KernelSet` brings them,
+  attention on torch SDPA, fused GPU kernels where a `rlx.models.kernels.KernelSet` brings them
+  (with `rlx.models.residual_norm`'s layer where its norms take the residual adds in),
   and `PostNormTransformerLayer` where the architecture asks for it; `block_spec` adds the
   decoder's final norm.
 - `PostNormTransformerLayer`: a TransformerLayer that also normalises the attention output and the
@@ -28,6 +29,7 @@ from rlx.models.attention import SDPAttention
 from rlx.models.bridge import unwrap
 from rlx.models.config import ModelConfig
 from rlx.models.kernels import KernelSet
+from rlx.models.residual_norm import AddNormTransformerLayer, PendingAddNorm
 
 
 def local_layer_spec(
@@ -40,6 +42,10 @@ def local_layer_spec(
     if kernels is not None:
         _use_kernels(spec, config, kernels)
     if not post_sublayer_norms:
+        if isinstance(spec.submodules.pre_mlp_layernorm, type) and issubclass(
+            spec.submodules.pre_mlp_layernorm, PendingAddNorm
+        ):
+            spec.module = AddNormTransformerLayer  # the residual adds into the norms after them
         return spec
     base = spec.submodules
     norm = base.pre_mlp_layernorm  # the same norm class (RMSNorm here) as the layer's other norms

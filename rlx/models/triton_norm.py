@@ -12,6 +12,10 @@ shape, seq 4096, the norms took 0.34 s of a 3.3 s step on 1×H100 (docs/benchmar
   `dx = (dy·w - x̂ · mean(x̂ · dy·w)) / rms` and sums `dy · x̂` for the weight in registers; the
   programs' partial sums ([programs, N] fp32) are added up by one `sum`.
 
+`add_rms_norm` takes the residual add before a norm into the same kernels: the forward writes the
+rounded sum s = x + residual and normalises it, the backward adds the sum's own gradient (the
+residual stream's) into the input gradient before rounding it once.
+
 Rows of any stride along the leading dimensions are read as they lie when the last dimension is
 contiguous and the rows are evenly spaced (a q/k split of the fused QKV projection is); anything
 else is made contiguous first. CUDA only: importing this module imports triton.
@@ -25,30 +29,37 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx.models.residual_norm import PendingAddNorm
+
 ELEMENTS_PER_PROGRAM = 4096  # BLOCK_M x BLOCK_N: 32 rows of a 128-wide head norm, 2 of a 2,048 one
 MAX_WIDTH = 16384  # wider rows are torch's (a row's block must fit a program's registers)
 
 
 @triton.jit
-def _forward_kernel(X, W, Y, RSTD, n_rows, x_stride, y_stride, eps, N: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr):  # fmt: skip
+def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_stride, r_stride, y_stride, eps, N: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < N)[None, :]
-    x = tl.load(X + rows[:, None].to(tl.int64) * x_stride + cols[None, :], mask=mask, other=0.0).to(
-        tl.float32
-    )
+    r64 = rows[:, None].to(tl.int64)
+    x = tl.load(X + r64 * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if ADD:  # s = x + residual, rounded to the inputs' dtype (a separate add's result), is normalised
+        r = tl.load(R + r64 * r_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(S.dtype.element_ty)
+        tl.store(S + r64 * y_stride + cols[None, :], s, mask=mask)
+        x = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows[:, None].to(tl.int64) * y_stride + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + r64 * y_stride + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
 
 @triton.jit
-def _backward_kernel(DY, X, W, RSTD, DX, DW, n_rows, rows_per_program, x_stride, dy_stride, dx_stride,
-                     N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _backward_kernel(DY, X, W, RSTD, DS, DX, DW, n_rows, rows_per_program, x_stride, dy_stride, ds_stride,
+                     dx_stride, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     ADD: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -67,6 +78,8 @@ def _backward_kernel(DY, X, W, RSTD, DX, DW, n_rows, rows_per_program, x_stride,
         wdy = dy * w[None, :]
         c = tl.sum(x_hat * wdy, axis=1) / N
         dx = (wdy - x_hat * c[:, None]) * rstd[:, None]
+        if ADD:  # the gradient the sum got around the norm (the residual stream's), added before rounding
+            dx += tl.load(DS + r64 * ds_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + r64 * dx_stride + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         dw += dy * x_hat
     tl.store(DW + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
@@ -99,40 +112,81 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t.contiguous().view(-1, n), n
 
 
+def _norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """The forward kernel over x's rows, or over s = x + `residual` (rounded) where one is given:
+    (the normalised rows as a [rows, N] view, their stride, rstd, y, s or None)."""
+    n = x.shape[-1]
+    x_rows, x_stride = _rows(x)
+    rows = x_rows.shape[0]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if residual is None:
+        r_rows, r_stride, s = x_rows, x_stride, y
+    else:
+        (r_rows, r_stride), s = _rows(residual), torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_m, block_n, warps = _blocks(n)
+    _forward_kernel[(triton.cdiv(rows, block_m),)](
+        x_rows, r_rows, s, weight, y, rstd, rows, x_stride, r_stride, n, eps, N=n, BLOCK_M=block_m,
+        BLOCK_N=block_n, ADD=residual is not None, num_warps=warps,
+    )  # fmt: skip
+    if residual is None:
+        return x_rows, x_stride, rstd, y, None
+    return s.view(-1, n), n, rstd, y, s
+
+
+def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) from the saved rows, weight and rstd; `ds` (the sum's own gradient) added into dx."""
+    x, weight, rstd = ctx.saved_tensors
+    n = x.shape[-1]
+    rows = rstd.numel()
+    dy, dy_stride = _rows(dy)
+    ds_rows, ds_stride = (dy, dy_stride) if ds is None else _rows(ds)
+    dx = torch.empty(ctx.shape, dtype=x.dtype, device=x.device)
+    block_m, block_n, warps = _blocks(n)
+    programs = min(_programs(x.device.index or 0), triton.cdiv(rows, block_m))
+    rows_per_program = triton.cdiv(triton.cdiv(rows, programs), block_m) * block_m
+    programs = triton.cdiv(rows, rows_per_program)
+    dw = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+    _backward_kernel[(programs,)](
+        dy, x, weight, rstd, ds_rows, dx, dw, rows, rows_per_program, ctx.x_stride, dy_stride, ds_stride,
+        n, N=n, BLOCK_M=block_m, BLOCK_N=block_n, ADD=ds is not None, num_warps=warps,
+    )  # fmt: skip
+    return dx, dw.sum(0).to(weight.dtype)
+
+
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        n = x.shape[-1]
-        x_rows, x_stride = _rows(x)
-        rows = x_rows.shape[0]
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block_m, block_n, warps = _blocks(n)
-        _forward_kernel[(triton.cdiv(rows, block_m),)](
-            x_rows, weight, y, rstd, rows, x_stride, n, eps, N=n, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=warps,
-        )  # fmt: skip
+        x_rows, ctx.x_stride, rstd, y, _ = _norm_forward(x, None, weight, eps)
         ctx.save_for_backward(x_rows, weight, rstd)
-        ctx.x_stride, ctx.shape = x_stride, x.shape
+        ctx.shape = x.shape
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        n = x.shape[-1]
-        rows = rstd.numel()
-        dy, dy_stride = _rows(dy)
-        dx = torch.empty(ctx.shape, dtype=x.dtype, device=x.device)
-        block_m, block_n, warps = _blocks(n)
-        programs = min(_programs(x.device.index or 0), triton.cdiv(rows, block_m))
-        rows_per_program = triton.cdiv(triton.cdiv(rows, programs), block_m) * block_m
-        programs = triton.cdiv(rows, rows_per_program)
-        dw = torch.empty(programs, n, dtype=torch.float32, device=x.device)
-        _backward_kernel[(programs,)](
-            dy, x, weight, rstd, dx, dw, rows, rows_per_program, ctx.x_stride, dy_stride, n,
-            N=n, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-        )  # fmt: skip
-        return dx, dw.sum(0).to(weight.dtype), None
+        dx, dw = _norm_backward(ctx, dy, None)
+        return dx, dw, None
+
+
+class AddRMSNormFunction(torch.autograd.Function):
+    """(s, y) = (x + residual, rms_norm(x + residual)) in one kernel each way: the backward adds the
+    sum's own gradient (the residual stream's) to the norm's input gradient, which is then the
+    gradient of both x and residual."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        ctx.set_materialize_grads(False)
+        s_rows, ctx.x_stride, rstd, y, s = _norm_forward(x, residual, weight, eps)
+        ctx.save_for_backward(s_rows, weight, rstd)
+        ctx.shape = x.shape
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds: torch.Tensor | None, dy: torch.Tensor | None):
+        if dy is None:  # the normalised output was not used
+            return ds, ds, None, None
+        dx, dw = _norm_backward(ctx, dy, ds)
+        return dx, dx, dw, None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,8 +196,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return RMSNormFunction.apply(x, weight, eps)
 
 
-class TritonRMSNorm(torch.nn.RMSNorm):
-    """`torch.nn.RMSNorm` (what megatron's local spec builds) through `rms_norm`'s kernels.
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(s, rms_norm(s))` for `s = x + residual` (rounded to their dtype, as a separate add would)."""
+    if x.shape[-1] > MAX_WIDTH or x.numel() == 0:
+        s = x + residual
+        return s, torch.nn.functional.rms_norm(s, (s.shape[-1],), weight, eps)
+    return AddRMSNormFunction.apply(x, residual, weight, eps)
+
+
+class TritonRMSNorm(PendingAddNorm, torch.nn.RMSNorm):
+    """`torch.nn.RMSNorm` (what megatron's local spec builds) through `rms_norm`'s kernels, and
+    through `add_rms_norm`'s where the residual add before it is fused in
+    (`rlx.models.residual_norm`).
 
     Takes megatron's norm constructor arguments; parameters and state-dict keys are the torch
     norm's (`weight`)."""
@@ -152,5 +218,8 @@ class TritonRMSNorm(torch.nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
         self.weight.sequence_parallel = config.sequence_parallel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, residual, self.weight, self.eps)

@@ -139,6 +139,36 @@ def test_triton_rms_norm_rows_in_place_and_many_per_program(device, shape, take)
     assert_no_less_accurate("triton_rms_norm dx", [leaf.grad], [unfused_leaf.grad], [ref_leaf.grad])
 
 
+@pytest.mark.parametrize("shape", [(2048, 2, 2048), (5, 3, 96)])  # a hidden state; a tiny one
+def test_triton_add_rms_norm(device, shape):
+    """rlx.models.triton_norm's residual add fused into the norm: the sum and the norm of it, and
+    the gradients of both inputs and the weight when both outputs are used (the residual stream
+    and the sublayer after the norm), against a separate bf16 add and torch's norm, and fp32."""
+    from rlx.models.triton_norm import add_rms_norm
+
+    torch.manual_seed(0)
+    width = shape[-1]
+    x, r = (torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(width, device=device)).to(torch.bfloat16)
+    ds, dy = (torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(2))
+
+    def both(add_norm, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, r, w)]
+        s, y = add_norm(*leaves)
+        torch.autograd.backward([s, y], [ds.to(dtype), dy.to(dtype)])
+        return [s.detach(), y.detach(), *(t.grad for t in leaves)]
+
+    def unfused(x, r, w):
+        s = x + r
+        return s, F.rms_norm(s, (width,), w, 1e-6)
+
+    fused = both(lambda x, r, w: add_rms_norm(x, r, w, 1e-6), torch.bfloat16)
+    assert_no_less_accurate(
+        f"add_rms_norm{shape}", fused, both(unfused, torch.bfloat16), both(unfused, torch.float32)
+    )
+    assert torch.equal(fused[2], fused[3])  # both inputs of the add get the same gradient
+
+
 def swiglu_reference(y: torch.Tensor) -> torch.Tensor:
     """The unfused SwiGLU both fused versions are held to: silu(gate) * up over fc1's [gate | up]."""
     gate, up = torch.chunk(y, 2, dim=-1)
@@ -174,25 +204,56 @@ def test_megatron_swiglu_fusion(device):
     )
 
 
-@pytest.mark.parametrize("rot_dim,interleaved", [(128, False), (64, False), (64, True)])
-def test_rope(device, rot_dim, interleaved):
-    """Compiled RoPE against megatron's unfused one: full, partial (GLM-4's half), interleaved."""
+def rope_angles(s: int, rot_dim: int, device) -> torch.Tensor:
+    """megatron's [s, 1, 1, rot_dim] fp32 RoPE angles (non-interleaved halves), base 1e6."""
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
+    angles = torch.outer(torch.arange(s, device=device).float(), inv_freq)
+    return torch.cat([angles, angles], dim=-1)[:, None, None, :]
+
+
+def qkv_query(s: int, b: int, device) -> torch.Tensor:
+    """The query heads [s, b, 16, 128] of a fused QKV projection's output [s, b, 8 groups, (2 + 2)
+    x 128] (megatron's layout): a view whose heads are not evenly spaced."""
+    qkv = torch.randn(s, b, 8, 4 * 128, device=device, dtype=torch.bfloat16)
+    return qkv[..., : 2 * 128].reshape(s, b, 16, 128)
+
+
+@pytest.mark.parametrize(
+    "rope,rot_dim,interleaved,strided",
+    [
+        ("compiled", 128, False, False),
+        ("compiled", 64, False, False),  # GLM-4's half
+        ("compiled", 64, True, False),
+        ("triton", 128, False, False),
+        ("triton", 64, False, False),  # the unrotated half copied
+        ("triton", 128, False, True),  # a head split of the fused QKV projection, read in place
+        ("triton", 64, True, False),  # interleaved: handed to the compiled RoPE
+    ],
+)
+def test_rope(device, rope, rot_dim, interleaved, strided):
+    """The fused RoPEs (the compile set's and the liger set's) against megatron's unfused one."""
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    from rlx.models.kernels import triton_rope
 
     torch.manual_seed(0)
     s, b, h, d = 1024, 4, 16, 128
-    t = torch.randn(s, b, h, d, device=device, dtype=torch.bfloat16)
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
-    angles = torch.outer(torch.arange(s, device=device).float(), inv_freq)
-    freqs = torch.cat([angles, angles], dim=-1)[:, None, None, :]
-    dt = torch.randn_like(t)
+    t = qkv_query(s, b, device) if strided else torch.randn(s, b, h, d, device=device, dtype=torch.bfloat16)
+    freqs = rope_angles(s, rot_dim, device)
+    dt = torch.randn(t.shape, device=device, dtype=torch.bfloat16)
+    fused_rope = compiled_rope if rope == "compiled" else triton_rope
 
     def unfused(t):
         return _apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
 
-    fused = run(lambda t: compiled_rope(t, freqs, interleaved=interleaved), [t], dt)
-    ref = run(unfused, [t.float()], dt.float())
-    assert_no_less_accurate(f"rope[{rot_dim},{interleaved}]", fused, run(unfused, [t], dt), ref)
+    # t itself (a view, when strided) goes into the fused RoPE
+    out = fused_rope(t.requires_grad_(), freqs, interleaved=interleaved)
+    out.backward(dt)
+    fused = [out.detach(), t.grad]
+    ref = run(unfused, [t.detach().float()], dt.float())
+    name = f"rope[{rope},{rot_dim},{interleaved},{strided}]"
+    assert_no_less_accurate(name, fused, run(unfused, [t.detach()], dt), ref)
+    assert out.is_contiguous() and t.grad.shape == t.shape
 
 
 @pytest.mark.parametrize("kernels", [pytest.param("liger", marks=FUSED_SETS[0].marks), "compile"])
