@@ -281,7 +281,8 @@ def print_kernel_profile(step, num_rows: int) -> None:
 
     from rlx.trainer.profiling import op_table
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    # CPU too: the second table (the ops that launched the GPU time) is made from the CPU's ops
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     print(op_table(prof, num_rows))

@@ -10,7 +10,8 @@ shape, seq 4096, the norms took 0.34 s of a 3.3 s step on 1×H100 (docs/benchmar
   cast once to x's dtype (torch's `rms_norm`'s arithmetic), and keeps each row's 1/rms (fp32);
 - backward: a fixed grid of programs (a few per SM) each walks its share of the rows, writes
   `dx = (dy·w - x̂ · mean(x̂ · dy·w)) / rms` and sums `dy · x̂` for the weight in registers; the
-  programs' partial sums ([programs, N] fp32) are added up by one `sum`.
+  programs' partial sums ([programs, N] fp32) are added up by one `sum`, or by one kernel straight
+  into the weight's fp32 `main_grad` under megatron's DDP.
 
 `add_rms_norm` takes the residual add before a norm into the same kernels: the forward writes the
 rounded sum s = x + residual and normalises it, the backward adds the sum's own gradient (the
@@ -85,6 +86,21 @@ def _backward_kernel(DY, X, W, RSTD, DS, DX, DW, n_rows, rows_per_program, x_str
     tl.store(DW + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
 
 
+@triton.jit
+def _sum_into_kernel(
+    PARTIALS, OUT, n_partials, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for first in range(0, n_partials, BLOCK_P):
+        rows = first + tl.arange(0, BLOCK_P)
+        mask = (rows < n_partials)[:, None] & col_ok[None, :]
+        acc += tl.load(PARTIALS + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    total = tl.sum(acc, axis=0) + tl.load(OUT + cols, mask=col_ok, other=0.0)
+    tl.store(OUT + cols, total, mask=col_ok)
+
+
 @cache
 def _blocks(n: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of `n`."""
@@ -151,7 +167,33 @@ def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torc
         dy, x, weight, rstd, ds_rows, dx, dw, rows, rows_per_program, ctx.x_stride, dy_stride, ds_stride,
         n, N=n, BLOCK_M=block_m, BLOCK_N=block_n, ADD=ds is not None, num_warps=warps,
     )  # fmt: skip
-    return dx, dw.sum(0).to(weight.dtype)
+    return dx, _weight_grad(dw, ctx.weight) if ctx.needs_input_grad[-2] else None
+
+
+def _weight_grad(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The weight's gradient from the backward programs' partial sums [programs, N] (fp32): where
+    megatron's DDP gave the weight an fp32 `main_grad`, added straight into it by one kernel, with
+    megatron's own protocol for gradients its layers accumulate themselves (`grad_added_to_main_grad`
+    set, so DDP's hook adds nothing; a placeholder returned, so the hook still runs); else summed
+    and returned in the weight's dtype (the sum, the cast and DDP's add were 3 small kernels a norm,
+    30 ms of a 2.9 s step at the 1.7B shape on an H200)."""
+    main_grad = getattr(weight, "main_grad", None)
+    if (
+        main_grad is None
+        or not hasattr(weight, "grad_added_to_main_grad")
+        or main_grad.dtype != torch.float32
+        or main_grad.shape != weight.shape
+        or not main_grad.is_contiguous()
+    ):
+        return partials.sum(0).to(weight.dtype)
+    n = partials.shape[1]
+    block_n = min(128, triton.next_power_of_2(n))
+    _sum_into_kernel[(triton.cdiv(n, block_n),)](
+        partials, main_grad, partials.shape[0], N=n, BLOCK_P=32, BLOCK_N=block_n
+    )
+    weight.grad_added_to_main_grad = True
+    placeholder = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    return placeholder(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -159,6 +201,7 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x_rows, ctx.x_stride, rstd, y, _ = _norm_forward(x, None, weight, eps)
         ctx.save_for_backward(x_rows, weight, rstd)
+        ctx.weight = weight  # the parameter itself, whose main_grad the backward may add into
         ctx.shape = x.shape
         return y
 
@@ -178,6 +221,7 @@ class AddRMSNormFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         s_rows, ctx.x_stride, rstd, y, s = _norm_forward(x, residual, weight, eps)
         ctx.save_for_backward(s_rows, weight, rstd)
+        ctx.weight = weight
         ctx.shape = x.shape
         return s, y
 

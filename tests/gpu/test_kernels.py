@@ -365,6 +365,13 @@ def main_grads_over_two_micro_batches(hf_dir, ids_BL: torch.Tensor, fuse: bool):
             input_ids=part[:, :-1], position_ids=None, attention_mask=None, labels=part[:, 1:]
         ).mean().backward()
     fused = sum(getattr(m, "gradient_accumulation_fusion", False) is True for m in gpt.modules())
+    # the parameters whose gradient went straight into main_grad: the fused linear layers' and, with
+    # the liger set, the Triton norms' (rlx.models.triton_norm._weight_grad)
+    direct = {name for name, p in gpt.named_parameters() if p.grad_added_to_main_grad}
+    if family.kernels().name == "liger":
+        norms = {name for name in direct if "layernorm" in name}
+        assert norms == {name for name, _ in gpt.named_parameters() if "layernorm" in name}, norms
+        assert len(norms) == 4 * 4 + 1  # each layer's input, pre-MLP, q and k norms; the final norm
     return {name: p.main_grad.clone() for name, p in gpt.named_parameters()}, fused
 
 
@@ -373,7 +380,8 @@ def test_weight_gradients_accumulate_in_the_fp32_grad_buffer(device, hf_dir):
     main_grad (no bf16 gradient per micro-batch). Over two micro-batches every parameter's
     gradient, the tied embedding's included (output layer and lookup both), is at least as close
     to the fp32 model's as the unfused path's; the 4 linear layers of each of the 4 decoder
-    layers are fused, the tied output layer is not."""
+    layers are fused, the tied output layer is not. The Triton norms (liger set) add theirs into
+    main_grad in both runs."""
     ids_BL = torch.randint(0, 8192, (4, 513), generator=torch.Generator().manual_seed(1)).to(device)
     family = build(compose(SHAPE).model)
     gpt = family.build_model(params_dtype=torch.float32).to(device)
