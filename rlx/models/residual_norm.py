@@ -59,8 +59,10 @@ class AddNormTransformerLayer(TransformerLayer):
         # submodules (each is already one, of this layer or of the next)
         self._attn_norm: tuple[torch.nn.Module | None] = (None,)
         self._mlp_norm: tuple[torch.nn.Module | None] = (None,)
-        self._attn_add, self._mlp_add = self.self_attn_bda, self.mlp_bda
-        self.self_attn_bda, self.mlp_bda = self._attn_bda, self._mlp_bda
+        # megatron's bias-dropout-adds (functions) move aside so that `self_attn_bda` / `mlp_bda`
+        # are this class's methods: kept as the instance's bound methods they would make the layer
+        # a reference cycle, freed (with the model's weights) only when the cyclic GC next ran
+        self._attn_add, self._mlp_add = self.__dict__.pop("self_attn_bda"), self.__dict__.pop("mlp_bda")
 
     def fusable(self) -> bool:
         """Whether megatron calls this layer's norms directly (no recompute or offload of them, no
@@ -73,10 +75,10 @@ class AddNormTransformerLayer(TransformerLayer):
             or self.config.recompute_granularity == "full"
         )
 
-    def _attn_bda(self, training: bool, fused: bool) -> Callable:
+    def self_attn_bda(self, training: bool, fused: bool) -> Callable:
         return _add_into(self._attn_norm[0], self._attn_add(training, fused), training)
 
-    def _mlp_bda(self, training: bool, fused: bool) -> Callable:
+    def mlp_bda(self, training: bool, fused: bool) -> Callable:
         return _add_into(self._mlp_norm[0], self._mlp_add(training, fused), training)
 
 

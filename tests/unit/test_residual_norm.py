@@ -10,6 +10,8 @@ megatron's own logits and gradients bit for bit (same arithmetic in a different 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -79,6 +81,26 @@ def test_a_model_with_its_adds_fused_gives_megatrons_logits_and_gradients(family
     assert grads.keys() == ref_grads.keys()
     for name, grad in grads.items():
         assert torch.equal(grad, ref_grads[name]), name
+
+
+def test_a_dropped_model_is_freed_at_once(family):
+    """No reference cycle through the layers (megatron's bias-dropout-adds kept as the instance's
+    bound methods made one): a model dropped after a forward and backward is freed by reference
+    counting, its weights and any norm's held result with it, without the cyclic GC."""
+    ids_BL = torch.randint(0, family.cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    kernels = KernelSet("torch", norm=lambda: TorchAddRMSNorm)
+    family.kernels = lambda: kernels
+    gc.disable()
+    try:
+        with megatron_world():
+            gpt = family.build_model()
+            assert link_residual_norms(gpt) == 2 * family.cfg.num_layers
+            gpt(ids_BL, torch.arange(12).expand_as(ids_BL), attention_mask=None).sum().backward()
+            layer, final_norm = weakref.ref(gpt.decoder.layers[0]), weakref.ref(gpt.decoder.final_layernorm)
+            del gpt
+            assert layer() is None and final_norm() is None
+    finally:
+        gc.enable()
 
 
 def test_full_recompute_keeps_megatrons_adds(family):
