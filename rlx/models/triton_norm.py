@@ -154,6 +154,7 @@ def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torc
     """(dx, dw) from the saved rows, weight and rstd; `ds` (the sum's own gradient) added into dx."""
     x, weight, rstd = ctx.saved_tensors
     n = x.shape[-1]
+    x = x.view(-1, n)  # the rows normalised: x's [rows, N] view, or the sum s (contiguous)
     rows = rstd.numel()
     dy, dy_stride = _rows(dy)
     ds_rows, ds_stride = (dy, dy_stride) if ds is None else _rows(ds)
@@ -219,8 +220,11 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
         ctx.set_materialize_grads(False)
-        s_rows, ctx.x_stride, rstd, y, s = _norm_forward(x, residual, weight, eps)
-        ctx.save_for_backward(s_rows, weight, rstd)
+        _, ctx.x_stride, rstd, y, s = _norm_forward(x, residual, weight, eps)
+        # s itself, not its [rows, N] view: autograd saves an output without a reference to its own
+        # node, but a view of it as any tensor, a cycle (s -> node -> view -> s) that kept every sum
+        # of a forward with gradients and no backward alive, out of the cyclic GC's sight
+        ctx.save_for_backward(s, weight, rstd)
         ctx.weight = weight
         ctx.shape = x.shape
         return s, y
