@@ -168,7 +168,8 @@ def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torc
         dy, x, weight, rstd, ds_rows, dx, dw, rows, rows_per_program, ctx.x_stride, dy_stride, ds_stride,
         n, N=n, BLOCK_M=block_m, BLOCK_N=block_n, ADD=ds is not None, num_warps=warps,
     )  # fmt: skip
-    return dx, _weight_grad(dw, ctx.weight) if ctx.needs_input_grad[-2] else None
+    needs_dw = ctx.needs_input_grad[-2]  # the weight: both functions' second-to-last input
+    return dx, _weight_grad(dw, ctx.weight) if needs_dw else None
 
 
 def _weight_grad(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

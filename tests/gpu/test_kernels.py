@@ -211,11 +211,14 @@ def rope_angles(s: int, rot_dim: int, device) -> torch.Tensor:
     return torch.cat([angles, angles], dim=-1)[:, None, None, :]
 
 
-def qkv_query(s: int, b: int, device) -> torch.Tensor:
-    """The query heads [s, b, 16, 128] of a fused QKV projection's output [s, b, 8 groups, (2 + 2)
-    x 128] (megatron's layout): a view whose heads are not evenly spaced."""
+def qkv_key(s: int, b: int, device) -> torch.Tensor:
+    """The key heads [s, b, 8, 128] of a fused QKV projection's output [s, b, 8 groups, (2 + 2) x
+    128] (megatron's layout): a strided view, as megatron hands RoPE the keys of a model without
+    q/k norms (its queries it has copied by then: their reshape cannot be a view)."""
     qkv = torch.randn(s, b, 8, 4 * 128, device=device, dtype=torch.bfloat16)
-    return qkv[..., : 2 * 128].reshape(s, b, 16, 128)
+    key = qkv[..., 2 * 128 : 3 * 128]
+    assert key._base is qkv and not key.is_contiguous()
+    return key
 
 
 @pytest.mark.parametrize(
@@ -226,7 +229,7 @@ def qkv_query(s: int, b: int, device) -> torch.Tensor:
         ("compiled", 64, True, False),
         ("triton", 128, False, False),
         ("triton", 64, False, False),  # the unrotated half copied
-        ("triton", 128, False, True),  # a head split of the fused QKV projection, read in place
+        ("triton", 128, False, True),  # the keys of the fused QKV projection, read in place
         ("triton", 64, True, False),  # interleaved: handed to the compiled RoPE
     ],
 )
@@ -238,7 +241,7 @@ def test_rope(device, rope, rot_dim, interleaved, strided):
 
     torch.manual_seed(0)
     s, b, h, d = 1024, 4, 16, 128
-    t = qkv_query(s, b, device) if strided else torch.randn(s, b, h, d, device=device, dtype=torch.bfloat16)
+    t = qkv_key(s, b, device) if strided else torch.randn(s, b, h, d, device=device, dtype=torch.bfloat16)
     freqs = rope_angles(s, rot_dim, device)
     dt = torch.randn(t.shape, device=device, dtype=torch.bfloat16)
     fused_rope = compiled_rope if rope == "compiled" else triton_rope
