@@ -13,7 +13,9 @@ activation (2 in bf16, 4 in fp32), `h_s` = h / TP with sequence parallelism (rlx
 MoE under TP), else h:
 
     attention   e·[2·h_s                  input norm's input, the QKV projection's input
-                   + (a + 2g)·d / TP      QKV output (v is a view of it, kept by SDPA; so is q/k-norm's input)
+                   + (a + 2g)·d / TP      QKV output (v is a view of it, kept by SDPA; so is q/k-norm's input,
+                                          on GPUs: `rlx.models.self_attention`; megatron's own path, the
+                                          CPU's, copies q for its norm where a group has several heads)
                    + (a + g)·d / TP       RoPE'd q and k, kept by SDPA (CP > 1: q, and the all-gathered
                                           k and v of the whole sequence, 2·g·d·CP)
                    + a·d / TP             SDPA's output, the output projection's input

@@ -2,7 +2,8 @@
 
 - `local_layer_spec`: megatron's local (no Transformer Engine) GPT layer spec with the core
   attention on torch SDPA, fused GPU kernels where a `rlx.models.kernels.KernelSet` brings them
-  (with `rlx.models.residual_norm`'s layer where its norms take the residual adds in),
+  (with `rlx.models.residual_norm`'s layer where its norms take the residual adds in, and
+  `rlx.models.self_attention`'s where its q norm reads the query heads in place),
   and `PostNormTransformerLayer` where the architecture asks for it; `block_spec` adds the
   decoder's final norm.
 - `PostNormTransformerLayer`: a TransformerLayer that also normalises the attention output and the
@@ -30,6 +31,7 @@ from rlx.models.bridge import unwrap
 from rlx.models.config import ModelConfig
 from rlx.models.kernels import KernelSet
 from rlx.models.residual_norm import AddNormTransformerLayer, PendingAddNorm
+from rlx.models.self_attention import QKNormSelfAttention
 
 
 def local_layer_spec(
@@ -70,6 +72,8 @@ def _use_kernels(spec: ModuleSpec, config: TransformerConfig, kernels: KernelSet
         if kernels.qk_norm is not None and config.qk_layernorm:
             attention = layer.self_attention.submodules
             attention.q_layernorm = attention.k_layernorm = kernels.qk_norm()
+            if getattr(attention.q_layernorm, "reads_grouped_rows", False):
+                layer.self_attention.module = QKNormSelfAttention  # q normalised where it lies
     if kernels.swiglu is not None and config.use_te_activation_func:
         layer.mlp.submodules.activation_func = kernels.swiglu()
 

@@ -18,8 +18,9 @@ rounded sum s = x + residual and normalises it, the backward adds the sum's own 
 residual stream's) into the input gradient before rounding it once.
 
 Rows of any stride along the leading dimensions are read as they lie when the last dimension is
-contiguous and the rows are evenly spaced (a q/k split of the fused QKV projection is); anything
-else is made contiguous first. CUDA only: importing this module imports triton.
+contiguous and the rows are evenly spaced (the keys' split of the fused QKV projection), or come in
+evenly spaced groups of evenly spaced rows (its query heads, several a KV group:
+`rlx.models.self_attention` hands them over as such a view); anything else is made contiguous first. CUDA only: importing this module imports triton.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ MAX_WIDTH = 16384  # wider rows are torch's (a row's block must fit a program's 
 
 
 @triton.jit
-def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_stride, r_stride, y_stride, eps, N: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
+def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_outer, x_inner, x_group, r_stride, y_stride, eps,
+                    N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < N)[None, :]
     r64 = rows[:, None].to(tl.int64)
-    x = tl.load(X + r64 * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_at = (r64 // x_group) * x_outer + (r64 % x_group) * x_inner  # x's rows: groups of evenly spaced
+    x = tl.load(X + x_at + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if ADD:  # s = x + residual, rounded to the inputs' dtype (a separate add's result), is normalised
         r = tl.load(R + r64 * r_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = (x + r).to(S.dtype.element_ty)
@@ -58,9 +60,9 @@ def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_stride, r_stride, y_stride, e
 
 
 @triton.jit
-def _backward_kernel(DY, X, W, RSTD, DS, DX, DW, n_rows, rows_per_program, x_stride, dy_stride, ds_stride,
-                     dx_stride, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     ADD: tl.constexpr):  # fmt: skip
+def _backward_kernel(DY, X, W, RSTD, DS, DX, DW, n_rows, rows_per_program, x_outer, x_inner, x_group,
+                     dy_stride, ds_stride, dx_stride, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -72,7 +74,8 @@ def _backward_kernel(DY, X, W, RSTD, DS, DX, DW, n_rows, rows_per_program, x_str
         row_ok = rows < n_rows
         mask = row_ok[:, None] & col_ok[None, :]
         r64 = rows[:, None].to(tl.int64)
-        x = tl.load(X + r64 * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x_at = (r64 // x_group) * x_outer + (r64 % x_group) * x_inner
+        x = tl.load(X + x_at + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + r64 * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         x_hat = x * rstd[:, None]
@@ -128,33 +131,55 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t.contiguous().view(-1, n), n
 
 
+def _grouped_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """The normalised input's rows as they lie: `(view, (outer, inner, group))`, row r at
+    `(r // group) * outer + (r % group) * inner`: evenly spaced rows (group 1), or groups of
+    `t.shape[-2]` evenly spaced rows that are themselves evenly spaced (the query heads of a KV group
+    in megatron's fused QKV projection, [s, b, groups, heads a group, d]); else a contiguous copy."""
+    n = t.shape[-1]
+    if t.stride(-1) == 1:
+        try:
+            rows = t.view(-1, n)
+            return rows, (rows.stride(0), 0, 1)
+        except RuntimeError:  # not evenly spaced
+            pass
+        if t.dim() >= 3:
+            try:
+                groups = t.view(-1, t.shape[-2], n)
+                return groups, (groups.stride(0), groups.stride(1), groups.shape[1])
+            except RuntimeError:  # nor in evenly spaced groups
+                pass
+    return t.contiguous().view(-1, n), (n, 0, 1)
+
+
 def _norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """The forward kernel over x's rows, or over s = x + `residual` (rounded) where one is given:
-    (the normalised rows as a [rows, N] view, their stride, rstd, y, s or None)."""
+    (what was normalised, as the kernel reads it: x's rows as they lie, or s; its row layout
+    (outer, inner, group) as `_grouped_rows`'s; rstd, y)."""
     n = x.shape[-1]
-    x_rows, x_stride = _rows(x)
-    rows = x_rows.shape[0]
+    rows = x.numel() // n
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if residual is None:
-        r_rows, r_stride, s = x_rows, x_stride, y
+        x_rows, layout = _grouped_rows(x)
+        r_rows, r_stride, s = x_rows, 0, y
     else:
-        (r_rows, r_stride), s = _rows(residual), torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        (x_rows, x_stride), (r_rows, r_stride) = _rows(x), _rows(residual)
+        layout, s = (x_stride, 0, 1), torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_m, block_n, warps = _blocks(n)
     _forward_kernel[(triton.cdiv(rows, block_m),)](
-        x_rows, r_rows, s, weight, y, rstd, rows, x_stride, r_stride, n, eps, N=n, BLOCK_M=block_m,
+        x_rows, r_rows, s, weight, y, rstd, rows, *layout, r_stride, n, eps, N=n, BLOCK_M=block_m,
         BLOCK_N=block_n, ADD=residual is not None, num_warps=warps,
     )  # fmt: skip
     if residual is None:
-        return x_rows, x_stride, rstd, y, None
-    return s.view(-1, n), n, rstd, y, s
+        return x_rows, layout, rstd, y
+    return s, (n, 0, 1), rstd, y
 
 
 def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) from the saved rows, weight and rstd; `ds` (the sum's own gradient) added into dx."""
     x, weight, rstd = ctx.saved_tensors
     n = x.shape[-1]
-    x = x.view(-1, n)  # the rows normalised: x's [rows, N] view, or the sum s (contiguous)
     rows = rstd.numel()
     dy, dy_stride = _rows(dy)
     ds_rows, ds_stride = (dy, dy_stride) if ds is None else _rows(ds)
@@ -165,7 +190,7 @@ def _norm_backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None) -> tuple[torc
     programs = triton.cdiv(rows, rows_per_program)
     dw = torch.empty(programs, n, dtype=torch.float32, device=x.device)
     _backward_kernel[(programs,)](
-        dy, x, weight, rstd, ds_rows, dx, dw, rows, rows_per_program, ctx.x_stride, dy_stride, ds_stride,
+        dy, x, weight, rstd, ds_rows, dx, dw, rows, rows_per_program, *ctx.layout, dy_stride, ds_stride,
         n, N=n, BLOCK_M=block_m, BLOCK_N=block_n, ADD=ds is not None, num_warps=warps,
     )  # fmt: skip
     needs_dw = ctx.needs_input_grad[-2]  # the weight: both functions' second-to-last input
@@ -201,7 +226,7 @@ def _weight_grad(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x_rows, ctx.x_stride, rstd, y, _ = _norm_forward(x, None, weight, eps)
+        x_rows, ctx.layout, rstd, y = _norm_forward(x, None, weight, eps)
         ctx.save_for_backward(x_rows, weight, rstd)
         ctx.weight = weight  # the parameter itself, whose main_grad the backward may add into
         ctx.shape = x.shape
@@ -221,7 +246,7 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
         ctx.set_materialize_grads(False)
-        _, ctx.x_stride, rstd, y, s = _norm_forward(x, residual, weight, eps)
+        s, ctx.layout, rstd, y = _norm_forward(x, residual, weight, eps)
         # s itself, not its [rows, N] view: autograd saves an output without a reference to its own
         # node, but a view of it as any tensor, a cycle (s -> node -> view -> s) that kept every sum
         # of a forward with gradients and no backward alive, out of the cyclic GC's sight
@@ -262,6 +287,8 @@ class TritonRMSNorm(PendingAddNorm, torch.nn.RMSNorm):
 
     Takes megatron's norm constructor arguments; parameters and state-dict keys are the torch
     norm's (`weight`)."""
+
+    reads_grouped_rows = True  # rows in evenly spaced groups are read in place (`_grouped_rows`)
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
         super().__init__(hidden_size, eps=eps)

@@ -103,7 +103,9 @@ def test_rms_norm(device, kernels, width):
     ("shape", "take"),
     [
         ((8192, 2, 8, 3 * 128), lambda t: t[..., :128]),  # evenly spaced rows, read where they lie
-        ((4096, 2, 4, 4 * 128), lambda t: t[..., : 2 * 128].view(4096, 2, 4, 2, 128)),  # uneven: copied
+        # the query heads of a KV group, [s, b, groups, 2, d]: evenly spaced groups, read where they lie
+        ((4096, 2, 4, 4 * 128), lambda t: t[..., : 2 * 128].view(4096, 2, 4, 2, 128)),
+        ((4096, 2, 4, 3 * 128), lambda t: t.transpose(0, 1)[:, :, :3, :128]),  # neither: copied
         ((2, 3, 2048), lambda t: t),  # fewer rows than a program's block
     ],
 )

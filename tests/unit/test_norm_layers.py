@@ -1,10 +1,13 @@
-"""The residual adds fused into the norms after them (rlx.models.residual_norm), on CPU.
+"""The layers built around rlx's GPU norms, on CPU: the residual adds fused into the norms after
+them (rlx.models.residual_norm) and the q norm reading the query heads where they lie
+(rlx.models.self_attention).
 
-The GPU's norm (rlx.models.triton_norm) needs triton; here a torch norm with the same protocol
-(`_norm`, `_add_norm`) stands in, so what is checked is the wiring: each add handed to the norm
-that really follows it (the layer's pre-MLP norm, the next layer's input norm, the block's final
-norm), that norm's output used only for that very sum, and a model whose adds are all fused giving
-megatron's own logits and gradients bit for bit (same arithmetic in a different place).
+The GPU's norm (rlx.models.triton_norm) needs triton; here torch norms with the same protocols
+(`_norm`, `_add_norm`; `reads_grouped_rows`) stand in, so what is checked is the wiring: each add
+handed to the norm that really follows it (the layer's pre-MLP norm, the next layer's input norm,
+the block's final norm), that norm's output used only for that very sum, the q norm given megatron's
+query view rather than its copy, and models built so giving megatron's own logits and gradients bit
+for bit (the same arithmetic in a different place).
 """
 
 from __future__ import annotations
@@ -42,16 +45,37 @@ class TorchAddRMSNorm(PendingAddNorm, torch.nn.RMSNorm):
         return s, torch.nn.functional.rms_norm(s, self.normalized_shape, self.weight, self.eps)
 
 
+class TorchQKNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm (any leading shape) that takes the query heads as they lie; records the
+    inputs it was given."""
+
+    reads_grouped_rows = True
+    inputs: list = []
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+
+    def forward(self, x):
+        TorchQKNorm.inputs.append((tuple(x.shape), x.is_contiguous()))
+        return torch.nn.functional.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
 @pytest.fixture
 def family() -> ModelFamily:
     return build(compose(["model=tiny_qwen3"]).model)
 
 
-def logits_and_grads(family: ModelFamily, fused: bool, ids_BL: torch.Tensor, **config) -> tuple:
+def logits_and_grads(
+    family: ModelFamily, fused: bool, ids_BL: torch.Tensor, qk: bool = False, **config
+) -> tuple:
     """(logits, {name: grad}, adds linked) of the tiny Qwen3 with its checkpoint's weights, every
     norm's weight made distinct (so a norm used in another's place would show), with the fused
-    norms (`fused`) or megatron's."""
-    kernels = KernelSet("torch", norm=(lambda: TorchAddRMSNorm) if fused else None)
+    norms (`fused`) or megatron's, and the q/k norms reading the query in place (`qk`)."""
+    kernels = KernelSet(
+        "torch",
+        norm=(lambda: TorchAddRMSNorm) if fused else None,
+        qk_norm=(lambda: TorchQKNorm) if qk else None,
+    )
     family.kernels = lambda: kernels  # the spec's norms; no other fusion (the set's name is "torch")
     with megatron_world():
         gpt = family.build_model(**config)
@@ -101,6 +125,29 @@ def test_a_dropped_model_is_freed_at_once(family):
             assert layer() is None and final_norm() is None
     finally:
         gc.enable()
+
+
+def test_the_q_norm_reads_the_query_heads_where_they_lie(family):
+    """The tiny Qwen3 has 2 query heads a KV group: megatron's reshape copies the query; with
+    QKNormSelfAttention the q norm gets the [s, b, groups, heads a group, d] view of the fused
+    projection instead, and the model's logits and gradients are megatron's bit for bit."""
+    from rlx.models.self_attention import QKNormSelfAttention
+
+    cfg = family.cfg
+    assert cfg.num_attention_heads // cfg.num_query_groups == 2
+    ids_BL = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    ref_logits, ref_grads, _ = logits_and_grads(family, False, ids_BL)
+    TorchQKNorm.inputs.clear()
+    logits, grads, _ = logits_and_grads(family, True, ids_BL, qk=True)
+    assert torch.equal(logits, ref_logits)
+    assert all(torch.equal(g, ref_grads[n]) for n, g in grads.items())
+    # per layer: the query as the 5-d view (not contiguous), then the key [s, b, groups, d]
+    query = ((12, 2, cfg.num_query_groups, 2, cfg.kv_channels), False)
+    key = ((12, 2, cfg.num_query_groups, cfg.kv_channels), False)
+    assert TorchQKNorm.inputs == [query, key] * cfg.num_layers
+    with megatron_world():
+        gpt = family.build_model()
+        assert all(isinstance(layer.self_attention, QKNormSelfAttention) for layer in gpt.decoder.layers)
 
 
 def test_full_recompute_keeps_megatrons_adds(family):
