@@ -202,8 +202,8 @@ def _weight_grad(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     megatron's DDP gave the weight an fp32 `main_grad`, added straight into it by one kernel, with
     megatron's own protocol for gradients its layers accumulate themselves (`grad_added_to_main_grad`
     set, so DDP's hook adds nothing; a placeholder returned, so the hook still runs); else summed
-    and returned in the weight's dtype (the sum, the cast and DDP's add were 3 small kernels a norm,
-    30 ms of a 2.9 s step at the 1.7B shape on an H200)."""
+    and returned in the weight's dtype (the sum, the cast and DDP's add: three small kernels a norm
+    where this is one; at the 1.7B shape on an H200, 904 norms a step, 17 -> 15 ms of GPU time)."""
     main_grad = getattr(weight, "main_grad", None)
     if (
         main_grad is None
