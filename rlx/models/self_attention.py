@@ -7,7 +7,7 @@ cannot be a view, so it copies q, which the q norm then keeps for its backward: 
 layer at the Qwen3-1.7B shape (the copy was 21 ms of a 2.9 s training step on 1×H200,
 docs/benchmarks.md; kept, 1.8 GiB of activations at the GRPO bench's micro-batch of 32 × 516
 tokens). `QKNormSelfAttention` gives the q norm the query view itself, [s, b, groups, heads a
-group, d], which rlx's Triton norm reads in place (`rlx.models.triton_norm._grouped_rows`), and
+group, d], which rlx's Triton norm reads in place (`rlx.models.rows.grouped_rows`), and
 views the norm's contiguous output as megatron's [s, b, heads, d]: the same arithmetic, without the
 copy.
 

@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from rlx.models.residual_norm import PendingAddNorm
+from rlx.models.rows import grouped_rows as _grouped_rows
+from rlx.models.rows import rows as _rows
 
 ELEMENTS_PER_PROGRAM = 4096  # BLOCK_M x BLOCK_N: 32 rows of a 128-wide head norm, 2 of a 2,048 one
 MAX_WIDTH = 16384  # wider rows are torch's (a row's block must fit a program's registers)
@@ -118,44 +120,10 @@ def _programs(device_index: int) -> int:
     return 4 * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`(rows, row stride)`: `t` as a [rows, N] view of its last dimension where its rows are evenly
-    spaced (torch's `view` merges the leading dimensions only then), else a contiguous copy."""
-    n = t.shape[-1]
-    if t.stride(-1) == 1:
-        try:
-            rows = t.view(-1, n)
-            return rows, rows.stride(0)
-        except RuntimeError:  # "view size is not compatible with input tensor's size and stride"
-            pass
-    return t.contiguous().view(-1, n), n
-
-
-def _grouped_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """The normalised input's rows as they lie: `(view, (outer, inner, group))`, row r at
-    `(r // group) * outer + (r % group) * inner`: evenly spaced rows (group 1), or groups of
-    `t.shape[-2]` evenly spaced rows that are themselves evenly spaced (the query heads of a KV group
-    in megatron's fused QKV projection, [s, b, groups, heads a group, d]); else a contiguous copy."""
-    n = t.shape[-1]
-    if t.stride(-1) == 1:
-        try:
-            rows = t.view(-1, n)
-            return rows, (rows.stride(0), 0, 1)
-        except RuntimeError:  # not evenly spaced
-            pass
-        if t.dim() >= 3:
-            try:
-                groups = t.view(-1, t.shape[-2], n)
-                return groups, (groups.stride(0), groups.stride(1), groups.shape[1])
-            except RuntimeError:  # nor in evenly spaced groups
-                pass
-    return t.contiguous().view(-1, n), (n, 0, 1)
-
-
 def _norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """The forward kernel over x's rows, or over s = x + `residual` (rounded) where one is given:
     (what was normalised, as the kernel reads it: x's rows as they lie, or s; its row layout
-    (outer, inner, group) as `_grouped_rows`'s; rstd, y)."""
+    (outer, inner, group) as `rlx.models.rows`'; rstd, y)."""
     n = x.shape[-1]
     rows = x.numel() // n
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
