@@ -195,10 +195,15 @@ def compiled_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fals
     return _compiled_rope_bshd()(t, freqs, rotary_interleaved=interleaved)
 
 
+@cache
+def _triton_rope_module():
+    return importlib.import_module("rlx.models.triton_rope")
+
+
 def triton_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_) -> torch.Tensor:
     """RoPE through `rlx.models.triton_rope`'s kernels where they take (t, freqs) (non-interleaved,
     one angle a position), else `compiled_rope`."""
-    kernel = importlib.import_module("rlx.models.triton_rope")
+    kernel = _triton_rope_module()
     if not interleaved and kernel.supported(t, freqs):
         return kernel.apply_rope(t, freqs)
     return compiled_rope(t, freqs, interleaved=interleaved)
