@@ -11,8 +11,11 @@ bytes. Here each group is one kernel:
   and the store of this step's K and V into their paged-cache slots;
 - `silu_mul`: silu(gate) * up.
 
-Every intermediate is rounded to the activation dtype where the torch modules round it
-(`layers.py`), so bf16 results match the unfused modules up to fp32 reduction order.
+Each intermediate is cast to the activation dtype where the torch modules round it
+(`layers.py`), but on the GPU Triton folds a cast to bf16 and straight back to fp32, so some
+intermediates keep fp32: measured on `qk_norm_rope_store` (H200, 2026-11-28), 22% of its bf16
+outputs differ from the modules' by a rounding, none further from the fp32 result than theirs
+(tests/gpu/test_engine_kernels.py); fp32 runs match the modules up to reduction order.
 """
 
 from __future__ import annotations
@@ -58,62 +61,63 @@ def add_rms_norm(
 
 
 @triton.jit
-def _rms_half(x1, x2, W, eps, D: tl.constexpr, HALF: tl.constexpr):
-    """RMSNorm of a head split in halves, rounded as the torch module rounds."""
+def _norm_rope_heads(
+    Base, W, cos1, cos2, sin1, sin2, eps,
+    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """A token's heads [ROWS, D] at Base (head stride D), normalised (Qwen3's per-head RMSNorm,
+    rounded as the torch module rounds) and rotated (non-interleaved), in place; returns the
+    rotated halves for the KV store."""
+    HALF: tl.constexpr = D // 2
+    r = tl.arange(0, BLOCK_R)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    mask = r < ROWS
+    x1 = tl.load(Base + r * D + d, mask=mask, other=0.0)
+    x2 = tl.load(Base + r * D + HALF + d, mask=mask, other=0.0)
+    dt = x1.dtype
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-    d = tl.arange(0, HALF)
-    y1 = (f1 * inv).to(x1.dtype).to(tl.float32)
-    y2 = (f2 * inv).to(x1.dtype).to(tl.float32)
-    w1 = tl.load(W + d).to(tl.float32)
-    w2 = tl.load(W + HALF + d).to(tl.float32)
-    return (w1 * y1).to(x1.dtype), (w2 * y2).to(x1.dtype)
+    if HAS_NORM:
+        inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / D + eps)
+        w1 = tl.load(W + d).to(tl.float32)
+        w2 = tl.load(W + HALF + d).to(tl.float32)
+        f1 = (w1 * (f1 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        f2 = (w2 * (f2 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    # rot * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
+    o1 = ((f1 * cos1).to(dt).to(tl.float32) + (-f2 * sin1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((f2 * cos2).to(dt).to(tl.float32) + (f1 * sin2).to(dt).to(tl.float32)).to(dt)
+    tl.store(Base + r * D + d, o1, mask=mask)
+    tl.store(Base + r * D + HALF + d, o2, mask=mask)
+    return o1, o2
 
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
     Q, K, V, QW, KW, Cos, Sin, Pos, SlotBlock, SlotOffset, KCache, VCache,
     stride_qt, stride_kt, stride_vt, stride_cos, stride_cb, stride_ch, eps,
-    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
+    """One program a (token, KV head): the head's q group, its k and its v (a program a head
+    spent more time loading its token's position, cos/sin and slot than on the head: 6.65 against
+    3.57 µs at 256 tokens of Qwen3's 16 + 8 + 8 heads on an H200, level at 64)."""
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     HALF: tl.constexpr = D // 2
-    d = tl.arange(0, HALF)
-    slot = tl.load(SlotBlock + token) * stride_cb + tl.load(SlotOffset + token) * D
-    if head >= H + HKV:  # V: stored as it is
-        vh = head - H - HKV
-        v = tl.load(V + token * stride_vt + vh * D + tl.arange(0, D))
-        tl.store(VCache + slot + vh * stride_ch + tl.arange(0, D), v)
-    else:
-        is_q = head < H
-        if is_q:
-            base = Q + token * stride_qt + head * D
-        else:
-            base = K + token * stride_kt + (head - H) * D
-        x1 = tl.load(base + d)
-        x2 = tl.load(base + HALF + d)
-        if HAS_NORM:
-            if is_q:
-                x1, x2 = _rms_half(x1, x2, QW, eps, D, HALF)
-            else:
-                x1, x2 = _rms_half(x1, x2, KW, eps, D, HALF)
-        pos = tl.load(Pos + token)
-        dt = x1.dtype
-        c1 = tl.load(Cos + pos * stride_cos + d).to(dt).to(tl.float32)
-        c2 = tl.load(Cos + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
-        s1 = tl.load(Sin + pos * stride_cos + d).to(dt).to(tl.float32)
-        s2 = tl.load(Sin + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        # rot * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
-        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
-        tl.store(base + d, o1)
-        tl.store(base + HALF + d, o2)
-        if not is_q:
-            kh = head - H
-            tl.store(KCache + slot + kh * stride_ch + d, o1)
-            tl.store(KCache + slot + kh * stride_ch + HALF + d, o2)
+    d = tl.arange(0, HALF)[None, :]
+    pos = tl.load(Pos + token)
+    dt = Q.dtype.element_ty
+    cos1 = tl.load(Cos + pos * stride_cos + d).to(dt).to(tl.float32)
+    cos2 = tl.load(Cos + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
+    sin1 = tl.load(Sin + pos * stride_cos + d).to(dt).to(tl.float32)
+    sin2 = tl.load(Sin + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
+    q = Q + token * stride_qt + kv_head * GROUP * D
+    _norm_rope_heads(q, QW, cos1, cos2, sin1, sin2, eps, GROUP, BLOCK_G, D, HAS_NORM)
+    k = K + token * stride_kt + kv_head * D
+    k1, k2 = _norm_rope_heads(k, KW, cos1, cos2, sin1, sin2, eps, 1, 1, D, HAS_NORM)
+    slot = tl.load(SlotBlock + token) * stride_cb + tl.load(SlotOffset + token) * D + kv_head * stride_ch
+    tl.store(KCache + slot + d, k1)
+    tl.store(KCache + slot + HALF + d, k2)
+    full = tl.arange(0, D)
+    tl.store(VCache + slot + full, tl.load(V + token * stride_vt + kv_head * D + full))
 
 
 def qk_norm_rope_store(
@@ -128,17 +132,21 @@ def qk_norm_rope_store(
     kv: tuple[torch.Tensor, torch.Tensor],
     meta,
 ) -> None:
-    """In place on q [T, H, D] and k [T, Hkv, D] (views with a unit last stride): optional
-    q/k RMSNorm, rotary over the whole head dim; then k and v into the cache at the step's slots."""
+    """In place on q [T, H, D] and k [T, Hkv, D] (views with unit head-dim stride, heads D apart):
+    optional q/k RMSNorm, rotary over the whole head dim; then k and v into the cache at the
+    step's slots."""
     tokens, heads, dim = q.shape
     kv_heads = k.shape[1]
+    assert q.stride(1) == k.stride(1) == v.stride(1) == dim and q.stride(2) == 1, "heads D apart"
     k_cache, v_cache = kv
     q_weight, k_weight = norms if norms is not None else (q, q)  # unused without norms
-    _qk_norm_rope_store_kernel[(tokens, heads + 2 * kv_heads)](
+    group = heads // kv_heads
+    _qk_norm_rope_store_kernel[(tokens, kv_heads)](
         q, k, v, q_weight, k_weight, cos, sin, positions, meta.slot_block, meta.slot_offset,
         k_cache, v_cache, q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), eps,
-        H=heads, HKV=kv_heads, D=dim, HAS_NORM=norms is not None, num_warps=1,
+        GROUP=group, BLOCK_G=triton.next_power_of_2(group), D=dim, HAS_NORM=norms is not None,
+        num_warps=1,
     )  # fmt: skip
 
 
