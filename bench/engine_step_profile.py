@@ -9,7 +9,8 @@ torch FlexAttention over the same paged KV with a block mask built from the bloc
 (`flex_paged_decode`, also used by bench/rollout_throughput.py).
 
 `--splits` first times the decode kernel alone by batch, context and split count (flash-decoding
-shares, rlx.engine.triton_decode), beside the count it chooses by itself.
+shares, rlx.engine.triton_decode), beside the count it chooses by itself; then the sampler by
+shares and the q/k norm-rotary-store kernel, by rows.
 
     source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits]
 """
@@ -194,7 +195,8 @@ def sweep_decode_launch(batch: int, context: int, splits=(1,)) -> dict:
 
 def split_table(batches=(32, 64, 128, 256), contexts=(300, 520, 770, 2048), splits=(1, 2, 4, 8)) -> dict:
     """TB/s of the decode kernel (in a graph) by batch, context and split count, beside the count
-    it chooses by itself; then the fused sampler's microseconds by rows and vocabulary shares."""
+    it chooses by itself; then the fused sampler's microseconds by rows and vocabulary shares, and
+    the q/k norm-rotary-store kernel's by rows."""
     table = {}
     for batch in batches:
         for context in contexts:
@@ -215,7 +217,29 @@ def split_table(batches=(32, 64, 128, 256), contexts=(300, 520, 770, 2048), spli
             row[f"k{k}"] = round(seconds * 1e6, 1)
         row["default"] = default_splits(rows, logits.device)
         table[f"sampler_us_rows{rows}"] = row
+    for rows in batches:
+        table[f"qk_norm_rope_store_us_rows{rows}"] = qk_kernel_us(rows)
     return table
+
+
+def qk_kernel_us(rows: int, heads=16, kv_heads=8, head_dim=128) -> float:
+    """Microseconds a call of the q/k norm, rotary and KV-store kernel (Qwen3's heads), 28 calls
+    in a graph as a decode step makes them."""
+    from types import SimpleNamespace
+
+    from rlx.engine.triton_layers import qk_norm_rope_store
+
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, : heads * head_dim].view(rows, heads, head_dim)
+    k, v = qkv[:, heads * head_dim :].view(rows, 2, kv_heads, head_dim).unbind(1)
+    cos, sin = torch.randn(2, 40960, head_dim, device="cuda").unbind(0)
+    weight = torch.randn(head_dim, device="cuda", dtype=torch.bfloat16)
+    cache = torch.zeros(2, 4096, kv_heads, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(4096 * 16, device="cuda")[:rows]
+    meta = SimpleNamespace(slot_block=slots // 16, slot_offset=slots % 16)
+    positions = torch.randint(0, 40960, (rows,), device="cuda")
+    args = (q, k, v, (weight, weight), 1e-6, cos, sin, positions, tuple(cache.unbind(0)), meta)
+    return round(time_cuda(lambda: qk_norm_rope_store(*args), iters=28, graph=True) * 1e6, 2)
 
 
 def flex_paged_decode(

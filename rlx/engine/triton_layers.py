@@ -66,8 +66,8 @@ def _norm_rope_heads(
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
     """A token's heads [ROWS, D] at Base (head stride D), normalised (Qwen3's per-head RMSNorm,
-    rounded as the torch module rounds) and rotated (non-interleaved), in place; returns the
-    rotated halves for the KV store."""
+    cast where the torch module rounds: see the module's docstring) and rotated
+    (non-interleaved), in place; returns the rotated halves for the KV store."""
     HALF: tl.constexpr = D // 2
     r = tl.arange(0, BLOCK_R)[:, None]
     d = tl.arange(0, HALF)[None, :]
@@ -82,7 +82,7 @@ def _norm_rope_heads(
         w2 = tl.load(W + HALF + d).to(tl.float32)
         f1 = (w1 * (f1 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         f2 = (w2 * (f2 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    # rot * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
+    # rot * cos + cat(-x2, x1) * sin, each product and the sum cast to the dtype
     o1 = ((f1 * cos1).to(dt).to(tl.float32) + (-f2 * sin1).to(dt).to(tl.float32)).to(dt)
     o2 = ((f2 * cos2).to(dt).to(tl.float32) + (f1 * sin2).to(dt).to(tl.float32)).to(dt)
     tl.store(Base + r * D + d, o1, mask=mask)
@@ -97,8 +97,8 @@ def _qk_norm_rope_store_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
     """One program a (token, KV head): the head's q group, its k and its v (a program a head
-    spent more time loading its token's position, cos/sin and slot than on the head: 6.65 against
-    3.57 µs at 256 tokens of Qwen3's 16 + 8 + 8 heads on an H200, level at 64)."""
+    spent more time loading its token's position, cos/sin and slot than on the head; timings in
+    docs/benchmarks.md, Decisions)."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     HALF: tl.constexpr = D // 2
