@@ -4,9 +4,12 @@ A Qwen3-0.6B-shaped random bf16 model (`--shape qwen3_1.7b`: 1.7B), 256 sequence
 prompt 256: after the prefill, decode
 steps are timed piece by piece (host clock for the CPU work, CUDA events for the GPU work,
 one synchronised pass for each piece's own GPU time), then a torch.profiler pass lists the
-heaviest kernels. Beside it, the attention of one layer alone: the Triton paged kernel, and
-torch FlexAttention over the same paged KV with a block mask built from the block tables
-(`flex_paged_decode`, also used by bench/rollout_throughput.py).
+heaviest kernels, their sum by part (`kernel_groups_ms`: attention, the layers' GEMMs, the LM
+head, norms, ...) and the step against its memory roofline (`roofline_ms`: every weight once and
+every sequence's KV at the context reached, at the device's bandwidth). Beside it, the attention
+of one layer alone: the Triton paged kernel, and torch FlexAttention over the same paged KV with
+a block mask built from the block tables (`flex_paged_decode`, also used by
+bench/rollout_throughput.py).
 
 `--splits` first times the decode kernel alone by batch, context and split count (flash-decoding
 shares, rlx.engine.triton_decode), beside the count it chooses by itself; then the sampler by
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from rollout_throughput import BANDWIDTHS, PROMPT, bandwidth, write_model
+from rollout_throughput import BANDWIDTHS, PROMPT, bandwidth, decode_bytes, write_model
 
 
 def prefill_all(engine, batch: int) -> list:
@@ -108,7 +111,37 @@ def _bookkeeping(engine, batch, values) -> None:
         engine._check_finished(seq, int(token))
 
 
-def kernel_table(engine, steps: int, top: int = 15) -> list:
+# kernel-name fragments of each part of a decode step (`kernel_groups`); the first match wins
+KERNEL_GROUPS = (
+    ("attention", ("_paged_decode", "_merge_splits")),
+    ("sampler", ("_sample_kernel", "_merge_kernel")),
+    ("norms", ("_add_rms_norm",)),
+    ("qk_norm_rope_store", ("_qk_norm_rope",)),
+    ("swiglu", ("_silu_mul",)),
+    ("gemm", ("nvjet", "gemm", "cutlass", "splitK", "xmma", "cublas", "_split_k")),
+)
+
+
+def kernel_groups(rows: list, layers: int) -> dict:
+    """ms a step by part, from `kernel_table` rows (all of them): a GEMM kernel that runs fewer
+    times a step than there are layers is the LM head's; unmatched kernels are `other`."""
+    groups: dict[str, float] = {}
+    for row in rows:
+        name = next((g for g, keys in KERNEL_GROUPS if any(k in row["kernel"] for k in keys)), "other")
+        if name == "gemm" and row["calls"] < layers:
+            name = "lm_head"
+        groups[name] = groups.get(name, 0.0) + row["ms_per_step"]
+    return {k: round(v, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
+
+
+def step_roofline_ms(
+    weight_bytes: int, kv_bytes_per_token: int, batch: int, context: int, bw: float
+) -> float:
+    """A decode step's memory roofline: every weight once, every sequence's context of KV once."""
+    return (weight_bytes + batch * context * kv_bytes_per_token) / bw * 1e3
+
+
+def kernel_table(engine, steps: int, top: int | None = 15) -> list:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -122,7 +155,9 @@ def kernel_table(engine, steps: int, top: int = 15) -> list:
         if device_us and event.device_type.name == "CUDA":
             rows.append((device_us / steps / 1e3, event.count // steps, event.key[:90]))
     rows.sort(reverse=True)
-    return [{"ms_per_step": round(ms, 3), "calls": n, "kernel": k} for ms, n, k in rows[:top]]
+    return [
+        {"ms_per_step": round(ms, 3), "calls": n, "kernel": k} for ms, n, k in rows[:top]
+    ]  # top None: all
 
 
 def paged_kv(batch: int, context: int, kv_heads: int, head_dim: int, page: int, layout: str):
@@ -355,8 +390,15 @@ def main() -> None:
     seqs = prefill_all(engine, args.batch)
     result["step_ms"] = round(wall_steps(engine, args.steps) * 1e3, 3)
     result["pieces_ms"] = piecewise(engine, args.steps)
-    result["kernels"] = kernel_table(engine, 5)
-    result["context_at_end"] = engine.scheduler.running[0].num_tokens
+    kernels = kernel_table(engine, 5, top=None)
+    result["kernels"] = kernels[:15]
+    result["kernel_groups_ms"] = kernel_groups(kernels, engine.hf_config.num_hidden_layers)
+    result["context_at_end"] = context = engine.scheduler.running[0].num_tokens
+    weights, kv_per_token = decode_bytes(engine)
+    result["roofline_ms"] = round(
+        step_roofline_ms(weights, kv_per_token, args.batch, context, bandwidth(name)), 3
+    )
+    result["roofline_fraction"] = round(result["roofline_ms"] / result["step_ms"], 3)
     for seq in seqs:
         engine.abort(seq)
     engine.release_memory()

@@ -92,10 +92,15 @@ def bandwidth(device_name: str) -> float:
     return for_device(BANDWIDTHS, device_name)
 
 
-def roofline_s(engine, batch: int) -> float:
+def decode_bytes(engine) -> tuple[int, int]:
+    """(every weight's bytes, KV bytes a token of context) that a decode step reads."""
     cfg = engine.hf_config
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    return weights, 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+
+
+def roofline_s(engine, batch: int) -> float:
+    weights, kv_per_token = decode_bytes(engine)
     tokens_read = batch * sum(PROMPT + t + 1 for t in range(NEW))
     return (NEW * weights + tokens_read * kv_per_token) / bandwidth(torch.cuda.get_device_name())
 
