@@ -31,13 +31,13 @@ METADATA = {
 }
 
 
-def allocate_state(optimizer) -> None:
-    """Adam state for each distributed optimizer under `optimizer` that has none yet."""
+def allocate_state(sub_optimizer) -> None:
+    """Adam state for `sub_optimizer` (one of megatron's wrappers, as
+    `rlx.trainer.offload.sub_optimizers` lists them) if it is a distributed optimizer with none yet."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if isinstance(sub, DistributedOptimizer) and not sub.optimizer.state:
-            sub._init_optimizer_states_with_dummy_values()
+    if isinstance(sub_optimizer, DistributedOptimizer) and not sub_optimizer.optimizer.state:
+        sub_optimizer._init_optimizer_states_with_dummy_values()
 
 
 def apply() -> None:

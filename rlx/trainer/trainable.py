@@ -404,7 +404,8 @@ def load_checkpoint(
 
     stepped = dist_checkpointing.load_common_state_dict(str(ckpt_dir)).get(_OPTIMIZER_STEPPED, True)
     if stepped:
-        megatron_distrib_optimizer.allocate_state(optimizer)  # state to load into
+        for sub in sub_optimizers(optimizer):
+            megatron_distrib_optimizer.allocate_state(sub)  # state to load into
     placeholders = dict.fromkeys(common_keys)
     state = dist_checkpointing.load(
         _sharded_state(chunks, optimizer, True, stepped, placeholders, adapters_only), str(ckpt_dir)
