@@ -1,0 +1,312 @@
+"""Decode attention over the paged KV cache: the engine's kernel against a persistent one that
+streams fixed-size chunks of every sequence; one JSON line per (batch, context), on the GPU.
+
+The engine's kernel (`rlx.engine.triton_decode.paged_decode`) runs a program a (sequence, KV
+head): at RL's batches each program reads 150-500 KB, so its pipeline's fill and drain (about a
+microsecond each, with one program an SM at 4 stages) are a large part of its life: 66% of the
+HBM bandwidth at batch 64 and context 300, 78% at 256 (1×H200, docs/benchmarks.md). Here:
+
+- a step's table of units (`_unit_table_kernel`, once a step: every layer shares it): a unit is
+  CHUNK tokens of one sequence (the last one shorter), numbered sequence by sequence; per unit
+  its row and token range;
+- the persistent kernel (`_persistent_decode_kernel`): `programs` programs (a few an SM), program
+  p takes units p, p + programs, ... of every KV head, and walks all its units' tiles in ONE
+  loop, so the software pipeline runs across unit boundaries and fills once a program; at a
+  unit's last tile it writes the unit's normalised output and log-sum-exp (fp32) and starts over;
+- a merge (`_merge_units_kernel`) a (sequence, query head) over its units, as flash-decoding's.
+
+Every call reads another layer's cache (`LAYERS` copies, cycled inside the CUDA graph), as a
+decode step does, so that the L2 holds no layer's KV from the call before. Both kernels' launch
+settings are swept, the engine's to 8 stages: compiled for sm90, its loop at 3-4 stages holds one
+K and one V tile (the page-index load takes the other stages), so a tile's load never overlaps
+the tile before's arithmetic within a program; at 5-6 it holds two, at 8 three. Correctness:
+each setting's output against the engine kernel's defaults; one further off than 2e-2 is not
+timed.
+
+    source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+LAYERS = 4  # distinct caches cycled by the timed calls
+
+
+@triton.jit
+def _unit_table_kernel(
+    CL, Units, RowStart, ROWS, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr
+):
+    """One program: Units[0] = the count of units; Units[1 + 3u : 4 + 3u] = (row, lo, hi) of unit u;
+    RowStart[r] = the first unit of row r."""
+    r = tl.arange(0, BLOCK_R)
+    lens = tl.load(CL + r, mask=r < ROWS, other=0)
+    chunks = (lens + CHUNK - 1) // CHUNK
+    ends = tl.cumsum(chunks, 0)
+    starts = ends - chunks
+    tl.store(RowStart + r, starts, mask=r < ROWS)
+    total = tl.sum(chunks, 0)
+    tl.store(Units, total)
+    for base in range(0, total, BLOCK_U):
+        u = base + tl.arange(0, BLOCK_U)
+        row = tl.sum((ends[None, :] <= u[:, None]).to(tl.int32), 1)  # first row ending past u
+        hit = r[None, :] == row[:, None]
+        start = tl.sum(tl.where(hit, starts[None, :], 0), 1)
+        length = tl.sum(tl.where(hit, lens[None, :], 0), 1)
+        lo = (u - start) * CHUNK
+        hi = tl.minimum(lo + CHUNK, length)
+        ok = u < total
+        tl.store(Units + 1 + 3 * u, row, mask=ok)
+        tl.store(Units + 2 + 3 * u, lo, mask=ok)
+        tl.store(Units + 3 + 3 * u, hi, mask=ok)
+
+
+@triton.jit
+def _persistent_decode_kernel(
+    Q, K, V, Part, Lse, BT, Units, scale,
+    stride_qt, stride_qh, stride_bt, stride_kb, stride_kh,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Part [units x KV_HEADS, GROUP, D] and Lse [units x KV_HEADS, GROUP], fp32: (unit u, KV
+    head h) at index u * KV_HEADS + h, which is also the order the programs take them in."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    TILES: tl.constexpr = CHUNK // BLOCK_N
+    work = tl.load(Units) * KV_HEADS
+    mine = tl.cdiv(tl.maximum(work - pid, 0), programs)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    q_mask = (g < GROUP)[:, None]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for t in range(0, mine * TILES):
+        item = pid + (t // TILES) * programs
+        tile = t % TILES
+        unit = item // KV_HEADS
+        kv_head = item % KV_HEADS
+        row = tl.load(Units + 1 + 3 * unit)
+        hi = tl.load(Units + 3 + 3 * unit)
+        n = tl.load(Units + 2 + 3 * unit) + tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid = n < hi
+        page = tl.load(BT + row * stride_bt + n // PAGE, mask=valid, other=0).to(tl.int64)
+        offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
+        k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        heads = kv_head * GROUP + g
+        q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a unit's first tile holds a token
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+        last = tile == TILES - 1
+        at = item * GROUP + g
+        tl.store(Part + at[:, None] * D + d[None, :], acc / l_i[:, None], mask=q_mask & last)
+        tl.store(Lse + at, m_i + tl.log(l_i), mask=(g < GROUP) & last)
+        m_i = tl.where(last, float("-inf"), m_i)
+        l_i = tl.where(last, 0.0, l_i)
+        acc = tl.where(last, 0.0, acc)
+
+
+@triton.jit
+def _merge_units_kernel(
+    Part, Lse, Out, RowStart, CL, stride_ot, stride_oh,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Out[row, head] = the units' outputs weighted by softmax over their log-sum-exps."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    d = tl.arange(0, D)
+    first = tl.load(RowStart + row)
+    count = tl.cdiv(tl.load(CL + row), CHUNK)
+    m = tl.full([1], float("-inf"), tl.float32)
+    w_sum = tl.zeros([1], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for c in range(0, count):
+        at = ((first + c) * KV_HEADS + kv_head) * GROUP + head % GROUP
+        lse = tl.load(Lse + at + tl.zeros([1], tl.int32))
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        acc = acc * alpha + w * tl.load(Part + at * D + d)
+        w_sum = w_sum * alpha + w
+        m = m_new
+    tl.store(Out + row * stride_ot + head * stride_oh + d, (acc / w_sum).to(Out.dtype.element_ty))
+
+
+def unit_table(lens: torch.Tensor, chunk: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Units, RowStart) for `lens` (int32 on the GPU); sized for contexts up to `max_context` so
+    that a CUDA graph captured once holds any step's table."""
+    rows = lens.shape[0]
+    units = torch.empty(1 + 3 * rows * triton.cdiv(max_context, chunk), dtype=torch.int32, device=lens.device)
+    row_start = torch.empty(rows, dtype=torch.int32, device=lens.device)
+    _unit_table_kernel[(1,)](
+        lens, units, row_start, rows, CHUNK=chunk, BLOCK_R=max(16, triton.next_power_of_2(rows)), BLOCK_U=128
+    )
+    return units, row_start
+
+
+def persistent_decode(
+    q, k_cache, v_cache, block_tables, lens, scale, units, row_start, max_context: int,
+    chunk: int = 256, block_n: int = 64, programs: int | None = None, num_warps: int = 4, num_stages: int = 4,
+) -> torch.Tensor:  # fmt: skip
+    rows, num_heads, head_dim = q.shape
+    _, kv_heads, page, _ = k_cache.shape
+    group = num_heads // kv_heads
+    most = rows * triton.cdiv(max_context, chunk) * kv_heads
+    part = torch.empty(most, group, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(most, group, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    if programs is None:
+        programs = 2 * torch.cuda.get_device_properties(q.device).multi_processor_count
+    _persistent_decode_kernel[(programs,)](
+        q, k_cache, v_cache, part, lse, block_tables, units, scale,
+        q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
+        KV_HEADS=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim,
+        PAGE=page, BLOCK_N=block_n, CHUNK=chunk, IEEE=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    _merge_units_kernel[(rows, num_heads)](
+        part, lse, out, row_start, lens, out.stride(0), out.stride(1),
+        KV_HEADS=kv_heads, GROUP=group, D=head_dim, CHUNK=chunk,
+    )  # fmt: skip
+    return out
+
+
+def caches(batch: int, context: int, kv_heads: int, head_dim: int, page: int, layers: int, dtype, device):
+    """`layers` KV caches of `batch` sequences of `context` tokens in shuffled pages, one table."""
+    per_seq = -(-context // page)
+    blocks = batch * per_seq + 1
+    g = torch.Generator(device=device).manual_seed(0)
+    kv = [
+        tuple(
+            torch.randn(blocks, kv_heads, page, head_dim, device=device, generator=g).to(dtype) for _ in "kv"
+        )
+        for _ in range(layers)
+    ]
+    tables = torch.randperm(blocks - 1, device=device, generator=g)[: batch * per_seq] + 1
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    return kv, tables.view(batch, per_seq).to(torch.int32), lens
+
+
+def time_layers(call, layers: int, iters: int = 8) -> float:
+    """Seconds a call, `iters` rounds over the `layers` caches inside one CUDA graph."""
+    call(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            for layer in range(layers):
+                call(layer)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / (iters * layers)
+
+
+def best_of(settings, call_for, reference, seconds_for) -> tuple[float, dict] | None:
+    """The fastest setting whose output is within 2e-2 of `reference`: (seconds, setting)."""
+    best = None
+    for setting in settings:
+        call = call_for(setting)
+        try:
+            diff = (call(0).float() - reference).abs().max().item()
+        except triton.runtime.errors.OutOfResources:
+            continue
+        if diff > 2e-2:
+            continue
+        seconds = seconds_for(call)
+        if best is None or seconds < best[0]:
+            best = (seconds, {**setting, "max_abs_diff": round(diff, 5)})
+    return best
+
+
+def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16) -> dict:
+    """The engine kernel with its defaults, the engine kernel's best tile / stages / shares, and
+    the persistent kernel's best chunk / programs / tile / stages, on the same caches."""
+    from rlx.engine.triton_decode import paged_decode
+
+    kv, tables, lens = caches(batch, context, kv_heads, head_dim, page, LAYERS, torch.bfloat16, "cuda")
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    scale = head_dim**-0.5
+    kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+    seconds = lambda call: time_layers(call, LAYERS)  # noqa: E731
+    result = {"batch": batch, "context": context}
+    result["engine_TB_s"] = round(
+        kv_bytes / seconds(lambda i: paged_decode(q, *kv[i], tables, lens, scale)) / 1e12, 3
+    )
+    reference = paged_decode(q, *kv[0], tables, lens, scale).float()
+    # 3-4 stages hold one K and one V tile (the page-index load takes the other stages), 5-6
+    # two, 8 three: compiled for sm90, the tile buffers' count is the memdesc's first dimension
+    engine = [
+        dict(block_n=n, num_stages=st, num_splits=k)
+        for n, st, k in itertools.product((32, 64), (4, 5, 6, 8), (1, 2))
+    ]
+    best = best_of(
+        engine, lambda st: lambda i: paged_decode(q, *kv[i], tables, lens, scale, **st), reference, seconds
+    )
+    if best is not None:
+        result["engine_best_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
+        result["engine_best_setting"] = best[1]
+    max_context = context + 256  # the graph's table holds a context this far grown
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tables_by_chunk = {chunk: unit_table(lens, chunk, max_context) for chunk in (128, 256, 512)}
+    persistent = [
+        dict(chunk=c, programs=p * sms, block_n=n, num_stages=st)
+        for c, p, n, st in itertools.product((128, 256, 512), (1, 2, 3), (32, 64), (4, 5, 8))
+    ]
+
+    def persistent_call(setting):
+        units, row_start = tables_by_chunk[setting["chunk"]]
+        return lambda i: persistent_decode(
+            q, *kv[i], tables, lens, scale, units, row_start, max_context, **setting
+        )
+
+    best = best_of(persistent, persistent_call, reference, seconds)
+    if best is not None:
+        result["persistent_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
+        result["persistent_setting"] = best[1]
+    table_s = time_layers(lambda i: unit_table(lens, 256, max_context), 1)
+    result["unit_table_us"] = round(table_s * 1e6, 2)  # once a step, shared by every layer
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="32,64,128,256")
+    parser.add_argument("--contexts", default="300,520,1024,2048")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name()
+    for batch in (int(b) for b in args.batches.split(",")):
+        for context in (int(c) for c in args.contexts.split(",")):
+            print(json.dumps({"device": name, **compare(batch, context)}), flush=True)
+    print(json.dumps({"bench": "decode_attention", "device": name, "date": time.strftime("%Y-%m-%d"),
+                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
