@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx.engine.triton_decode import attend_tile
+
 LAYERS = 4  # distinct caches cycled by the timed calls
 
 
@@ -103,20 +105,8 @@ def _persistent_decode_kernel(
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         heads = kv_head * GROUP + g
         q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a unit's first tile holds a token
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        # finite from the first tile on: a unit's first tile holds a key
+        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
         last = tile == TILES - 1
         at = item * GROUP + g
         tl.store(Part + at[:, None] * D + d[None, :], acc / l_i[:, None], mask=q_mask & last)

@@ -22,6 +22,27 @@ import triton.language as tl
 
 
 @triton.jit
+def attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+    """A tile of keys k and values v [BLOCK_N, D] (the `valid` ones) into the online softmax of
+    the queries q [BLOCK_G, D]: returns the running max, sum and output (fp32), updated. The max
+    stays -inf only while no valid key has been seen."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
     Q, K, V, Out, Part, Lse, BT, CL, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
@@ -53,20 +74,7 @@ def _paged_decode_kernel(
         offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
         tl.store(
