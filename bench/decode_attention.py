@@ -23,7 +23,7 @@ the tile before's arithmetic within a program; at 5-6 it holds two, at 8 three. 
 each setting's output against the engine kernel's defaults; one further off than 2e-2 is not
 timed.
 
-    source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520]
+    source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] [--spread 0.5]
 """
 
 from __future__ import annotations
@@ -182,11 +182,25 @@ def persistent_decode(
     return out
 
 
-def caches(batch: int, context: int, kv_heads: int, head_dim: int, page: int, layers: int, dtype, device):
-    """`layers` KV caches of `batch` sequences of `context` tokens in shuffled pages, one table."""
-    per_seq = -(-context // page)
-    blocks = batch * per_seq + 1
+def caches(
+    batch: int,
+    context: int,
+    spread: float,
+    kv_heads: int,
+    head_dim: int,
+    page: int,
+    layers: int,
+    dtype,
+    device,
+):
+    """`layers` KV caches of `batch` sequences in shuffled pages, one table; the sequences hold
+    `context` tokens each, or with `spread` s, uniformly 1 - s to 1 + s times as many (a rollout's
+    rows after different prompts and outputs)."""
     g = torch.Generator(device=device).manual_seed(0)
+    scale = 1 + spread * (2 * torch.rand(batch, device=device, generator=g) - 1)
+    lens = (context * scale).round().clamp(min=1).to(torch.int32)
+    per_seq = -(-int(lens.max()) // page)
+    blocks = batch * per_seq + 1
     kv = [
         tuple(
             torch.randn(blocks, kv_heads, page, head_dim, device=device, generator=g).to(dtype) for _ in "kv"
@@ -194,7 +208,6 @@ def caches(batch: int, context: int, kv_heads: int, head_dim: int, page: int, la
         for _ in range(layers)
     ]
     tables = torch.randperm(blocks - 1, device=device, generator=g)[: batch * per_seq] + 1
-    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
     return kv, tables.view(batch, per_seq).to(torch.int32), lens
 
 
@@ -234,17 +247,21 @@ def best_of(settings, call_for, reference, seconds_for) -> tuple[float, dict] | 
     return best
 
 
-def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16) -> dict:
+def compare(
+    batch: int, context: int, spread: float = 0.0, heads=16, kv_heads=8, head_dim=128, page=16
+) -> dict:
     """The engine kernel with its defaults, the engine kernel's best tile / stages / shares, and
     the persistent kernel's best chunk / programs / tile / stages, on the same caches."""
     from rlx.engine.triton_decode import paged_decode
 
-    kv, tables, lens = caches(batch, context, kv_heads, head_dim, page, LAYERS, torch.bfloat16, "cuda")
+    kv, tables, lens = caches(
+        batch, context, spread, kv_heads, head_dim, page, LAYERS, torch.bfloat16, "cuda"
+    )
     q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
     scale = head_dim**-0.5
-    kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+    kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
     seconds = lambda call: time_layers(call, LAYERS)  # noqa: E731
-    result = {"batch": batch, "context": context}
+    result = {"batch": batch, "context": context, "spread": spread}
     result["engine_TB_s"] = round(
         kv_bytes / seconds(lambda i: paged_decode(q, *kv[i], tables, lens, scale)) / 1e12, 3
     )
@@ -261,7 +278,7 @@ def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=1
     if best is not None:
         result["engine_best_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
         result["engine_best_setting"] = best[1]
-    max_context = context + 256  # the graph's table holds a context this far grown
+    max_context = int(lens.max()) + 256  # the graph's table holds a context this far grown
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tables_by_chunk = {chunk: unit_table(lens, chunk, max_context) for chunk in (128, 256, 512)}
     persistent = [
@@ -288,12 +305,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="32,64,128,256")
     parser.add_argument("--contexts", default="300,520,1024,2048")
+    parser.add_argument(
+        "--spread", type=float, default=0.0, help="contexts uniform in (1 ± spread) x context"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()
     for batch in (int(b) for b in args.batches.split(",")):
         for context in (int(c) for c in args.contexts.split(",")):
-            print(json.dumps({"device": name, **compare(batch, context)}), flush=True)
+            print(json.dumps({"device": name, **compare(batch, context, args.spread)}), flush=True)
     print(json.dumps({"bench": "decode_attention", "device": name, "date": time.strftime("%Y-%m-%d"),
                       "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
 
