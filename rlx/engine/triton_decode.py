@@ -24,8 +24,8 @@ import triton.language as tl
 @triton.jit
 def attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE: tl.constexpr):
     """A tile of keys k and values v [BLOCK_N, D] (the `valid` ones) into the online softmax of
-    the queries q [BLOCK_G, D]: returns the running max, sum and output (fp32), updated. The max
-    stays -inf only while no valid key has been seen."""
+    the queries q [BLOCK_G, D]: returns the running max, sum and output (fp32), updated. The
+    first tile must hold a valid key: a masked tile while the max is still -inf gives NaN."""
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
