@@ -10,17 +10,24 @@ from __future__ import annotations
 import torch
 
 
-def rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`(rows, row stride)`: `t` as a [rows, N] view of its last dimension where its rows are evenly
-    spaced (torch's `view` merges the leading dimensions only then), else a contiguous copy."""
-    n = t.shape[-1]
+def _even_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """`t` as a [rows, N] view of its last dimension where its rows are evenly spaced (torch's
+    `view` merges the leading dimensions only then), else None."""
     if t.stride(-1) == 1:
         try:
-            view = t.view(-1, n)
-            return view, view.stride(0)
+            return t.view(-1, t.shape[-1])
         except RuntimeError:  # "view size is not compatible with input tensor's size and stride"
             pass
-    return t.contiguous().view(-1, n), n
+    return None
+
+
+def rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`(rows, row stride)`: `t` as a [rows, N] view where its rows are evenly spaced, else a
+    contiguous copy."""
+    view = _even_rows(t)
+    if view is None:
+        view = t.contiguous().view(-1, t.shape[-1])
+    return view, view.stride(0)
 
 
 def grouped_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -29,16 +36,13 @@ def grouped_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
     `t.shape[-2]` evenly spaced rows that are themselves evenly spaced (the query heads of a KV group
     in megatron's fused QKV projection, [s, b, groups, heads a group, d]); else a contiguous copy."""
     n = t.shape[-1]
-    if t.stride(-1) == 1:
+    view = _even_rows(t)
+    if view is not None:
+        return view, (view.stride(0), 0, 1)
+    if t.stride(-1) == 1 and t.dim() >= 3:
         try:
-            view = t.view(-1, n)
-            return view, (view.stride(0), 0, 1)
-        except RuntimeError:  # not evenly spaced
+            groups = t.view(-1, t.shape[-2], n)
+            return groups, (groups.stride(0), groups.stride(1), groups.shape[1])
+        except RuntimeError:  # nor in evenly spaced groups
             pass
-        if t.dim() >= 3:
-            try:
-                groups = t.view(-1, t.shape[-2], n)
-                return groups, (groups.stride(0), groups.stride(1), groups.shape[1])
-            except RuntimeError:  # nor in evenly spaced groups
-                pass
     return t.contiguous().view(-1, n), (n, 0, 1)
