@@ -36,6 +36,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from engine_step_profile import time_cuda
 
 from rlx.engine.triton_decode import attend_tile
 
@@ -211,23 +212,10 @@ def caches(
     return kv, tables.view(batch, per_seq).to(torch.int32), lens
 
 
-def time_layers(call, layers: int, iters: int = 8) -> float:
-    """Seconds a call, `iters` rounds over the `layers` caches inside one CUDA graph."""
-    call(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            for layer in range(layers):
-                call(layer)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / (iters * layers)
+def time_layers(call, layers: int, rounds: int = 8) -> float:
+    """Seconds a call, `rounds` rounds over the `layers` caches (`call(layer)`) in one CUDA graph."""
+    layer = itertools.cycle(range(layers))
+    return time_cuda(lambda: call(next(layer)), iters=rounds * layers, graph=True)
 
 
 def best_of(settings, call_for, reference, seconds_for, wrong: list) -> tuple[float, dict] | None:
