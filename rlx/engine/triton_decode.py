@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx.engine.pdl import pdl_mode, pdl_prologue
+
 
 @triton.jit
 def attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE: tl.constexpr):
@@ -47,8 +49,9 @@ def _paged_decode_kernel(
     Q, K, V, Out, Part, Lse, BT, CL, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -93,7 +96,10 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(Part, Lse, Out, stride_ot, stride_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+def _merge_splits_kernel(
+    Part, Lse, Out, stride_ot, stride_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = 0
+):
+    pdl_prologue(PDL)
     """Out[row, head] = sum_s w_s Part[row, head, s] with w = softmax over the shares' lse."""
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -159,16 +165,18 @@ def paged_decode(
         lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
+    pdl = pdl_mode(q.device)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
         BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl > 0,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(rows, num_heads)](
-            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits
-        )
+            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits, PDL=pdl,
+            launch_pdl=pdl > 0,
+        )  # fmt: skip
     return out

@@ -24,12 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx.engine.pdl import pdl_mode, pdl_prologue
+
 
 @triton.jit
 def _add_rms_norm_kernel(
     X, R, W, Out, ResOut, stride_x, stride_r, stride_o, N, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -53,9 +56,11 @@ def add_rms_norm(
     out = torch.empty_like(residual)
     new_residual = torch.empty_like(residual) if h is not None else residual
     x, r = (h, residual) if h is not None else (residual, residual)
+    pdl = pdl_mode(x.device)
     _add_rms_norm_kernel[(rows,)](
         x, r, weight, out, new_residual, x.stride(0), r.stride(0), out.stride(0), n, eps,
         HAS_RES=h is not None, BLOCK=triton.next_power_of_2(n), num_warps=4,
+        PDL=pdl, launch_pdl=pdl > 0,
     )  # fmt: skip
     return out, new_residual
 
@@ -95,10 +100,12 @@ def _qk_norm_rope_store_kernel(
     Q, K, V, QW, KW, Cos, Sin, Pos, SlotBlock, SlotOffset, KCache, VCache,
     stride_qt, stride_kt, stride_vt, stride_cos, stride_cb, stride_ch, eps,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """One program a (token, KV head): the head's q group, its k and its v (a program a head
     spent more time loading its token's position, cos/sin and slot than on the head; timings in
     docs/benchmarks.md, Decisions)."""
+    pdl_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -141,17 +148,19 @@ def qk_norm_rope_store(
     k_cache, v_cache = kv
     q_weight, k_weight = norms if norms is not None else (q, q)  # unused without norms
     group = heads // kv_heads
+    pdl = pdl_mode(q.device)
     _qk_norm_rope_store_kernel[(tokens, kv_heads)](
         q, k, v, q_weight, k_weight, cos, sin, positions, meta.slot_block, meta.slot_offset,
         k_cache, v_cache, q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), eps,
         GROUP=group, BLOCK_G=triton.next_power_of_2(group), D=dim, HAS_NORM=norms is not None,
-        num_warps=1,
+        num_warps=1, PDL=pdl, launch_pdl=pdl > 0,
     )  # fmt: skip
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Out, stride_g, stride_u, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(G, U, Out, stride_g, stride_u, N, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -166,7 +175,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, n = gate.shape
     out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
     block = 1024
+    pdl = pdl_mode(gate.device)
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-        gate, up, out, gate.stride(0), up.stride(0), n, BLOCK=block, num_warps=4
+        gate, up, out, gate.stride(0), up.stride(0), n, BLOCK=block, num_warps=4, PDL=pdl, launch_pdl=pdl > 0
     )
     return out

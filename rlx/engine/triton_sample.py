@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx.engine.pdl import pdl_mode, pdl_prologue
 from rlx.engine.triton_decode import sm_count
 
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
@@ -44,8 +45,9 @@ def _mix(x):
 @triton.jit
 def _sample_kernel(
     Logits, stride_row, InvT, Greedy, Seed, Step, Tokens, Logprobs, PartF, PartI,
-    V: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, SHARE: tl.constexpr,
+    V: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, SHARE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     lo = split * SHARE
@@ -94,7 +96,8 @@ def _sample_kernel(
 
 
 @triton.jit
-def _merge_kernel(PartF, PartI, Tokens, Logprobs, SPLITS: tl.constexpr):
+def _merge_kernel(PartF, PartI, Tokens, Logprobs, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     at = row * SPLITS + tl.arange(0, SPLITS)
     m = tl.load(PartF + at * 4)
@@ -151,9 +154,13 @@ def fused_sample(
     if splits > 1:
         part_f = torch.empty(rows, splits, 4, dtype=torch.float32, device=logits_NV.device)
         part_i = torch.empty(rows, splits, dtype=torch.int64, device=logits_NV.device)
+    pdl = pdl_mode(logits_NV.device)
     _sample_kernel[(rows, splits)](
         logits_NV, logits_NV.stride(0), inv_temperature_N, greedy_N, seed_N, step_N,
         tokens_N, logprobs_N, part_f, part_i, vocab, BLOCK=block, SPLITS=splits, SHARE=share, num_warps=8,
+        PDL=pdl, launch_pdl=pdl > 0,
     )  # fmt: skip
     if splits > 1:
-        _merge_kernel[(rows,)](part_f, part_i, tokens_N, logprobs_N, SPLITS=splits)
+        _merge_kernel[(rows,)](
+            part_f, part_i, tokens_N, logprobs_N, SPLITS=splits, PDL=pdl, launch_pdl=pdl > 0
+        )

@@ -231,3 +231,32 @@ def test_seeded_rows_draw_the_same_alone_and_batched(model_dir):
     for i, prompt in enumerate(PROMPTS):
         (alone,) = engine.generate([request(i, prompt)])
         assert alone.output_ids == together[i].output_ids
+
+
+def test_dependent_launches_give_the_outputs_of_plain_launches(model_dir, monkeypatch):
+    """Programmatic dependent launch (rlx/engine/pdl.py) changes when a kernel starts, never what
+    it reads: bf16 decode through the graphs (seeded sampling, default shares) gives the same
+    tokens and logprobs, bit for bit, with it off, waiting only, and launching the next early."""
+    from rlx.engine import GenerateRequest, SamplingParams
+    from rlx.engine.pdl import pdl_mode
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm90")
+
+    def run(mode: str):
+        monkeypatch.setenv("RLX_ENGINE_PDL", mode)
+        pdl_mode.cache_clear()
+        engine = engine_for(model_dir, dtype="bfloat16", max_total_tokens=4096)
+        assert pdl_mode(torch.device("cuda")) == int(mode)
+        requests = [
+            GenerateRequest(list(p), SamplingParams(max_new_tokens=16, sampling_seed=i, ignore_eos=True))
+            for i, p in enumerate(PROMPTS * 4)
+        ]
+        return [(o.output_ids, o.output_logprobs) for o in engine.generate(requests)]
+
+    try:
+        plain = run("0")
+        assert run("1") == plain
+        assert run("2") == plain
+    finally:
+        pdl_mode.cache_clear()
