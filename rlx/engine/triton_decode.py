@@ -99,8 +99,8 @@ def _paged_decode_kernel(
 def _merge_splits_kernel(
     Part, Lse, Out, stride_ot, stride_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = 0
 ):
-    pdl_prologue(PDL)
     """Out[row, head] = sum_s w_s Part[row, head, s] with w = softmax over the shares' lse."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
