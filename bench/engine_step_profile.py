@@ -9,7 +9,9 @@ head, norms, ...) and the step against its memory roofline (`roofline_ms`: every
 every sequence's KV at the context reached, at the device's bandwidth). Beside it, the attention
 of one layer alone: the Triton paged kernel, and torch FlexAttention over the same paged KV with
 a block mask built from the block tables (`flex_paged_decode`, also used by
-bench/rollout_throughput.py).
+bench/rollout_throughput.py). Under programmatic dependent launch (the engine's default on sm90+,
+rlx/engine/pdl.py) a Triton kernel starts early and its time holds its wait for the kernel
+before: `RLX_ENGINE_PDL=0` gives each part its own time (the step then a little longer).
 
 `--splits` first times the decode kernel alone by batch, context and split count (flash-decoding
 shares, rlx.engine.triton_decode), beside the count it chooses by itself; then the sampler by
