@@ -5,8 +5,9 @@ nothing before the kernel ahead of it has finished and its writes are visible, s
 those of plain launches (tests/gpu/test_engine.py), while its launch and scheduling overlap the
 tail of the kernel ahead, inside the decode graphs too. Mode 2 (the default) also lets the kernel
 after it launch at once (`griddepcontrol.launch_dependents` right after the wait); mode 1 waits
-only; 0 is off. `RLX_ENGINE_PDL` sets the mode; GPUs before sm90 get 0. Measured on 1×H200: the
-1.7B decode step -4.4% at batch 64, rollout tokens/s +1.0-1.6% (docs/benchmarks.md, Decisions).
+only; 0 is off. `RLX_ENGINE_PDL` sets the mode; GPUs before sm90 (and a Triton without
+`gdc_wait`) get 0. Measured on 1×H200: the 1.7B decode step -4.4% at batch 64, rollout tokens/s
++1.0-1.6% (docs/benchmarks.md, Decisions).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from triton.language.extra import cuda as tlc
 
 @functools.cache
 def pdl_mode(device: torch.device) -> int:
-    mode = int(os.environ.get("RLX_ENGINE_PDL", "2"))
-    if mode not in (0, 1, 2):
-        raise ValueError(f"RLX_ENGINE_PDL={mode}: use 0 (off), 1 (wait) or 2 (wait, then launch the next)")
-    if mode and torch.cuda.get_device_capability(device) < (9, 0):
-        return 0
+    raw = os.environ.get("RLX_ENGINE_PDL", "2")
+    if raw not in ("0", "1", "2"):
+        raise ValueError(f"RLX_ENGINE_PDL={raw!r}: use 0 (off), 1 (wait) or 2 (wait, then launch the next)")
+    mode = int(raw)
+    if mode and (torch.cuda.get_device_capability(device) < (9, 0) or not hasattr(tlc, "gdc_wait")):
+        return 0  # before sm90, or a Triton without the griddepcontrol wrappers
     return mode
 
 
