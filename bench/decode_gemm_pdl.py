@@ -1,0 +1,208 @@
+"""A decode step's GEMMs behind the kernel before each, under programmatic dependent launch (PDL);
+one JSON line per (shape, rows), on the GPU.
+
+The engine launches its Triton kernels under PDL (rlx/engine/pdl.py), but not cuBLAS's GEMMs:
+each GEMM waits for the norm or SwiGLU ahead of it to end, then starts its weight stream, and
+at 64-128 rows a layer's four GEMMs take 1.7× their weights' memory time (docs/benchmarks.md).
+A GEMM of rlx's own launched under PDL can ask the L2 for its weight, which no kernel of the
+step writes, before its `griddepcontrol.wait`: the weight streams in while the kernel ahead
+runs. (Asking from the kernel ahead instead made that kernel last until its prefetches landed:
+Decisions.) Here, `LAYERS` layers' chains (distinct weights, so that no layer finds another's in
+the L2) in one CUDA graph, each layer as the engine runs it with its attention left out:
+
+    add_rms_norm -> qkv;  add_rms_norm(q part) -> o;  add_rms_norm(+ residual) -> gate_up;
+    silu_mul -> down
+
+with the GEMMs as
+- `cublas`: `F.linear`, as the engine runs them;
+- `triton`: a Triton GEMM (all rows in one tile, a program a column tile; its launch settings
+  the fastest of a small sweep, timed alone) launched under PDL;
+- `triton_prefetch`: the same, with each program's weight rows (contiguous) asked of the L2
+  before the wait;
+- `none`: no GEMM (the kernels ahead alone), subtracted from the others: `*_gemm_us` per layer.
+Every variant's last output is checked against cuBLAS's (`max_rel_diff`).
+
+    source .whl/install.sh && python3 bench/decode_gemm_pdl.py [--rows 64,128] [--shapes qwen3_1.7b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from engine_step_profile import time_cuda
+from rollout_throughput import bandwidth
+from triton.language.extra import cuda as tlc
+
+from rlx.engine.triton_layers import add_rms_norm, silu_mul
+
+LAYERS = 28
+SHAPES = {  # hidden, query heads × head dim, q + k + v outputs, intermediate
+    "qwen3_1.7b": dict(hidden=2048, q=2048, qkv=4096, inter=6144),
+    "qwen3_0.6b": dict(hidden=1024, q=2048, qkv=4096, inter=3072),
+}
+
+
+@triton.jit
+def _pdl_gemm(
+    X, W, Out, M, K, stride_xm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
+):  # fmt: skip
+    """Out[:, tile] = X @ W[tile]^T for W [N, K] contiguous; all M rows in one tile. PREFETCH:
+    the tile's rows of W asked of the L2 first, LINE elements (128 bytes) a prefetch."""
+    pid = tl.program_id(0)
+    if PREFETCH:  # this program's BLOCK_N rows of W are BLOCK_N * K contiguous elements
+        base = W + pid.to(tl.int64) * BLOCK_N * K
+        lines = BLOCK_N * K // LINE
+        for start in range(0, lines, 128):
+            at = tl.minimum(start + tl.arange(0, 128), lines - 1).to(tl.int64)
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
+                dtype=tl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+    if PDL:
+        tlc.gdc_wait()
+        tlc.gdc_launch_dependents()
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rows = rm[:, None] < M
+    x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]
+    w_ptrs = W + rn[None, :].to(tl.int64) * K + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        acc = tl.dot(tl.load(x_ptrs, mask=rows, other=0.0), tl.load(w_ptrs), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    tl.store(Out + rm[:, None] * stride_om + rn[None, :], acc.to(Out.dtype.element_ty), mask=rows)
+
+
+def pdl_gemm(x, w, setting: dict, pdl: bool, prefetch: bool) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    assert w.is_contiguous() and x.stride(1) == 1 and n % setting["block_n"] == 0
+    assert k % setting["block_k"] == 0
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _pdl_gemm[(n // setting["block_n"],)](
+        x, w, out, m, k, x.stride(0), out.stride(0),
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"],
+        BLOCK_K=setting["block_k"], PDL=pdl, PREFETCH=prefetch, LINE=128 // w.element_size(),
+        num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,
+    )  # fmt: skip
+    return out
+
+
+def layers_for(shape: dict, device) -> list[dict]:
+    """LAYERS layers' weights: the four GEMMs' ([N, K], bf16) and the three norms'."""
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*size, scale=0.02):
+        return torch.randn(*size, generator=g, device=device, dtype=torch.bfloat16) * scale
+
+    h, q, qkv, inter = shape["hidden"], shape["q"], shape["qkv"], shape["inter"]
+
+    def layer():
+        gemms = dict(qkv=randn(qkv, h), o=randn(h, q), gate_up=randn(2 * inter, h), down=randn(h, inter))
+        return gemms | dict(n1=1 + randn(h), nq=1 + randn(q), n2=1 + randn(h))
+
+    return [layer() for _ in range(LAYERS)]
+
+
+def chain(layers: list[dict], residual: torch.Tensor, gemm, inter: int, q: int) -> torch.Tensor:
+    """The layers' kernels in the engine's order, attention left out; `gemm(x, w)`."""
+    h = None
+    for layer in layers:
+        normed, residual = add_rms_norm(h, residual, layer["n1"], 1e-6)
+        qkv = gemm(normed, layer["qkv"])
+        normed_q, _ = add_rms_norm(None, qkv[:, :q], layer["nq"], 1e-6)  # attention's stand-in
+        o = gemm(normed_q, layer["o"])
+        normed, residual = add_rms_norm(o, residual, layer["n2"], 1e-6)
+        gate_up = gemm(normed, layer["gate_up"])
+        h = gemm(silu_mul(gate_up[:, :inter], gate_up[:, inter:]), layer["down"])
+    return h
+
+
+def best_setting(x_rows: int, layers: list[dict], name: str) -> dict:
+    """The fastest launch setting of `_pdl_gemm` for one GEMM alone (no PDL, no prefetch), cycling
+    over the layers' weights in a CUDA graph."""
+    best, best_us = None, float("inf")
+    k = layers[0][name].shape[1]
+    x = torch.randn(x_rows, k, device="cuda", dtype=torch.bfloat16)
+    reference = F.linear(x, layers[0][name]).float()
+    for block_n, block_k, stages, warps in itertools.product((32, 64, 128), (64, 128), (4, 6), (4,)):
+        setting = dict(block_n=block_n, block_k=block_k, stages=stages, warps=warps)
+        try:
+            got = pdl_gemm(x, layers[0][name], setting, pdl=False, prefetch=False).float()
+        except (triton.runtime.errors.OutOfResources, AssertionError):
+            continue
+        if (got - reference).abs().max().item() > 0.02 * reference.abs().max().item():
+            continue
+        turn = itertools.cycle(layers)
+        call = lambda turn=turn, setting=setting: pdl_gemm(x, next(turn)[name], setting, False, False)  # noqa: E731
+        us = time_cuda(call, graph=True) * 1e6
+        if us < best_us:
+            best, best_us = setting, us
+    return best
+
+
+def run(shape_name: str, rows: int, hbm: float) -> dict:
+    shape = SHAPES[shape_name]
+    layers = layers_for(shape, "cuda")
+    settings = {name: best_setting(rows, layers, name) for name in ("qkv", "o", "gate_up", "down")}
+    by_w = {layer[name].data_ptr(): name for layer in layers for name in settings}
+    residual = torch.randn(rows, shape["hidden"], device="cuda", dtype=torch.bfloat16)
+    spare = {}  # `none`: a product of the right shape, not computed
+
+    def none(x, w):
+        key = (x.shape[0], w.shape[0])
+        if key not in spare:
+            spare[key] = torch.zeros(key, device="cuda", dtype=torch.bfloat16)
+        return spare[key]
+
+    variants = {
+        "cublas": F.linear,
+        "triton": lambda x, w: pdl_gemm(x, w, settings[by_w[w.data_ptr()]], pdl=True, prefetch=False),
+        "triton_prefetch": lambda x, w: pdl_gemm(x, w, settings[by_w[w.data_ptr()]], pdl=True, prefetch=True),
+        "none": none,
+    }
+    result = {"shape": shape_name, "rows": rows, "layers": LAYERS, "settings": settings}
+    outputs = {}
+    for name, gemm in variants.items():
+        step = lambda gemm=gemm: chain(layers, residual, gemm, shape["inter"], shape["q"])  # noqa: E731
+        outputs[name] = step().float()
+        result[f"{name}_us"] = round(time_cuda(step, iters=5, graph=True) * 1e6 / LAYERS, 2)
+    for name in ("cublas", "triton", "triton_prefetch"):
+        result[f"{name}_gemm_us"] = round(result[f"{name}_us"] - result["none_us"], 2)
+    scale = outputs["cublas"].abs().max().item()
+    result["max_rel_diff"] = {
+        name: round((outputs[name] - outputs["cublas"]).abs().max().item() / scale, 4)
+        for name in ("triton", "triton_prefetch")
+    }
+    weight_bytes = sum(w.numel() * 2 for name, w in layers[0].items() if name in settings)
+    result["roofline_gemm_us"] = round(weight_bytes / hbm * 1e6, 2)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="64,128", help="decode batch sizes (GEMM rows)")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name()
+    start = time.perf_counter()
+    for shape in args.shapes.split(","):
+        for rows in (int(r) for r in args.rows.split(",")):
+            print(json.dumps({"device": name, **run(shape, rows, bandwidth(name))}), flush=True)
+    print(json.dumps({"bench": "decode_gemm_pdl", "device": name, "date": time.strftime("%Y-%m-%d"),
+                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
