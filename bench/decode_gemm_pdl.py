@@ -19,8 +19,11 @@ with the GEMMs as
   the fastest of a small sweep, timed alone) launched under PDL;
 - `triton_prefetch`: the same, with each program's weight rows (contiguous) asked of the L2
   before the wait;
+- `triton_prefetch_{qkv,o,gate_up,down}_only`: that GEMM prefetching, cuBLAS for the others
+  (`gain_us`: what each GEMM gains so, a layer);
 - `none`: no GEMM (the kernels ahead alone), subtracted from the others: `*_gemm_us` per layer.
-Every variant's last output is checked against cuBLAS's (`max_rel_diff`).
+Every variant's last output is checked against cuBLAS's (`max_rel_diff`). At split 1 a GEMM of
+few column tiles (o, down) leaves SMs idle; where its `gain_us` is negative, cuBLAS stays.
 
     source .whl/install.sh && python3 bench/decode_gemm_pdl.py [--rows 64,128] [--shapes qwen3_1.7b]
 """
@@ -136,7 +139,7 @@ def best_setting(x_rows: int, layers: list[dict], name: str) -> dict:
     k = layers[0][name].shape[1]
     x = torch.randn(x_rows, k, device="cuda", dtype=torch.bfloat16)
     reference = F.linear(x, layers[0][name]).float()
-    for block_n, block_k, stages, warps in itertools.product((32, 64, 128), (64, 128), (4, 6), (4,)):
+    for block_n, block_k, stages, warps in itertools.product((16, 32, 64, 128), (64, 128), (4, 6), (4,)):
         setting = dict(block_n=block_n, block_k=block_k, stages=stages, warps=warps)
         try:
             got = pdl_gemm(x, layers[0][name], setting, pdl=False, prefetch=False).float()
@@ -166,12 +169,24 @@ def run(shape_name: str, rows: int, hbm: float) -> dict:
             spare[key] = torch.zeros(key, device="cuda", dtype=torch.bfloat16)
         return spare[key]
 
+    def triton(only: str | None = None, prefetch: bool = True):
+        """Triton GEMMs under PDL (for the GEMM named `only`, cuBLAS for the others)."""
+
+        def gemm(x, w):
+            name = by_w[w.data_ptr()]
+            if only is not None and name != only:
+                return F.linear(x, w)
+            return pdl_gemm(x, w, settings[name], pdl=True, prefetch=prefetch)
+
+        return gemm
+
     variants = {
         "cublas": F.linear,
-        "triton": lambda x, w: pdl_gemm(x, w, settings[by_w[w.data_ptr()]], pdl=True, prefetch=False),
-        "triton_prefetch": lambda x, w: pdl_gemm(x, w, settings[by_w[w.data_ptr()]], pdl=True, prefetch=True),
+        "triton": triton(prefetch=False),
+        "triton_prefetch": triton(),
         "none": none,
     }
+    variants |= {f"triton_prefetch_{name}_only": triton(only=name) for name in settings}
     result = {"shape": shape_name, "rows": rows, "layers": LAYERS, "settings": settings}
     outputs = {}
     for name, gemm in variants.items():
@@ -180,10 +195,16 @@ def run(shape_name: str, rows: int, hbm: float) -> dict:
         result[f"{name}_us"] = round(time_cuda(step, iters=5, graph=True) * 1e6 / LAYERS, 2)
     for name in ("cublas", "triton", "triton_prefetch"):
         result[f"{name}_gemm_us"] = round(result[f"{name}_us"] - result["none_us"], 2)
+    # what each GEMM alone gains as a prefetching Triton GEMM, among cuBLAS's others: the layer's
+    # best mix is cuBLAS where this is negative
+    result["gain_us"] = {
+        n: round(result["cublas_us"] - result[f"triton_prefetch_{n}_only_us"], 2) for n in settings
+    }
     scale = outputs["cublas"].abs().max().item()
     result["max_rel_diff"] = {
         name: round((outputs[name] - outputs["cublas"]).abs().max().item() / scale, 4)
-        for name in ("triton", "triton_prefetch")
+        for name in variants
+        if name.startswith("triton")
     }
     weight_bytes = sum(w.numel() * 2 for name, w in layers[0].items() if name in settings)
     result["roofline_gemm_us"] = round(weight_bytes / hbm * 1e6, 2)
