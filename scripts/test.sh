@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
 export RLX_CACHE="${RLX_CACHE:-$(mktemp -d)}"  # tiny checkpoints written fresh, like a new user's
+# Triton for its CPU interpreter, in a directory of its own that only the Triton kernels' tests
+# put on their path (tests/unit/test_triton_interpreted.py runs tests/kernels in it); no torch comes with it
+export RLX_TRITON_DIR="${RLX_TRITON_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlx/triton-3.9.0}"
+if [[ ! -d "$RLX_TRITON_DIR/triton" ]]; then
+  python -m pip install -q --no-deps --target "$RLX_TRITON_DIR" triton==3.9.0
+fi
 # tests/integration/test_slurm.py submits jobs to a one-node SLURM on localhost (root only; the
 # test itself says why it skips when SLURM cannot be started)
 if [[ $(id -u) -eq 0 ]]; then

@@ -27,6 +27,8 @@ def pdl_mode(device: torch.device) -> int:
     if raw not in ("0", "1", "2"):
         raise ValueError(f"RLX_ENGINE_PDL={raw!r}: use 0 (off), 1 (wait) or 2 (wait, then launch the next)")
     mode = int(raw)
+    if device.type != "cuda":  # Triton's CPU interpreter (tests/kernels)
+        return 0
     if mode and (torch.cuda.get_device_capability(device) < (9, 0) or not hasattr(tlc, "gdc_wait")):
         return 0  # before sm90, or a Triton without the griddepcontrol wrappers
     return mode

@@ -119,7 +119,10 @@ def _sm_count(device_index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """The streaming multiprocessors of a CUDA device (the Triton kernels size their grids by it)."""
+    """The streaming multiprocessors of a CUDA device (the Triton kernels size their grids by it);
+    1 elsewhere: Triton's CPU interpreter (tests/kernels) runs one program at a time."""
+    if device.type != "cuda":
+        return 1
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 

@@ -15,7 +15,7 @@ Each intermediate is cast to the activation dtype where the torch modules round 
 (`layers.py`), but on the GPU Triton folds a cast to bf16 and straight back to fp32, so some
 intermediates keep fp32: measured on `qk_norm_rope_store` (H200, 2026-11-28), 22% of its bf16
 outputs differ from the modules' by a rounding, none further from the fp32 result than theirs
-(tests/gpu/test_engine_kernels.py); fp32 runs match the modules up to reduction order.
+(tests/kernels/test_engine_kernels.py); fp32 runs match the modules up to reduction order.
 """
 
 from __future__ import annotations

@@ -1,0 +1,138 @@
+"""The engine's Triton kernels (rlx.engine.triton_decode, rlx.engine.triton_layers) against the torch
+code they replace: bf16 on a GPU, fp32 in Triton's CPU interpreter (conftest.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 1.0) -> None:
+    """`got` within `roundings` of `dtype`'s rounding of `exact`'s largest value (bf16), or within
+    fp32 reduction-order noise (fp32)."""
+    step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
+    bound = roundings * step * exact.abs().max().item()
+    assert (got.float() - exact.float()).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 8, None])  # None: default_splits (8 for 10 programs on a GPU)
+def test_paged_decode_matches_gather_attention(num_splits, device, dtype):
+    """Rows of 1 token to a whole table, each context split into shares (flash-decoding) or not:
+    with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0."""
+    from rlx.engine.attention import gather_attention
+    from rlx.engine.triton_decode import paged_decode
+
+    g = torch.Generator(device=device).manual_seed(0)
+    blocks, kv_heads, page, dim, heads = 64, 2, 16, 128, 16
+    k_cache = torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(dtype)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([1, 17, 64, 300, 1000 % (page * 20)], device=device, dtype=torch.int32)
+    tables = torch.randint(1, blocks, (5, 20), device=device, generator=g, dtype=torch.int32)
+    q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
+    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
+    mask = (torch.arange(20 * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert (out.float() - ref.float()).abs().max().item() < tolerance
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm_matches_the_residual_add_and_the_norm_module(with_residual, device, dtype):
+    """`add_rms_norm(h, residual)`: the sum rounded as `residual + h` is, and the RMSNorm of it as
+    layers.RMSNorm computes it; h a strided view, a width that is no power of 2 (masked lanes)."""
+    from rlx.engine.models.layers import RMSNorm
+    from rlx.engine.triton_layers import add_rms_norm
+
+    g = torch.Generator(device=device).manual_seed(1)
+    rows, width = 9, 1000
+    h = torch.randn(rows, width + 24, device=device, generator=g).to(dtype)[:, :width]
+    residual = torch.randn(rows, width, device=device, generator=g).to(dtype)
+    norm = RMSNorm(width, 1e-6).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.normal_(generator=g)
+        out, new_residual = add_rms_norm(h if with_residual else None, residual, norm.weight, 1e-6)
+        summed = residual + h if with_residual else residual
+        expected = norm(summed)
+        x = summed.float()
+        exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()
+    assert torch.equal(new_residual, summed)
+    close(out, expected, dtype, roundings=2)  # the module rounds x before the weight, and after
+    close(out, exact, dtype, roundings=2)
+
+
+def test_silu_mul_matches_torch(device, dtype):
+    """silu(gate) * up for gate and up the two halves of one GEMM output (strided rows)."""
+    from rlx.engine.triton_layers import silu_mul
+
+    g = torch.Generator(device=device).manual_seed(2)
+    rows, width = 7, 1500
+    gate_up = torch.randn(rows, 2 * width, device=device, generator=g).to(dtype)
+    gate, up = gate_up[:, :width], gate_up[:, width:]
+    out = silu_mul(gate, up)
+    assert out.shape == (rows, width) and out.is_contiguous()
+    close(out, F.silu(gate.float()) * up.float(), dtype, roundings=2)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,norm", [(16, 8, 128, True), (12, 4, 64, False), (8, 8, 128, True)]
+)
+def test_qk_norm_rope_store_no_less_accurate_than_the_torch_modules(
+    heads, kv_heads, dim, norm, device, dtype
+):
+    """q/k RMSNorm and rotary in place, k and v into their cache slots: against the same math in
+    fp32, the kernel's q and k are no further off than the torch modules' (layers.RMSNorm, the
+    rotary formula) on average, and at worst by a rounding; the cache holds the new k and v. (On
+    the GPU Triton folds a cast to bf16 and back, so the kernel keeps some of the intermediates
+    that the modules round in fp32: 22% of its bf16 outputs differ from theirs by a rounding.) In
+    fp32 both are within reduction-order noise of the fp32 math."""
+    from rlx.engine.models.layers import RMSNorm
+    from rlx.engine.triton_layers import qk_norm_rope_store
+
+    g = torch.Generator(device=device).manual_seed(heads)
+    tokens, blocks, page = 37, 12, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=device, generator=g).to(dtype)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    angles = torch.rand(4096, dim // 2, device=device, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    positions = torch.randint(0, 4096, (tokens,), device=device, generator=g)
+    slots = torch.randperm(blocks * page, device=device, generator=g)[:tokens]
+    meta = SimpleNamespace(slot_block=slots // page, slot_offset=slots % page)
+    q_norm = RMSNorm(dim, 1e-6).to(device=device, dtype=dtype)
+    k_norm = RMSNorm(dim, 1e-6).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        q_norm.weight.normal_(generator=g), k_norm.weight.normal_(generator=g)
+
+    def rotate(x):
+        c, s = cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype)
+        half = torch.cat([-x[..., dim // 2 :], x[..., : dim // 2]], -1)
+        return x * c + half * s
+
+    def fp32(x, module):
+        x = x.float()
+        if norm:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * module.weight.float()
+        return rotate(x)
+
+    with torch.no_grad():
+        expected = [
+            (fp32(q, q_norm), rotate(q_norm(q) if norm else q)),
+            (fp32(k, k_norm), rotate(k_norm(k) if norm else k)),
+        ]
+    k_cache = torch.zeros(blocks, kv_heads, page, dim, device=device, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    weights = (q_norm.weight, k_norm.weight) if norm else None
+    qk_norm_rope_store(q, k, v, weights, 1e-6, cos, sin, positions, (k_cache, v_cache), meta)
+    for got, (exact, modules) in zip((q, k), expected, strict=True):
+        if dtype == torch.float32:
+            close(got, exact, dtype, roundings=4)
+            continue
+        error, modules_error = (got.float() - exact).abs(), (modules.float() - exact).abs()
+        assert error.mean() <= modules_error.mean()
+        assert error.max() <= modules_error.max() + 2.0**-9 * exact.abs().max()  # a rounding at most
+    assert torch.equal(k_cache[meta.slot_block, :, meta.slot_offset], k)
+    assert torch.equal(v_cache[meta.slot_block, :, meta.slot_offset], v)
