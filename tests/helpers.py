@@ -207,3 +207,20 @@ def write_tiny_qwen3(path: Path, seed: int = 0) -> Path:
     from rlx.models.tiny import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tiny_qwen3_config(), path, seed=seed)
+
+
+def all_ones_draws(vocab: int, count: int) -> list[tuple[int, int, int]]:
+    """(seed, step, token) whose token's 24 bits of the engine's sampling hash are all ones (the
+    draw where the seeded noise's uniform once rounded to 1: tests/unit/test_seeded_noise.py),
+    found by search over seeds at step 5."""
+    from rlx.engine.sampler import _GOLDEN, _mix
+
+    found, start = [], 0
+    token = torch.arange(vocab, dtype=torch.int64)
+    while len(found) < count:
+        seeds = torch.arange(start, start + 256, dtype=torch.int64) * 7919 + 1
+        row = _mix(seeds * _GOLDEN + _mix(torch.full_like(seeds, 5) + 1))
+        bits = (_mix(row[:, None] + token[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)
+        found += [(int(seeds[r]), 5, t) for r, t in (bits == (1 << 24) - 1).nonzero().tolist()]
+        start += 256
+    return found[:count]

@@ -32,6 +32,7 @@ from rlx.engine.triton_decode import sm_count
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
 _MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
 _MIX2 = tl.constexpr(0x94D049BB133111EB)
+_UNIFORM_MAX = tl.constexpr(1.0 - 2.0**-24)  # sampler.UNIFORM_MAX: the largest fp32 below 1
 
 
 @triton.jit
@@ -75,7 +76,8 @@ def _sample_kernel(
             score = x
         else:
             bits = (_mix(row_key + index.to(tl.uint64) * _GOLDEN) >> 40) & 0xFFFFFF
-            uniform = (bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            # below 1 (sampler.seeded_exponential): at 1 the noise -log(u) is 0 and the token won
+            uniform = tl.minimum((bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0), _UNIFORM_MAX)
             score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
         chunk_best = tl.max(score, 0)
         chunk_index = tl.min(tl.where(score == chunk_best, index, V), 0)  # lowest id among ties

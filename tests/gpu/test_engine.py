@@ -1,6 +1,6 @@
-"""rlx.engine on CUDA: parity with transformers (fp32 and bf16), the fused sampler, CUDA-graph
-decode, memory release/resume, in-place weight reload. Skipped without a GPU. The Triton kernels
-the interpreter can run are tested in tests/kernels (on a GPU too)."""
+"""rlx.engine on CUDA: parity with transformers (fp32 and bf16), CUDA-graph decode, memory
+release/resume, in-place weight reload. Skipped without a GPU. The Triton kernels themselves are
+tested in tests/kernels (on a GPU, and in Triton's CPU interpreter)."""
 
 from __future__ import annotations
 
@@ -117,34 +117,6 @@ def test_weight_reload_in_place(model_dir, tmp_path):
     for prompt, out in zip(PROMPTS, greedy(engine), strict=True):
         ref = reference(other, prompt, out.output_ids)
         assert (torch.tensor(out.output_logprobs) - ref).abs().max().item() < 1e-3
-
-
-@pytest.mark.parametrize("splits", [1, 4, None])  # None: default_splits (16 for 64 rows, 132 SMs)
-def test_fused_sampler_matches_torch_sampler(splits):
-    """The graph's one-pass Triton sampler draws what the torch path draws from the same
-    (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax, a
-    tie between two vocabulary shares going to the lower id, as torch.argmax's does."""
-    from rlx.engine.sampler import seeded_exponential
-    from rlx.engine.triton_sample import fused_sample
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rows, vocab = 64, 151936
-    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(torch.bfloat16)
-    logits[0, [70000, 150000]] = 100.0  # greedy row 0: a tie across shares
-    temperature = torch.rand(rows, device="cuda", generator=g) + 0.5
-    greedy = (torch.arange(rows, device="cuda") % 5 == 0).int()
-    seed = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
-    step = torch.randint(0, 1000, (rows,), device="cuda", generator=g)
-    tokens = torch.empty(rows, dtype=torch.int64, device="cuda")
-    logprobs = torch.empty(rows, device="cuda")
-    inv_t = torch.where(greedy.bool(), 1.0, 1.0 / temperature)
-    fused_sample(logits, inv_t, greedy, seed, step, tokens, logprobs, splits=splits)
-    x = logits.float() * inv_t[:, None]
-    logp = x.log_softmax(-1)
-    race = (logp.exp() / seeded_exponential(seed, step, vocab)).argmax(-1)
-    expected = torch.where(greedy.bool(), logits.float().argmax(-1), race)
-    assert torch.equal(tokens, expected) and tokens[0].item() == 70000
-    assert (logprobs - logp.gather(-1, expected[:, None])[:, 0]).abs().max().item() < 1e-4
 
 
 def test_overlap_and_graphs_give_the_plain_engine_outputs(model_dir):

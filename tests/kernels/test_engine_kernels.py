@@ -1,5 +1,5 @@
-"""The engine's Triton kernels (rlx.engine.triton_decode, rlx.engine.triton_layers) against the torch
-code they replace: bf16 on a GPU, fp32 in Triton's CPU interpreter (conftest.py)."""
+"""The engine's Triton kernels (rlx.engine.triton_decode, triton_layers, triton_sample) against the
+torch code they replace: bf16 on a GPU, fp32 in Triton's CPU interpreter (conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import all_ones_draws  # tests/ is on sys.path (conftest)
 
 
 def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 1.0) -> None:
@@ -136,3 +137,54 @@ def test_qk_norm_rope_store_no_less_accurate_than_the_torch_modules(
         assert error.max() <= modules_error.max() + 2.0**-9 * exact.abs().max()  # a rounding at most
     assert torch.equal(k_cache[meta.slot_block, :, meta.slot_offset], k)
     assert torch.equal(v_cache[meta.slot_block, :, meta.slot_offset], v)
+
+
+def fused_draw(logits, greedy, seed, step, temperature, splits):
+    from rlx.engine.triton_sample import fused_sample
+
+    rows = logits.shape[0]
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(rows, device=logits.device)
+    inv_t = torch.where(greedy.bool(), 1.0, 1.0 / temperature)
+    fused_sample(logits, inv_t, greedy, seed, step, tokens, logprobs, splits=splits)
+    return tokens, logprobs, inv_t
+
+
+@pytest.mark.parametrize("splits", [1, 4, None])  # None: default_splits (16 for 64 rows, 132 SMs)
+def test_fused_sampler_matches_torch_sampler(splits, device, dtype):
+    """The graph's one-pass Triton sampler draws what the torch path draws from the same
+    (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax, a
+    tie between two vocabulary shares going to the lower id, as torch.argmax's does. (Qwen's
+    vocabulary on a GPU; a fifth of it in the interpreter, which takes 14 s a run of the whole.)"""
+    from rlx.engine.sampler import seeded_exponential
+
+    g = torch.Generator(device=device).manual_seed(0)
+    rows, vocab = 64, 151936 if device.type == "cuda" else 32768
+    tie = (vocab * 3 // 8, vocab * 7 // 8)  # in different shares at 4 shares
+    logits = (torch.randn(rows, vocab, device=device, generator=g) * 4).to(dtype)
+    logits[0, list(tie)] = 100.0  # greedy row 0: a tie across shares
+    temperature = torch.rand(rows, device=device, generator=g) + 0.5
+    greedy = (torch.arange(rows, device=device) % 5 == 0).int()
+    seed = torch.randint(0, 1 << 62, (rows,), device=device, generator=g)
+    step = torch.randint(0, 1000, (rows,), device=device, generator=g)
+    tokens, logprobs, inv_t = fused_draw(logits, greedy, seed, step, temperature, splits)
+    x = logits.float() * inv_t[:, None]
+    logp = x.log_softmax(-1)
+    race = (logp.exp() / seeded_exponential(seed, step, vocab)).argmax(-1)
+    expected = torch.where(greedy.bool(), logits.float().argmax(-1), race)
+    assert torch.equal(tokens, expected) and tokens[0].item() == tie[0]
+    assert (logprobs - logp.gather(-1, expected[:, None])[:, 0]).abs().max().item() < 1e-4
+
+
+def test_fused_sampler_draws_a_near_certain_token_whatever_the_others_hash_to(device, dtype):
+    """Rows whose (seed, step) give another token all-ones hash bits, whose uniform once rounded
+    to 1 and made it win (tests/unit/test_seeded_noise.py): the near-certain token is drawn."""
+    vocab, certain = 32768, 11
+    draws = all_ones_draws(vocab, 4)
+    seed = torch.tensor([s for s, _, _ in draws], device=device)
+    step = torch.tensor([t for _, t, _ in draws], device=device)
+    logits = torch.zeros(len(draws), vocab, device=device)
+    logits[:, certain] = 30.0
+    greedy = torch.zeros(len(draws), dtype=torch.int32, device=device)
+    tokens, _, _ = fused_draw(logits.to(dtype), greedy, seed, step, torch.ones(len(draws), device=device), 1)
+    assert tokens.tolist() == [certain] * len(draws)
