@@ -19,7 +19,8 @@ def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings:
     assert (got.float() - exact.float()).abs().max().item() <= bound
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 8, None])  # None: default_splits (8 for 10 programs on a GPU)
+# None: default_splits (8 for 10 programs on a GPU, 1 interpreted)
+@pytest.mark.parametrize("num_splits", [1, 2, 8, None])
 def test_paged_decode_matches_gather_attention(num_splits, device, dtype):
     """Rows of 1 token to a whole table, each context split into shares (flash-decoding) or not:
     with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0."""
@@ -150,7 +151,8 @@ def fused_draw(logits, greedy, seed, step, temperature, splits):
     return tokens, logprobs, inv_t
 
 
-@pytest.mark.parametrize("splits", [1, 4, None])  # None: default_splits (16 for 64 rows, 132 SMs)
+# None: default_splits (16 for 64 rows on 132 SMs, 1 interpreted)
+@pytest.mark.parametrize("splits", [1, 4, None])
 def test_fused_sampler_matches_torch_sampler(splits, device, dtype):
     """The graph's one-pass Triton sampler draws what the torch path draws from the same
     (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax, a
