@@ -190,3 +190,25 @@ def test_fused_sampler_draws_a_near_certain_token_whatever_the_others_hash_to(de
     greedy = torch.zeros(len(draws), dtype=torch.int32, device=device)
     tokens, _, _ = fused_draw(logits.to(dtype), greedy, seed, step, torch.ones(len(draws), device=device), 1)
     assert tokens.tolist() == [certain] * len(draws)
+
+
+def test_pdl_mode_reads_its_setting(device, monkeypatch):
+    """`RLX_ENGINE_PDL`: 0, 1 or 2 (the default) on an sm90+ GPU, refused by its text otherwise;
+    0 off CUDA, where Triton's interpreter has no launch to overlap."""
+    from rlx.engine.pdl import pdl_mode
+
+    def mode(value: str | None) -> int:
+        if value is None:
+            monkeypatch.delenv("RLX_ENGINE_PDL", raising=False)
+        else:
+            monkeypatch.setenv("RLX_ENGINE_PDL", value)
+        pdl_mode.cache_clear()
+        return pdl_mode(device)
+
+    try:
+        hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+        assert [mode(v) for v in (None, "0", "1", "2")] == ([2, 0, 1, 2] if hopper else [0, 0, 0, 0])
+        with pytest.raises(ValueError, match=r"RLX_ENGINE_PDL='on': use 0 \(off\), 1 \(wait\) or 2"):
+            mode("on")
+    finally:
+        pdl_mode.cache_clear()
