@@ -21,21 +21,27 @@ def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings:
 
 # None: default_splits (8 for 10 programs on a GPU, 1 interpreted)
 @pytest.mark.parametrize("num_splits", [1, 2, 8, None])
-def test_paged_decode_matches_gather_attention(num_splits, device, dtype):
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,page",
+    [(16, 2, 128, 16), (9, 3, 64, 16), (32, 2, 128, 64), (4, 4, 64, 1)],
+    ids=["group 8", "SmolLM2's group of 3", "GLM-4's group of 16, pages of 64", "no grouping, pages of 1"],
+)
+def test_paged_decode_matches_gather_attention(num_splits, heads, kv_heads, dim, page, device, dtype):
     """Rows of 1 token to a whole table, each context split into shares (flash-decoding) or not:
-    with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0."""
+    with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0.
+    Query groups of the families the engine serves, padded to the kernel's 16-row tiles."""
     from rlx.engine.attention import gather_attention
     from rlx.engine.triton_decode import paged_decode
 
     g = torch.Generator(device=device).manual_seed(0)
-    blocks, kv_heads, page, dim, heads = 64, 2, 16, 128, 16
+    blocks, table = 64 * 16 // page, 20 * 16 // page
     k_cache = torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(dtype)
     v_cache = torch.randn_like(k_cache)
-    lens = torch.tensor([1, 17, 64, 300, 1000 % (page * 20)], device=device, dtype=torch.int32)
-    tables = torch.randint(1, blocks, (5, 20), device=device, generator=g, dtype=torch.int32)
+    lens = torch.tensor([1, 17, 64, 300, 1000 % 320], device=device, dtype=torch.int32)
+    tables = torch.randint(1, blocks, (5, table), device=device, generator=g, dtype=torch.int32)
     q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
     out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
-    mask = (torch.arange(20 * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    mask = (torch.arange(table * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
     ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     assert (out.float() - ref.float()).abs().max().item() < tolerance
