@@ -213,14 +213,19 @@ def all_ones_draws(vocab: int, count: int) -> list[tuple[int, int, int]]:
     """(seed, step, token) whose token's 24 bits of the engine's sampling hash are all ones (the
     draw where the seeded noise's uniform once rounded to 1: tests/unit/test_seeded_noise.py),
     found by search over seeds at step 5."""
-    from rlx.engine.sampler import _GOLDEN, _mix
+    from rlx.engine.sampler import seeded_bits
 
     found, start = [], 0
-    token = torch.arange(vocab, dtype=torch.int64)
     while len(found) < count:
         seeds = torch.arange(start, start + 256, dtype=torch.int64) * 7919 + 1
-        row = _mix(seeds * _GOLDEN + _mix(torch.full_like(seeds, 5) + 1))
-        bits = (_mix(row[:, None] + token[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)
+        bits = seeded_bits(seeds, torch.full_like(seeds, 5), vocab)
         found += [(int(seeds[r]), 5, t) for r, t in (bits == (1 << 24) - 1).nonzero().tolist()]
         start += 256
     return found[:count]
+
+
+def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 2.0) -> None:
+    """`got` within `roundings` of `dtype`'s rounding of `exact`'s largest value (bf16), or within
+    fp32 reduction-order noise (fp32): the Triton kernels' tests (tests/kernels)."""
+    step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
+    assert (got.float() - exact.float()).abs().max().item() <= roundings * step * exact.abs().max().item()

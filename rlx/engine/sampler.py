@@ -215,8 +215,13 @@ def seeded_exponential(seed_R: torch.Tensor, step_R: torch.Tensor, vocab: int) -
     (0, 1) from 24 bits of a hash. u stops at the largest fp32 below 1: (2^24 - 1) + 0.5 rounds
     to 2^24 in fp32, and a noise of 0 made its token win whatever its probability (a token in
     V / 2^24 of the draws: 0.9% at a 151,936-way vocabulary). triton_sample does the same."""
-    row_R = _mix(seed_R * _GOLDEN + _mix(step_R + 1))
-    token_V = torch.arange(vocab, device=seed_R.device, dtype=torch.int64)
-    bits_RV = (_mix(row_R[:, None] + token_V[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)
+    bits_RV = seeded_bits(seed_R, step_R, vocab)
     uniform_RV = ((bits_RV.float() + 0.5) * (1.0 / (1 << 24))).clamp_(max=UNIFORM_MAX)
     return -torch.log(uniform_RV)
+
+
+def seeded_bits(seed_R: torch.Tensor, step_R: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The 24 hash bits [R, V] (int64) of each (seed, step, token id) that its noise comes from."""
+    row_R = _mix(seed_R * _GOLDEN + _mix(step_R + 1))
+    token_V = torch.arange(vocab, device=seed_R.device, dtype=torch.int64)
+    return (_mix(row_R[:, None] + token_V[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)

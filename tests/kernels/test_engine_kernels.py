@@ -8,15 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import all_ones_draws  # tests/ is on sys.path (conftest)
-
-
-def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 1.0) -> None:
-    """`got` within `roundings` of `dtype`'s rounding of `exact`'s largest value (bf16), or within
-    fp32 reduction-order noise (fp32)."""
-    step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
-    bound = roundings * step * exact.abs().max().item()
-    assert (got.float() - exact.float()).abs().max().item() <= bound
+from helpers import all_ones_draws, close  # tests/ is on sys.path (conftest)
 
 
 # None: default_splits (8 for 10 programs on a GPU, 1 interpreted)

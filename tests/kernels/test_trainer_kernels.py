@@ -7,12 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-
-def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 2.0) -> None:
-    """Within `roundings` of `dtype`'s rounding of `exact`'s largest value (fp32: reduction noise)."""
-    step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
-    assert (got.float() - exact.float()).abs().max().item() <= roundings * step * exact.abs().max().item()
+from helpers import close  # tests/ is on sys.path (conftest)
 
 
 def leaf(x: torch.Tensor) -> torch.Tensor:
