@@ -34,6 +34,13 @@ def pdl_mode(device: torch.device) -> int:
     return mode
 
 
+def pdl_launch(device: torch.device) -> dict:
+    """A kernel launch's keyword arguments for `pdl_mode(device)`: its `PDL` (for `pdl_prologue`)
+    and Triton's `launch_pdl` (`**pdl_launch(device)`)."""
+    mode = pdl_mode(device)
+    return {"PDL": mode, "launch_pdl": mode > 0}
+
+
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     if PDL > 0:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlx.engine.pdl import pdl_mode, pdl_prologue
+from rlx.engine.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -168,18 +168,17 @@ def paged_decode(
         lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
-    pdl = pdl_mode(q.device)
+    pdl = pdl_launch(q.device)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
         BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl > 0,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(rows, num_heads)](
-            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits, PDL=pdl,
-            launch_pdl=pdl > 0,
-        )  # fmt: skip
+            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits, **pdl
+        )
     return out

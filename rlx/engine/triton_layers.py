@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlx.engine.pdl import pdl_mode, pdl_prologue
+from rlx.engine.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -56,11 +56,10 @@ def add_rms_norm(
     out = torch.empty_like(residual)
     new_residual = torch.empty_like(residual) if h is not None else residual
     x, r = (h, residual) if h is not None else (residual, residual)
-    pdl = pdl_mode(x.device)
     _add_rms_norm_kernel[(rows,)](
         x, r, weight, out, new_residual, x.stride(0), r.stride(0), out.stride(0), n, eps,
         HAS_RES=h is not None, BLOCK=triton.next_power_of_2(n), num_warps=4,
-        PDL=pdl, launch_pdl=pdl > 0,
+        **pdl_launch(x.device),
     )  # fmt: skip
     return out, new_residual
 
@@ -148,13 +147,12 @@ def qk_norm_rope_store(
     k_cache, v_cache = kv
     q_weight, k_weight = norms if norms is not None else (q, q)  # unused without norms
     group = heads // kv_heads
-    pdl = pdl_mode(q.device)
     _qk_norm_rope_store_kernel[(tokens, kv_heads)](
         q, k, v, q_weight, k_weight, cos, sin, positions, meta.slot_block, meta.slot_offset,
         k_cache, v_cache, q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), eps,
         GROUP=group, BLOCK_G=triton.next_power_of_2(group), D=dim, HAS_NORM=norms is not None,
-        num_warps=1, PDL=pdl, launch_pdl=pdl > 0,
+        num_warps=1, **pdl_launch(q.device),
     )  # fmt: skip
 
 
@@ -175,8 +173,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, n = gate.shape
     out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
     block = 1024
-    pdl = pdl_mode(gate.device)
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-        gate, up, out, gate.stride(0), up.stride(0), n, BLOCK=block, num_warps=4, PDL=pdl, launch_pdl=pdl > 0
+        gate, up, out, gate.stride(0), up.stride(0), n, BLOCK=block, num_warps=4, **pdl_launch(gate.device)
     )
     return out

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlx.engine.pdl import pdl_mode, pdl_prologue
+from rlx.engine.pdl import pdl_launch, pdl_prologue
 from rlx.engine.triton_decode import sm_count
 
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
@@ -156,13 +156,11 @@ def fused_sample(
     if splits > 1:
         part_f = torch.empty(rows, splits, 4, dtype=torch.float32, device=logits_NV.device)
         part_i = torch.empty(rows, splits, dtype=torch.int64, device=logits_NV.device)
-    pdl = pdl_mode(logits_NV.device)
+    pdl = pdl_launch(logits_NV.device)
     _sample_kernel[(rows, splits)](
         logits_NV, logits_NV.stride(0), inv_temperature_N, greedy_N, seed_N, step_N,
         tokens_N, logprobs_N, part_f, part_i, vocab, BLOCK=block, SPLITS=splits, SHARE=share, num_warps=8,
-        PDL=pdl, launch_pdl=pdl > 0,
+        **pdl,
     )  # fmt: skip
     if splits > 1:
-        _merge_kernel[(rows,)](
-            part_f, part_i, tokens_N, logprobs_N, SPLITS=splits, PDL=pdl, launch_pdl=pdl > 0
-        )
+        _merge_kernel[(rows,)](part_f, part_i, tokens_N, logprobs_N, SPLITS=splits, **pdl)
