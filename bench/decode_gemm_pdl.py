@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 from engine_step_profile import time_cuda
 from rollout_throughput import bandwidth
-from triton.language.extra import cuda as tlc
 
+from rlx.engine.pdl import pdl_prologue
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
 LAYERS = 28
@@ -70,9 +70,7 @@ def _pdl_gemm(
                 "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
                 dtype=tl.int32, is_pure=False, pack=1,
             )  # fmt: skip
-    if PDL:
-        tlc.gdc_wait()
-        tlc.gdc_launch_dependents()
+    pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -96,7 +94,7 @@ def pdl_gemm(x, w, setting: dict, pdl: bool, prefetch: bool) -> torch.Tensor:
     _pdl_gemm[(n // setting["block_n"],)](
         x, w, out, m, k, x.stride(0), out.stride(0),
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"],
-        BLOCK_K=setting["block_k"], PDL=pdl, PREFETCH=prefetch, LINE=128 // w.element_size(),
+        BLOCK_K=setting["block_k"], PDL=2 if pdl else 0, PREFETCH=prefetch, LINE=128 // w.element_size(),
         num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,
     )  # fmt: skip
     return out
