@@ -200,6 +200,7 @@ def test_the_real_model_by_path_alone_trains_exports_and_reloads(smollm2_dir, tm
     assert 0 < moved < 1e-2  # two steps at lr 1e-5 moved the weights, a little
     result = recheck(out)["test_greedy"]  # transformers alone, greedy, on the run's test prompts
     assert result["num_prompts"] == 16 and result["reward_mean_run"] > 0  # measured: 0.114 both
+    assert result["dtype"] == "float32"  # --dtype auto on the CPU
     # the same greedy answers as the engines' final evaluation, one prompt's worth of near-ties allowed
     assert abs(result["reward_mean"] - result["reward_mean_run"]) <= 1 / 16, result
     assert abs(result["pass@1"] - result["pass@1_run"]) <= 1 / 16, result
