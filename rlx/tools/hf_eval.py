@@ -6,13 +6,13 @@
 
 An independent check of the whole chain (trainer -> weight export -> HF checkpoint -> generation):
 the model is loaded by `transformers.AutoModelForCausalLM` alone (no rlx engine, no Megatron) and
-decoded greedily, in its own dtype on a GPU and in fp32 on CPU (`--dtype` chooses), on the prompts of the run's
-`data.eval` sets, rendered and scored exactly as the run did (its recorded `config.yaml`: keys,
-chat template, system prompt, `reward.fn` with its time limit and failure rules, the eval response
-length). Only sets the run evaluated greedily (`temperature: 0`, or `rollout.eval_temperature=0`)
-are re-checked: sampling would not give the same answers. Prints one JSON object per set:
-`pass@1` and `reward_mean` here, the run's last `eval/SET/...` of each from metrics.jsonl, and the
-prompts counted.
+decoded greedily, in its own dtype on a GPU and in fp32 on CPU (`--dtype` chooses), on the prompts
+of the run's `data.eval` sets, rendered and scored exactly as the run did (its recorded
+`config.yaml`: keys, chat template, system prompt, `reward.fn` with its time limit and failure
+rules, the eval response length). Only sets the run evaluated greedily (`temperature: 0`, or
+`rollout.eval_temperature=0`) are re-checked: sampling would not give the same answers. Prints one
+JSON object per set: `pass@1` and `reward_mean` here, the run's last `eval/SET/...` of each from
+metrics.jsonl, the prompts counted and the dtype.
 
 Greedy decoding in bf16 flips near-ties, the run's engine and transformers each their own way: a
 bf16 run's SmolLM2 arithmetic eval (90.6%) was re-checked at 88.3% in bf16 and 89.8% in fp32
