@@ -3,8 +3,10 @@ streams fixed-size chunks of every sequence; one JSON line per (batch, context),
 
 The engine's kernel (`rlx.engine.triton_decode.paged_decode`) runs a program a (sequence, KV
 head): at RL's batches each program reads 150-500 KB, so its pipeline's fill and drain (about a
-microsecond each, with one program an SM at 4 stages) are a large part of its life: 66% of the
-HBM bandwidth at batch 64 and context 300, 78% at 256 (1×H200, docs/benchmarks.md). Here:
+microsecond each; at 4 stages a program takes 128 registers a thread and 39 KB of shared memory,
+so four share an SM, compiled for sm90 with the strides divisible by 16 as they are at run time)
+are a large part of its life: 66% of the HBM bandwidth at batch 64 and context 300, 78% at 256
+(1×H200, docs/benchmarks.md). Here:
 
 - a step's table of units (`_unit_table_kernel`, once a step: every layer shares it): a unit is
   CHUNK tokens of one sequence (the last one shorter), numbered sequence by sequence; per unit
