@@ -40,6 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from decode_gemm_pdl import SHAPES, chain, layers_for
+from engine_step_profile import time_cuda
 from triton.language.extra import cuda as tlc
 
 SPIN_NS, ROUNDS = 30_000, 20
@@ -198,16 +199,8 @@ def timing(waiting: set[str]) -> list[dict]:
                     make_programmatic(graph.raw_cuda_graph(), waiting.__contains__) if programmatic else []
                 )
                 graph.instantiate()
-                for _ in range(3):
-                    graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(20):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
                 key = "programmatic" if programmatic else "as_captured"
-                us = round(start.elapsed_time(end) * 1e3 / 20 / len(layers), 2)
+                us = round(time_cuda(graph.replay) * 1e6 / len(layers), 2)
                 result.setdefault(f"{key}_us_per_layer", []).append(us)
                 result[f"{key}_edges"] = len(edges)
                 outputs.setdefault(key, []).append(out.clone())
