@@ -10,6 +10,13 @@ of queries each, causal over the cached prefix plus the chunk). Two implementati
 - a Triton paged decode kernel (CUDA): one program per (row, kv head) streams the row's
   blocks once with an online softmax; all query heads of a GQA group share each K/V load.
   The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
+
+Prefill rows without a cached prefix (`prefill_fresh`) attend to their own chunk only: on a
+CUDA GPU in bf16/fp16, torch's variable-length flash attention over the step's K/V as they lie
+(`varlen_attn`, rows told apart by their cumulative lengths); elsewhere causal SDPA over rows
+padded to the longest. The padding's copies cost more than the attention: a chunk of 8,192
+tokens (Qwen3-0.6B's heads) 246 -> 88 µs a layer for 32 rows of 256, 333 -> 146 for 24 rows of
+16-600 (1×H200, torch 2.11).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None = None  # [num_prefill, 1, max_q, K] causal and valid
     prefill_max_q: int = 0
     prefill_fresh: bool = False  # CUDA: every prefill row starts at position 0 (no cached prefix)
+    prefill_cu_lens: torch.Tensor | None = None  # fresh rows: [num_prefill + 1] int32 cumulative lengths
     use_decode_kernel: bool = False  # Triton kernel for the decode rows (CUDA)
 
 
@@ -105,10 +113,25 @@ def _pad_rows(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return padded.view(rows, max_q, *x.shape[1:]).transpose(1, 2)
 
 
+def varlen_attention():
+    """torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`), or None
+    where this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
 def _prefill_fresh(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Rows without a cached prefix attend to their own chunk only: causal SDPA over the step's
-    K/V (flash kernel; no gather, no mask). Padding sits after each row's tokens, so causality
-    keeps it from every real query."""
+    """Rows without a cached prefix attend to their own chunk only, causally. Flash attention
+    over the rows as they lie where it runs (CUDA sm80+, 2-byte dtypes; GQA native); else SDPA
+    over padded rows (flash kernel; no gather, no mask): the padding sits after each row's
+    tokens, so causality keeps it from every real query."""
+    varlen = varlen_attention() if meta.prefill_cu_lens is not None and q.dtype != torch.float32 else None
+    if varlen is not None:
+        cu, max_q = meta.prefill_cu_lens, meta.prefill_max_q
+        return varlen(q, k, v, cu, cu, max_q, max_q, scale=scale, window_size=(-1, 0))  # (-1, 0): causal
     q_pad, k_pad, v_pad = (_pad_rows(x, meta) for x in (q, k, v))
     gqa = q_pad.shape[1] != k_pad.shape[1]
     out = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, is_causal=True, scale=scale, enable_gqa=gqa)

@@ -6,6 +6,7 @@ Built on the host in one pass over the rows, moved with one copy per dtype.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +102,9 @@ def _prefill_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size
     # CPU keeps the gather path: its numerics are what the CPU tests and golden runs recorded
     meta.prefill_fresh = device.type == "cuda" and not any(starts)
     if meta.prefill_fresh:
+        if torch.cuda.get_device_capability(device) >= (8, 0):  # flash attention's varlen rows
+            cu_lens = [0, *itertools.accumulate(num_new)]
+            meta.prefill_cu_lens = torch.tensor(cu_lens, dtype=torch.int32).to(device, non_blocking=True)
         return
     small = torch.tensor([starts, num_new], dtype=torch.int64).to(device, non_blocking=True)
     q_pos = torch.arange(max_q, device=device)[None, :]
