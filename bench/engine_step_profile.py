@@ -96,7 +96,15 @@ def _eager_sampler_pieces(runner, batch, clock) -> list:
         values = torch.cat([tokens.float(), logprobs]).tolist()
         return [values[: len(tokens)], values[len(tokens) :]]
 
-    inputs = clock("build_inputs_h2d", build_step_inputs, batch, runner.block_size, runner.device, True)
+    inputs = clock(
+        "build_inputs_h2d",
+        build_step_inputs,
+        batch,
+        runner.block_size,
+        runner.device,
+        True,
+        runner.flash_prefill,
+    )
     logits = clock("graph_copy_replay", runner.graphs.run, inputs.input_ids, inputs.positions, inputs.meta)
     params = clock(
         "sampling_params_h2d", SamplingBatch.build, inputs.sample_seqs, runner.vocab_size, runner.device

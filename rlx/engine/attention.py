@@ -5,18 +5,19 @@ of queries each, causal over the cached prefix plus the chunk). Two implementati
 
 - gather + SDPA (every device): the rows' blocks are gathered into a padded
   [rows, kv_heads, blocks x block_size, head_dim] tensor and torch's SDPA runs with a mask
-  of valid, causal positions. Prefill always takes it (compute-bound, so the gather is cheap
-  beside the matmuls), and so does decode on CPU;
+  of valid, causal positions: decode on CPU, prefill on CPU and in fp32 (a GPU's fp32 rows
+  without a cached prefix: SDPA over their own chunk, padded);
 - a Triton paged decode kernel (CUDA): one program per (row, kv head) streams the row's
   blocks once with an online softmax; all query heads of a GQA group share each K/V load.
   The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
 
-Prefill rows without a cached prefix (`prefill_fresh`) attend to their own chunk only: on a
-CUDA GPU in bf16/fp16, torch's variable-length flash attention over the step's K/V as they lie
-(`varlen_attn`, rows told apart by their cumulative lengths); elsewhere causal SDPA over rows
-padded to the longest. The padding's copies cost more than the attention: a chunk of 8,192
-tokens (Qwen3-0.6B's heads) 246 -> 88 µs a layer for 32 rows of 256, 333 -> 146 for 24 rows of
-16-600 (1×H200, torch 2.11).
+On a CUDA GPU in bf16/fp16 (`flash_prefill`) prefill rows take torch's variable-length flash
+attention instead (`varlen_attn`, rows told apart by their cumulative lengths, causal from the
+bottom right, so a row's queries see its cached prefix): rows without a cached prefix
+(`prefill_fresh`) over the step's K/V as they lie, the others over their keys gathered from
+the cache, unpadded. The padding's copies had cost more than the attention: a chunk of 8,192
+fresh tokens (Qwen3-0.6B's heads) 246 -> 88 µs a layer for 32 rows of 256, 333 -> 146 for 24
+rows of 16-600 (1×H200, torch 2.11).
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None = None  # [num_prefill, 1, max_q, K] causal and valid
     prefill_max_q: int = 0
     prefill_fresh: bool = False  # CUDA: every prefill row starts at position 0 (no cached prefix)
-    prefill_cu_lens: torch.Tensor | None = None  # fresh rows: [num_prefill + 1] int32 cumulative lengths
+    # flash prefill (`flash_prefill`): the rows' cumulative query and key counts (int32), and
+    # where each key of a row with a cached prefix lies in the cache ([sum of keys] block, offset)
+    prefill_cu_lens: torch.Tensor | None = None
+    prefill_cu_keys: torch.Tensor | None = None
+    prefill_max_k: int = 0
+    prefill_key_blocks: torch.Tensor | None = None
+    prefill_key_offsets: torch.Tensor | None = None
     use_decode_kernel: bool = False  # Triton kernel for the decode rows (CUDA)
 
 
@@ -123,15 +130,30 @@ def varlen_attention():
     return varlen_attn
 
 
+def flash_prefill(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether prefill attention runs as `varlen_attn` (flash attention: sm80+, 2-byte dtypes;
+    fp32 and the CPU keep SDPA, whose numerics the tests and golden runs recorded)."""
+    return (
+        device.type == "cuda"
+        and dtype in (torch.bfloat16, torch.float16)
+        and torch.cuda.get_device_capability(device) >= (8, 0)
+        and varlen_attention() is not None
+    )
+
+
+def _varlen(q, k, v, meta: AttentionMetadata, cu_keys, max_k: int, scale: float) -> torch.Tensor:
+    """window (-1, 0): causal from the bottom right, each row's queries being its last keys."""
+    cu, max_q = meta.prefill_cu_lens, meta.prefill_max_q
+    return varlen_attention()(q, k, v, cu, cu_keys, max_q, max_k, scale=scale, window_size=(-1, 0))
+
+
 def _prefill_fresh(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Rows without a cached prefix attend to their own chunk only, causally. Flash attention
-    over the rows as they lie where it runs (CUDA sm80+, 2-byte dtypes; GQA native); else SDPA
-    over padded rows (flash kernel; no gather, no mask): the padding sits after each row's
-    tokens, so causality keeps it from every real query."""
-    varlen = varlen_attention() if meta.prefill_cu_lens is not None and q.dtype != torch.float32 else None
-    if varlen is not None:
-        cu, max_q = meta.prefill_cu_lens, meta.prefill_max_q
-        return varlen(q, k, v, cu, cu, max_q, max_q, scale=scale, window_size=(-1, 0))  # (-1, 0): causal
+    """Rows without a cached prefix attend to their own chunk only, causally: flash attention
+    over the rows as they lie (`flash_prefill`; GQA native), else SDPA over padded rows (flash
+    kernel; no gather, no mask): the padding sits after each row's tokens, so causality keeps it
+    from every real query."""
+    if meta.prefill_cu_lens is not None:
+        return _varlen(q, k, v, meta, meta.prefill_cu_lens, meta.prefill_max_q, scale)
     q_pad, k_pad, v_pad = (_pad_rows(x, meta) for x in (q, k, v))
     gqa = q_pad.shape[1] != k_pad.shape[1]
     out = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, is_causal=True, scale=scale, enable_gqa=gqa)
@@ -139,6 +161,13 @@ def _prefill_fresh(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
 
 
 def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Rows with a cached prefix (and any fresh rows beside them): each row's keys gathered from
+    the cache, then flash attention (`flash_prefill`), else SDPA over rows padded to the longest
+    with a mask of valid, causal keys."""
+    if meta.prefill_cu_keys is not None:
+        blocks, offsets = meta.prefill_key_blocks, meta.prefill_key_offsets
+        k, v = k_cache[blocks, :, offsets], v_cache[blocks, :, offsets]  # [keys, kv_heads, D]
+        return _varlen(q, k, v, meta, meta.prefill_cu_keys, meta.prefill_max_k, scale)
     padded = _pad_rows(q, meta)
     out = gather_attention(padded, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_mask, scale)
     return out.transpose(1, 2).reshape(-1, *q.shape[1:])[meta.prefill_q_index]

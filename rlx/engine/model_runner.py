@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlx.engine.attention import flash_prefill
 from rlx.engine.config import EngineArgs
 from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.kv_cache import KVCache
@@ -52,6 +53,7 @@ class ModelRunner:
         self.vocab_size = int(model.config.vocab_size)
         self.sampler = Sampler(args.random_seed, device)
         self.use_decode_kernel = device.type == "cuda"
+        self.flash_prefill = flash_prefill(device, next(model.parameters()).dtype)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not args.disable_cuda_graph and model.supports_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_cache, args.cuda_graph_max_bs, max_blocks, device)
@@ -61,7 +63,9 @@ class ModelRunner:
         decode_only = batch.num_decode == len(batch.seqs)
         if decode_only and self.graphs is not None and self.graphs.can_run(batch.num_decode):
             return self._run_graph(batch.seqs)
-        inputs = build_step_inputs(batch, self.block_size, self.device, self.use_decode_kernel)
+        inputs = build_step_inputs(
+            batch, self.block_size, self.device, self.use_decode_kernel, self.flash_prefill
+        )
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
         sample_logits = self.model.logits(hidden[inputs.sample_rows])
         return self.sample(sample_logits, hidden, inputs)

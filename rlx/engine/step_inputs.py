@@ -29,8 +29,14 @@ class StepInputs:
 
 
 def build_step_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device, use_decode_kernel: bool
+    batch: ScheduledBatch,
+    block_size: int,
+    device: torch.device,
+    use_decode_kernel: bool,
+    flash_prefill: bool = False,
 ) -> StepInputs:
+    """`flash_prefill` (attention.flash_prefill): the prefill rows' metadata for flash attention
+    over unpadded rows, instead of the padded rows' index and mask."""
     ids, positions, blocks, offsets = [], [], [], []
     sample_rows, sample_seqs = [], []
     prompt_rows, prompt_targets, prompt_owners = [], [], []
@@ -58,7 +64,7 @@ def build_step_inputs(
         use_decode_kernel=use_decode_kernel,
     )
     _decode_metadata(meta, batch, block_size, device)
-    _prefill_metadata(meta, batch, block_size, device)
+    _prefill_metadata(meta, batch, block_size, device, flash_prefill)
     rows = torch.tensor(sample_rows, dtype=torch.int64, device=device)
     inputs = StepInputs(longs[0], longs[1], meta, rows, sample_seqs)
     if prompt_rows:
@@ -86,7 +92,9 @@ def _decode_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size:
         meta.decode_mask = (keys[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
 
 
-def _prefill_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size: int, device) -> None:
+def _prefill_metadata(
+    meta: AttentionMetadata, batch: ScheduledBatch, block_size: int, device, flash: bool
+) -> None:
     seqs, num_new = batch.seqs[batch.num_decode :], batch.num_new[batch.num_decode :]
     if not seqs:
         return
@@ -96,15 +104,15 @@ def _prefill_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size
     tables = padded_tables(seqs, [-(-e // block_size) for e in ends])
     meta.prefill_block_tables = torch.tensor(tables, dtype=torch.int64).to(device, non_blocking=True)
     meta.prefill_max_q = max_q
+    # CPU keeps the gather path: its numerics are what the CPU tests and golden runs recorded
+    meta.prefill_fresh = device.type == "cuda" and not any(starts)
+    if flash:
+        _flash_metadata(meta, num_new, ends, block_size, device)
+        return
     meta.prefill_q_index = torch.tensor(
         [row * max_q + i for row, n in enumerate(num_new) for i in range(n)], device=device
     )
-    # CPU keeps the gather path: its numerics are what the CPU tests and golden runs recorded
-    meta.prefill_fresh = device.type == "cuda" and not any(starts)
     if meta.prefill_fresh:
-        if torch.cuda.get_device_capability(device) >= (8, 0):  # flash attention's varlen rows
-            cu_lens = [0, *itertools.accumulate(num_new)]
-            meta.prefill_cu_lens = torch.tensor(cu_lens, dtype=torch.int32).to(device, non_blocking=True)
         return
     small = torch.tensor([starts, num_new], dtype=torch.int64).to(device, non_blocking=True)
     q_pos = torch.arange(max_q, device=device)[None, :]
@@ -112,3 +120,26 @@ def _prefill_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size
     mask = keys[None, None, :] <= (small[0][:, None] + q_pos)[:, :, None]  # causal over prefix + chunk
     padding = (q_pos >= small[1][:, None])[:, :, None] & (keys == 0)[None, None, :]
     meta.prefill_mask = (mask | padding)[:, None]  # padded queries see key 0: no empty softmax
+
+
+def _flash_metadata(
+    meta: AttentionMetadata, num_new: list[int], ends: list[int], block_size: int, device
+) -> None:
+    """Cumulative query counts; unless every row is fresh, cumulative key counts (prefix and
+    chunk) and each key's cache block and offset, built on the device from the block tables."""
+    cumulative = torch.tensor(
+        [[0, *itertools.accumulate(num_new)], [0, *itertools.accumulate(ends)]], dtype=torch.int32
+    ).to(device, non_blocking=True)
+    meta.prefill_cu_lens = cumulative[0]
+    if meta.prefill_fresh:
+        return
+    meta.prefill_cu_keys, meta.prefill_max_k = cumulative[1], max(ends)
+    rows = len(ends)
+    row = torch.repeat_interleave(
+        torch.arange(rows, device=device),
+        (cumulative[1][1:] - cumulative[1][:-1]).long(),
+        output_size=sum(ends),
+    )
+    position = torch.arange(sum(ends), device=device) - cumulative[1][:-1].long()[row]
+    meta.prefill_key_blocks = meta.prefill_block_tables[row, position // block_size]
+    meta.prefill_key_offsets = position % block_size

@@ -1,7 +1,7 @@
-"""The engine's prefill attention for rows without a cached prefix (rlx.engine.attention) on CUDA:
-torch's variable-length flash attention over the step's rows as they lie, against causal SDPA
-over the same rows padded to the longest (the path it replaced, and the fp32 path). Skipped
-without a GPU."""
+"""The engine's prefill attention on CUDA (rlx.engine.attention): torch's variable-length flash
+attention over unpadded rows (`flash_prefill`), against SDPA over the same rows padded to the
+longest (the path it replaced, still the fp32 one), for rows without a cached prefix and rows
+with one. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -12,67 +12,96 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16  # Qwen3's GQA
 
-def fresh_meta(lens: list[int], cu_lens: bool) -> SimpleNamespace:
-    """What build_step_inputs gives _prefill_fresh: the padding's index, the rows' cumulative
-    lengths (None: the padded path)."""
-    max_q = max(lens)
-    index = [row * max_q + i for row, n in enumerate(lens) for i in range(n)]
-    cumulative = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+@pytest.fixture(autouse=True)
+def needs_flash():
+    from rlx.engine.attention import flash_prefill
+
+    if not flash_prefill(torch.device("cuda"), torch.bfloat16):
+        pytest.skip("this torch or GPU has no variable-length flash attention")
+
+
+def seq(computed: int, tokens: int, blocks: list[int]):
     return SimpleNamespace(
-        prefill_block_tables=torch.zeros(len(lens), 1, device="cuda"), prefill_max_q=max_q,
-        prefill_q_index=torch.tensor(index, device="cuda"), prefill_cu_lens=cumulative if cu_lens else None,
+        num_computed=computed, token_ids=list(range(tokens)), num_tokens=tokens, num_prompt=tokens,
+        block_table=blocks, wants_input_logprobs=False,
     )  # fmt: skip
 
 
+def batch_of(rows: list[tuple[int, int]], seed: int = 0):
+    """A prefill chunk: (cached prefix, new tokens) a row, each row's blocks distinct and shuffled."""
+    from rlx.engine.scheduler import ScheduledBatch
+
+    order = torch.randperm(200, generator=torch.Generator().manual_seed(seed)).tolist()
+    seqs, at = [], 0
+    for prefix, new in rows:
+        count = -(-(prefix + new) // PAGE)
+        seqs.append(seq(prefix, prefix + new, order[at : at + count]))
+        at += count
+    return ScheduledBatch(seqs=seqs, num_new=[n for _, n in rows], num_decode=0)
+
+
+def attend(batch, qkv, caches, flash: bool):
+    """The engine's order: this chunk's K/V stored at its slots, then paged_attention."""
+    from rlx.engine.attention import paged_attention
+    from rlx.engine.step_inputs import build_step_inputs
+
+    inputs = build_step_inputs(batch, PAGE, torch.device("cuda"), True, flash)
+    tokens = qkv.shape[0]
+    q, k, v = qkv.split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
+    q, k, v = q.view(tokens, HEADS, DIM), k.view(tokens, KV_HEADS, DIM), v.view(tokens, KV_HEADS, DIM)
+    return paged_attention(q, k, v, caches, inputs.meta, DIM**-0.5), inputs.meta
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[(0, 37), (0, 1), (0, 300), (0, 128)], [(0, 37), (32, 1), (96, 12), (288, 16), (0, 5)]],
+    ids=["fresh rows", "cached prefixes beside fresh rows"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_varlen_rows_match_the_padded_rows(dtype):
-    """Rows of 1 to 300 tokens (one of a single token), Qwen3's GQA of 16 query heads on 8 KV
-    heads, q/k/v as the row-strided views of one qkv output that the engine passes: the flash
-    kernel's output matches the padded SDPA's within a rounding, and no query sees a later key
-    or another row's (changing a row's last token changes nothing before it, nor other rows)."""
-    from rlx.engine.attention import _prefill_fresh, varlen_attention
-
-    if varlen_attention() is None or torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("this torch or GPU has no variable-length flash attention")
-    heads, kv_heads, dim = 16, 8, 128
-    lens = [37, 1, 300, 128, 64]
-    tokens = sum(lens)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device="cuda", generator=g).to(dtype)
-
-    def attend(qkv, cu_lens):
-        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-        q, k, v = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
-        return _prefill_fresh(q, k, v, fresh_meta(lens, cu_lens), dim**-0.5)
-
-    out, padded = attend(qkv, True), attend(qkv, False)
-    assert out.shape == padded.shape == (tokens, heads, dim)
+def test_flash_prefill_matches_the_padded_rows(rows, dtype):
+    """Rows of 1 to 300 new tokens, with cached prefixes of 32-288 tokens (a row with a prefix of
+    its own whole prompt but one token, as the n samples of a prompt have) or none; q/k/v as the
+    row-strided views of one qkv output the engine passes. The flash path's output matches the
+    padded SDPA's within a rounding, and no query sees a later key or another row's: changing
+    a row's last token changes nothing before it, nor any other row."""
+    batch = batch_of(rows)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    caches = tuple(
+        torch.randn(200, KV_HEADS, PAGE, DIM, device="cuda", generator=g).to(dtype) for _ in range(2)
+    )
+    tokens = sum(n for _, n in rows)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM, device="cuda", generator=g).to(dtype)
+    out, meta = attend(batch, qkv, tuple(c.clone() for c in caches), flash=True)
+    padded, padded_meta = attend(batch, qkv, tuple(c.clone() for c in caches), flash=False)
+    assert meta.prefill_cu_lens is not None and padded_meta.prefill_cu_lens is None
+    assert meta.prefill_fresh == all(prefix == 0 for prefix, _ in rows)
+    assert out.shape == padded.shape == (tokens, HEADS, DIM)
     assert (out.float() - padded.float()).abs().max().item() <= 2e-2
+    last = rows[0][1] - 1  # row 0's last token: its own query, key and value
     changed = qkv.clone()
-    last = lens[0] - 1  # row 0's last token: its own query, key and value
     changed[last] = torch.randn(qkv.shape[1], device="cuda", generator=g).to(dtype)
-    again = attend(changed, True)
-    assert torch.equal(again[:last], out[:last]) and torch.equal(again[lens[0] :], out[lens[0] :])
+    again, _ = attend(batch, changed, tuple(c.clone() for c in caches), flash=True)
+    assert torch.equal(again[:last], out[:last]) and torch.equal(again[last + 1 :], out[last + 1 :])
     assert not torch.equal(again[last], out[last])
 
 
-def test_the_engine_gives_fresh_prefill_rows_their_cumulative_lengths():
-    """build_step_inputs on CUDA: a chunk of fresh rows carries their cumulative lengths, which
-    send its attention to the flash kernel; a row with a cached prefix sends the chunk to the
-    gather path, without them."""
-    from rlx.engine.scheduler import ScheduledBatch
+def test_the_key_index_walks_each_rows_blocks():
+    """A row with a cached prefix: its keys are prefix + chunk in position order, read from its
+    own blocks (block_table[p // 16], p % 16); the cumulative counts are the rows' lengths."""
     from rlx.engine.step_inputs import build_step_inputs
 
-    def seq(computed: int, tokens: int):
-        return SimpleNamespace(
-            num_computed=computed, token_ids=list(range(tokens)), num_tokens=tokens, num_prompt=tokens,
-            block_table=list(range(1, 40)), wants_input_logprobs=False,
-        )  # fmt: skip
-
-    fresh = ScheduledBatch(seqs=[seq(0, 5), seq(0, 17)], num_new=[5, 17], num_decode=0)
-    meta = build_step_inputs(fresh, 16, torch.device("cuda"), True).meta
-    assert meta.prefill_fresh and meta.prefill_cu_lens.tolist() == [0, 5, 22]
-    cached = ScheduledBatch(seqs=[seq(0, 5), seq(16, 20)], num_new=[5, 4], num_decode=0)
-    meta = build_step_inputs(cached, 16, torch.device("cuda"), True).meta
-    assert not meta.prefill_fresh and meta.prefill_cu_lens is None
+    batch = batch_of([(32, 3), (0, 17)], seed=2)
+    meta = build_step_inputs(batch, PAGE, torch.device("cuda"), True, True).meta
+    assert not meta.prefill_fresh
+    assert meta.prefill_cu_lens.tolist() == [0, 3, 20] and meta.prefill_cu_keys.tolist() == [0, 35, 52]
+    assert meta.prefill_max_q == 17 and meta.prefill_max_k == 35
+    expected = [
+        (s.block_table[p // PAGE], p % PAGE)
+        for s, end in zip(batch.seqs, (35, 17), strict=True)
+        for p in range(end)
+    ]
+    got = list(zip(meta.prefill_key_blocks.tolist(), meta.prefill_key_offsets.tolist(), strict=True))
+    assert got == expected
