@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import time
 
 import torch
 import torch.nn.functional as F
 import triton
-from decode_gemm_pdl import LAYERS, SHAPES, layers_for, pdl_gemm
+from decode_gemm_pdl import LAYERS, SHAPES, layers_for, pdl_gemm, print_runs
 from engine_step_profile import time_cuda
-from rollout_throughput import bandwidth
 
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
@@ -156,14 +153,7 @@ def main() -> None:
     parser.add_argument("--rows", default="16,32,64", help="decode batch sizes (GEMM rows, at most 64)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    start = time.perf_counter()
-    for shape in args.shapes.split(","):
-        for rows in (int(r) for r in args.rows.split(",")):
-            print(json.dumps({"device": name, **run(shape, rows, bandwidth(name))}), flush=True)
-            torch.cuda.empty_cache()  # the last shape's layers
-    print(json.dumps({"bench": "decode_gemm_fused", "device": name, "date": time.strftime("%Y-%m-%d"),
-                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+    print_runs("decode_gemm_fused", args.shapes, args.rows, run)
 
 
 if __name__ == "__main__":

@@ -220,18 +220,25 @@ def run(shape_name: str, rows: int, hbm: float) -> dict:
     return result
 
 
+def print_runs(bench: str, shapes: str, sizes: str, run) -> None:
+    """One JSON line per (shape, size) of the comma lists, from `run(shape, size, hbm)`, then the
+    bench's own line (bench/decode_gemm_fused.py and decode_overlap.py print theirs so too)."""
+    name = torch.cuda.get_device_name()
+    start = time.perf_counter()
+    for shape in shapes.split(","):
+        for size in (int(s) for s in sizes.split(",")):
+            print(json.dumps({"device": name, **run(shape, size, bandwidth(name))}), flush=True)
+            torch.cuda.empty_cache()  # the last run's layers
+    print(json.dumps({"bench": bench, "device": name, "date": time.strftime("%Y-%m-%d"),
+                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,128", help="decode batch sizes (GEMM rows)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    start = time.perf_counter()
-    for shape in args.shapes.split(","):
-        for rows in (int(r) for r in args.rows.split(",")):
-            print(json.dumps({"device": name, **run(shape, rows, bandwidth(name))}), flush=True)
-    print(json.dumps({"bench": "decode_gemm_pdl", "device": name, "date": time.strftime("%Y-%m-%d"),
-                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+    print_runs("decode_gemm_pdl", args.shapes, args.rows, run)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,13 @@ LM head and sampler left out, in one CUDA graph:
 from __future__ import annotations
 
 import argparse
-import json
-import time
+import functools
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from decode_gemm_pdl import LAYERS, SHAPES, layers_for
+from decode_gemm_pdl import LAYERS, SHAPES, layers_for, print_runs
 from engine_step_profile import paged_kv, time_cuda
-from rollout_throughput import bandwidth
 
 from rlx.engine.triton_decode import paged_decode
 from rlx.engine.triton_layers import add_rms_norm, qk_norm_rope_store, silu_mul
@@ -85,7 +83,7 @@ def step(layers: list[dict], rows: dict, shape: dict, qk_norms) -> torch.Tensor:
     return h
 
 
-def run(shape_name: str, batch: int, context: int, hbm: float) -> dict:
+def run(shape_name: str, batch: int, hbm: float, context: int) -> dict:
     shape = SHAPES[shape_name]
     layers = layers_for(shape, "cuda")
     qk_norms = tuple(1 + 0.1 * torch.randn(HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -130,16 +128,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512, help="tokens of KV a sequence (prompt + output)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    start = time.perf_counter()
-    for shape in args.shapes.split(","):
-        for batch in (int(b) for b in args.batches.split(",")):
-            print(
-                json.dumps({"device": name, **run(shape, batch, args.context, bandwidth(name))}), flush=True
-            )
-            torch.cuda.empty_cache()
-    print(json.dumps({"bench": "decode_overlap", "device": name, "date": time.strftime("%Y-%m-%d"),
-                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+    print_runs("decode_overlap", args.shapes, args.batches, functools.partial(run, context=args.context))
 
 
 if __name__ == "__main__":
