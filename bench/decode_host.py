@@ -8,6 +8,7 @@ few hundred million parameters, where the host sets the pace. Timed here: the sc
 `continue_decode`, the pending-token bookkeeping of `Engine._launch`, `DecodeGraphs._fill_host`
 (the pinned input buffers), the truncation check of `ModelRunner.launch`, and the per-row part of
 `Engine._resolve` (the tokens read back). Not timed: the copies, the replay, the read-back wait.
+Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release.
 
     python bench/decode_host.py [--rows 64,256] [--steps 200]
 """
@@ -88,14 +89,46 @@ def host_step_us(rows: int, steps: int) -> dict:
     return {"rows": rows, "us_per_step": per_step, "total_us": round(sum(per_step.values()), 1)}
 
 
+def block_churn_ms(rows: int, new: int = 512, num_blocks: int = 60_000) -> dict:
+    """A rollout's block traffic in a KV cache of an H200's size (60,000 blocks of 16 tokens: a
+    1.7B model's cache at 0.8 of the memory): `rows` distinct prompts admitted, grown by `new`
+    tokens a block at a time, released; milliseconds for each phase."""
+    blocks = BlockManager(num_blocks=num_blocks, block_size=16)
+    seqs = []
+    for i in range(rows):
+        prompt = [2 + (i * PROMPT + j) % (VOCAB - 2) for j in range(PROMPT)]  # no shared prefix
+        seqs.append(Sequence(i, GenerateRequest(prompt, SamplingParams(max_new_tokens=new)), new, seed=i))
+    start = time.perf_counter()
+    for seq in seqs:
+        blocks.allocate(seq)
+    admitted = time.perf_counter()
+    for tokens in range(PROMPT + 16, PROMPT + new + 1, 16):
+        for seq in seqs:
+            blocks.grow_to(seq, tokens)
+    grown = time.perf_counter()
+    for seq in seqs:
+        blocks.release(seq)
+    end = time.perf_counter()
+    ms = lambda a, b: round((b - a) * 1e3, 2)  # noqa: E731
+    return {
+        "rows": rows,
+        "allocate_ms": ms(start, admitted),
+        "grow_ms": ms(admitted, grown),
+        "release_ms": ms(grown, end),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,256")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--churn-rows", default="256,1024", help="block_churn_ms's prompts")
     args = parser.parse_args()
     for rows in (int(r) for r in args.rows.split(",")):
         host_step_us(rows, 10)  # warm
         print(json.dumps({"bench": "decode_host", **host_step_us(rows, args.steps)}), flush=True)
+    for rows in (int(r) for r in args.churn_rows.split(",")):
+        print(json.dumps({"bench": "decode_host", "blocks": block_churn_ms(rows)}), flush=True)
 
 
 if __name__ == "__main__":

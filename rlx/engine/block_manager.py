@@ -18,6 +18,8 @@ Block 0 is never handed out: padded rows of a CUDA-graph batch write their K/V t
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from rlx.engine.sequence import Sequence
 
 
@@ -34,7 +36,10 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block
-        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))  # insertion-ordered set
+        # the free blocks, least recently freed first (a freed block keeps its hash until reused):
+        # an OrderedDict pops its first key in O(1), where a dict's next(iter()) walks over every
+        # key deleted before it (a rollout of 1,024 prompts: 0.7 s of block bookkeeping)
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -84,8 +89,7 @@ class BlockManager:
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         for _ in range(self.blocks_for(num_tokens) - len(seq.block_table)):
-            block = next(iter(self.free))
-            del self.free[block]
+            block, _ = self.free.popitem(last=False)
             if self.block_hash[block] is not None:  # reused: its old content is gone
                 if self.cached.get(self.block_hash[block]) == block:
                     del self.cached[self.block_hash[block]]

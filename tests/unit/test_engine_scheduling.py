@@ -69,6 +69,23 @@ def test_block_manager_counts_and_shares_blocks():
     assert fourth.num_shared == 0
 
 
+def test_free_blocks_are_reused_least_recently_freed_first():
+    """Never-used blocks go first, then freed ones in the order they were freed: a prompt freed a
+    moment ago keeps its cached blocks longest."""
+    blocks = BlockManager(num_blocks=7, block_size=4)  # blocks 1-6
+    a, b, c = (seq_of([i] * 4, i) for i in (1, 2, 3))
+    for seq in (a, b, c):
+        blocks.allocate(seq)
+    assert [a.block_table, b.block_table, c.block_table] == [[1], [2], [3]]
+    blocks.release(b)
+    blocks.release(a)
+    d = seq_of(list(range(16)), 4)
+    blocks.allocate(d)
+    assert d.block_table == [4, 5, 6, 2] and blocks.num_free == 1
+    blocks.grow_to(d, 17)
+    assert d.block_table[-1] == 1 and blocks.num_free == 0
+
+
 def test_growth_needs_a_block_only_at_a_boundary():
     blocks = BlockManager(num_blocks=3, block_size=4)
     seq = seq_of([1, 2, 3])
