@@ -22,6 +22,7 @@ rows of 16-600 (1×H200, torch 2.11).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -120,9 +121,10 @@ def _pad_rows(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return padded.view(rows, max_q, *x.shape[1:]).transpose(1, 2)
 
 
+@functools.cache
 def varlen_attention():
     """torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`), or None
-    where this torch lacks it."""
+    where this torch lacks it (looked up once: each prefill layer calls it)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

@@ -101,11 +101,12 @@ def _prefill_metadata(
     starts = [s.num_computed for s in seqs]
     ends = [s + n for s, n in zip(starts, num_new, strict=True)]
     max_q = max(num_new)
-    tables = padded_tables(seqs, [-(-e // block_size) for e in ends])
-    meta.prefill_block_tables = torch.tensor(tables, dtype=torch.int64).to(device, non_blocking=True)
     meta.prefill_max_q = max_q
     # CPU keeps the gather path: its numerics are what the CPU tests and golden runs recorded
     meta.prefill_fresh = device.type == "cuda" and not any(starts)
+    if not (flash and meta.prefill_fresh):  # flash over the step's own K/V reads no table
+        tables = padded_tables(seqs, [-(-e // block_size) for e in ends])
+        meta.prefill_block_tables = torch.tensor(tables, dtype=torch.int64).to(device, non_blocking=True)
     if flash:
         _flash_metadata(meta, num_new, ends, block_size, device)
         return
@@ -126,7 +127,8 @@ def _flash_metadata(
     meta: AttentionMetadata, num_new: list[int], ends: list[int], block_size: int, device
 ) -> None:
     """Cumulative query counts; unless every row is fresh, cumulative key counts (prefix and
-    chunk) and each key's cache block and offset, built on the device from the block tables."""
+    chunk) and each key's cache block and offset, built on the device from the block tables
+    (set before, for rows with a cached prefix)."""
     cumulative = torch.tensor(
         [[0, *itertools.accumulate(num_new)], [0, *itertools.accumulate(ends)]], dtype=torch.int32
     ).to(device, non_blocking=True)
@@ -134,12 +136,10 @@ def _flash_metadata(
     if meta.prefill_fresh:
         return
     meta.prefill_cu_keys, meta.prefill_max_k = cumulative[1], max(ends)
-    rows = len(ends)
+    starts, total = cumulative[1][:-1].long(), sum(ends)  # each row's first key in the flat list
     row = torch.repeat_interleave(
-        torch.arange(rows, device=device),
-        (cumulative[1][1:] - cumulative[1][:-1]).long(),
-        output_size=sum(ends),
+        torch.arange(len(ends), device=device), cumulative[1][1:] - cumulative[1][:-1], output_size=total
     )
-    position = torch.arange(sum(ends), device=device) - cumulative[1][:-1].long()[row]
+    position = torch.arange(total, device=device) - starts[row]
     meta.prefill_key_blocks = meta.prefill_block_tables[row, position // block_size]
     meta.prefill_key_offsets = position % block_size
