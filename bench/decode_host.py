@@ -10,7 +10,7 @@ few hundred million parameters, where the host sets the pace. Timed here: the sc
 `Engine._resolve` (the tokens read back). Not timed: the copies, the replay, the read-back wait.
 Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release.
 
-    python bench/decode_host.py [--rows 64,256] [--steps 200]
+    python bench/decode_host.py [--rows 64,256] [--steps 200] [--churn-rows 256,1024]
 """
 
 from __future__ import annotations
