@@ -39,7 +39,7 @@ class EngineArgs:
     # weights are dropped and come back uninitialized: a weight update must fill them before
     # generating (colocated RL does, right after the resume), and the GPU->CPU->GPU copies are saved.
     enable_weights_cpu_backup: bool = False
-    disable_overlap_schedule: bool = False  # CUDA graphs: launch decode step k+1 before reading k back
+    disable_overlap_schedule: bool = False  # CUDA: launch step k+1 (decode graph or prefill) before reading k
     cuda_graph_max_bs: int = 256  # largest decode batch captured in a CUDA graph
     disable_prefix_sharing: bool = False  # SGLang: disable_radix_cache
     num_threads: int = 1  # torch threads on CPU (the CPU machines share cores)

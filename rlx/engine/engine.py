@@ -17,6 +17,7 @@ import torch
 from rlx.engine.block_manager import BlockManager
 from rlx.engine.config import EngineArgs
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
+from rlx.engine.model_runner import EagerStep
 from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import unwritten
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
@@ -179,69 +180,84 @@ class Engine:
     def step(self) -> list[Sequence]:
         """One forward pass over the scheduled batch; the sequences that finished in it.
 
-        Overlap (CUDA graphs, SGLang's overlap schedule): a decode-only step is launched and
-        read back one call later, after the next decode step of the same sequences has been
-        launched behind it; that step takes the pending tokens from the device, so the host's
-        scheduling and bookkeeping run while the GPU works. A sequence that turns out to have
-        finished wastes its row in the step behind (its result is dropped)."""
+        Overlap (CUDA graphs, SGLang's overlap schedule): a step is read back one call later,
+        after the next one was launched behind it, so the host works while the GPU does. Behind
+        a decode graph runs the same sequences' next decode, its inputs the pending tokens on
+        the device (a sequence found finished wastes its row); else (behind an eager step, or
+        requests wait) prefill chunks with the decodes that need no token in flight
+        (`Scheduler.schedule(behind=True)`), never decodes alone: they would split the batch
+        into halves that take turns, each reading every weight (whole runs 16-19% slower)."""
         if self._inflight is not None:
             return self._step_behind()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        if self.overlap and self.runner.can_launch(batch):
+        if self.overlap:
             self._inflight = self._launch(batch, None)
             return []
         result = self.runner.run(batch)
-        for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
-            seq.num_computed += num_new
-        for owner, value in result.prompt_logprobs:
-            owner.input_logprobs.append(value)
-        finished = []
-        for seq, token, logprob in result.sampled:
-            if seq.max_new > 0:
-                seq.token_ids.append(token)
-                seq.output_logprobs.append(logprob)
-            seq.finish_reason = self._check_finished(seq, token)
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-                finished.append(seq)
-        return finished
+        self._advance(batch)
+        return self._finish(result.sampled, result.prompt_logprobs)
 
     def _launch(self, batch: ScheduledBatch, behind: ScheduledBatch | None) -> tuple[ScheduledBatch, Any]:
-        """Queue `batch` as a decode graph; each sequence gets a PENDING token, and the rows of
-        `behind` (the step still in flight) feed the pending inputs from the device."""
-        rows = {s.seq_id: row for row, s in enumerate(behind.seqs)} if behind is not None else {}
-        handle = self.runner.launch(batch.seqs, [rows.get(s.seq_id, -1) for s in batch.seqs])
-        for seq in batch.seqs:
-            seq.num_computed += 1
-            seq.token_ids.append(PENDING)
+        """Queue `batch`, as a decode graph if it is one, else eagerly; each sequence it samples
+        gets a PENDING token, and the rows of `behind` (a decode graph still in flight) feed
+        pending inputs from the device."""
+        if self.runner.can_launch(batch):
+            rows = {s.seq_id: row for row, s in enumerate(behind.seqs)} if behind is not None else {}
+            handle = self.runner.launch(batch.seqs, [rows.get(s.seq_id, -1) for s in batch.seqs])
+        else:
+            handle = self.runner.launch_eager(batch)
+        self._advance(batch)
         return batch, handle
 
+    @staticmethod
+    def _advance(batch: ScheduledBatch) -> None:
+        """Count the step's tokens computed; a PENDING place for each token it samples."""
+        for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
+            seq.num_computed += num_new
+            if seq.num_computed == seq.num_tokens and seq.max_new > 0:
+                seq.token_ids.append(PENDING)
+
     def _step_behind(self) -> list[Sequence]:
-        """Launch the next decode step behind the one in flight if nothing else is due, then
-        read the one in flight back."""
+        """Launch the next step behind the one in flight if one can go; read the one in flight."""
         batch, handle = self._inflight
         self._inflight = None
-        following = self.scheduler.continue_decode(batch.seqs)
+        following = None if isinstance(handle, EagerStep) else self.scheduler.continue_decode(batch.seqs)
+        if following is None:
+            following = self.scheduler.schedule(behind=True)
+            if following is not None and following.num_decode == len(following.seqs):
+                following = None  # decodes alone wait for the tokens in flight: one batch after
         if following is not None:
             self._inflight = self._launch(following, batch)
         return self._resolve(batch, handle)
 
     def _resolve(self, batch: ScheduledBatch, handle: Any) -> list[Sequence]:
         """Write a launched step's tokens over their PENDING places; the sequences it finished."""
+        if isinstance(handle, EagerStep):
+            result = self.runner.collect_eager(handle)
+            return self._finish(result.sampled, result.prompt_logprobs)
         tokens, logprobs = self.runner.collect(handle)
+        return self._finish(zip(batch.seqs, tokens, logprobs, strict=True), [])
+
+    def _finish(self, sampled, prompt_logprobs) -> list[Sequence]:
+        """A step's results into its sequences (prompt logprobs, sampled tokens over their
+        PENDING places); the sequences that finished."""
+        for owner, value in prompt_logprobs:
+            owner.input_logprobs.append(value)
         finished = []
-        for seq, token, logprob in zip(batch.seqs, tokens, logprobs, strict=True):
+        for seq, token, logprob in sampled:
             if seq.status is SequenceStatus.FINISHED:  # aborted, or finished by the step before
                 continue
-            index = seq.num_prompt + len(seq.output_logprobs)  # this step's PENDING token
-            token = int(token)
-            seq.token_ids[index] = token
-            seq.output_logprobs.append(logprob)
-            seq.finish_reason = self._check_finished(seq, token, index + 1 - seq.num_prompt)
+            token, num_output = int(token), None
+            if seq.max_new > 0:
+                index = seq.num_prompt + len(seq.output_logprobs)  # this step's PENDING token
+                seq.token_ids[index] = token
+                seq.output_logprobs.append(logprob)
+                num_output = index + 1 - seq.num_prompt
+            seq.finish_reason = self._check_finished(seq, token, num_output)
             if seq.finish_reason is not None:
-                del seq.token_ids[index + 1 :]  # the step behind's PENDING token, if any
+                del seq.token_ids[seq.num_prompt + len(seq.output_logprobs) :]  # a step behind's
                 self.scheduler.finish(seq)
                 finished.append(seq)
         return finished

@@ -20,6 +20,17 @@ from rlx.engine.step_inputs import StepInputs, build_step_inputs
 
 
 @dataclass
+class EagerStep:
+    """An eager step queued on the device: whom its values belong to, the values (on the host
+    once `ready` has passed; on CUDA a pinned buffer being filled), and the event."""
+
+    sample_seqs: list[Sequence]
+    prompt_owners: list[Sequence]
+    values: torch.Tensor | None
+    ready: torch.cuda.Event | None = None
+
+
+@dataclass
 class StepResult:
     """What the host needs after a step: a token and logprob per sampled sequence, and the
     prompt logprobs (owner, value) that rows of this step predicted."""
@@ -63,12 +74,35 @@ class ModelRunner:
         decode_only = batch.num_decode == len(batch.seqs)
         if decode_only and self.graphs is not None and self.graphs.can_run(batch.num_decode):
             return self._run_graph(batch.seqs)
+        return self.collect_eager(self.launch_eager(batch))
+
+    @torch.inference_mode()
+    def launch_eager(self, batch: ScheduledBatch) -> EagerStep:
+        """Queue an eager step (prefill chunks, decode rows beside them) and the copy of its
+        sampled tokens and prompt logprobs to the host; `collect_eager` reads them."""
         inputs = build_step_inputs(
             batch, self.block_size, self.device, self.use_decode_kernel, self.flash_prefill
         )
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
         sample_logits = self.model.logits(hidden[inputs.sample_rows])
-        return self.sample(sample_logits, hidden, inputs)
+        values = self._step_values(sample_logits, hidden, inputs)
+        step = EagerStep(inputs.sample_seqs, inputs.prompt_owners, values)
+        if values is not None and values.is_cuda:
+            step.values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            step.values.copy_(values, non_blocking=True)
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        return step
+
+    def collect_eager(self, step: EagerStep) -> StepResult:
+        """The step's results: its one sync."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        values = step.values.tolist() if step.values is not None else []
+        num = len(step.sample_seqs)
+        sampled = [(seq, int(values[i]), values[num + i]) for i, seq in enumerate(step.sample_seqs)]
+        prompt = list(zip(step.prompt_owners, values[2 * num :], strict=True))
+        return StepResult(sampled, prompt)
 
     def can_launch(self, batch: ScheduledBatch) -> bool:
         """Whether `batch` runs as one decode graph (the steps that may overlap the host)."""
@@ -93,9 +127,10 @@ class ModelRunner:
         tokens, logprobs = self.collect(self.launch(seqs, [-1] * len(seqs)))
         return StepResult([(s, int(t), p) for s, t, p in zip(seqs, tokens, logprobs, strict=True)], [])
 
-    def sample(
-        self, sample_logits: torch.Tensor, hidden: torch.Tensor | None, inputs: StepInputs
-    ) -> StepResult:
+    def _step_values(
+        self, sample_logits: torch.Tensor, hidden: torch.Tensor, inputs: StepInputs
+    ) -> torch.Tensor | None:
+        """[sampled tokens, their logprobs, prompt logprobs] in one fp32 tensor on the device."""
         parts = []
         if inputs.sample_seqs:
             tokens, logprobs = self.sampler(
@@ -105,11 +140,7 @@ class ModelRunner:
         if inputs.prompt_rows is not None:
             logp = self._prompt_logits(hidden, inputs.prompt_rows).float().log_softmax(-1)
             parts.append(logp.gather(-1, inputs.prompt_targets[:, None])[:, 0])
-        values = torch.cat(parts).tolist() if parts else []  # the step's one sync
-        num = len(inputs.sample_seqs)
-        sampled = [(seq, int(values[i]), values[num + i]) for i, seq in enumerate(inputs.sample_seqs)]
-        prompt = list(zip(inputs.prompt_owners, values[2 * num :], strict=True))
-        return StepResult(sampled, prompt)
+        return torch.cat(parts) if parts else None
 
     def _prompt_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden[rows])

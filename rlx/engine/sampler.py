@@ -12,7 +12,7 @@ kernel for the whole batch. On CUDA, rows without top-k/top-p/min-p go through o
 Triton pass (`triton_sample`, also captured in the decode CUDA graphs) that draws from the
 same hash, keyed by the request's own seed for rows without `sampling_seed` (drawn from the
 engine's seed when the request arrived); only truncating rows take the torch path below.
-Nothing here reads a tensor back to the host.
+Nothing here reads a tensor back to the host or waits for the GPU (`upload`).
 
 Legend: N rows, V vocabulary.
 """
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from rlx.engine.sequence import Sequence
+from rlx.engine.step_inputs import upload
 
 
 def _signed(x: int) -> int:
@@ -63,20 +64,26 @@ class SamplingBatch:
             i for i, (k, p) in enumerate(zip(top_k, params, strict=True)) if needs_truncation(p, k, vocab)
         ]
         # one host-to-device copy for all float and all int fields
-        floats = torch.tensor(
-            [
-                [1.0 if g else p.temperature, p.top_p, p.min_p, inverse_temperature(p)]
-                for g, p in zip(greedy, params, strict=True)
-            ],
-            dtype=torch.float32,
-        ).to(device, non_blocking=True)
-        ints = torch.tensor(
-            [
-                [k, row_seed(s) if device.type == "cuda" else p.sampling_seed or 0, s.num_output, g]
-                for k, p, s, g in zip(top_k, params, seqs, greedy, strict=True)
-            ],
-            dtype=torch.int64,
-        ).to(device, non_blocking=True)
+        floats = upload(
+            torch.tensor(
+                [
+                    [1.0 if g else p.temperature, p.top_p, p.min_p, inverse_temperature(p)]
+                    for g, p in zip(greedy, params, strict=True)
+                ],
+                dtype=torch.float32,
+            ),
+            device,
+        )
+        ints = upload(
+            torch.tensor(
+                [
+                    [k, row_seed(s) if device.type == "cuda" else p.sampling_seed or 0, s.num_output, g]
+                    for k, p, s, g in zip(top_k, params, seqs, greedy, strict=True)
+                ],
+                dtype=torch.int64,
+            ),
+            device,
+        )
         return cls(
             temperature_N=floats[:, 0],
             inv_temperature_N=floats[:, 3],
@@ -86,7 +93,7 @@ class SamplingBatch:
             min_p_N=floats[:, 2],
             seed_N=ints[:, 1],
             step_N=ints[:, 2],
-            seeded_rows=torch.tensor(seeded, device=device) if seeded else None,
+            seeded_rows=upload(torch.tensor(seeded), device) if seeded else None,
             all_greedy=all(greedy),
             truncate=bool(truncate_rows),
             truncate_rows=truncate_rows,
@@ -94,7 +101,7 @@ class SamplingBatch:
 
     def rows(self, index: list[int]) -> SamplingBatch:
         """The batch restricted to rows `index` (seed rows re-derived from the seeds kept)."""
-        at = torch.tensor(index, device=self.seed_N.device)
+        at = upload(torch.tensor(index), self.seed_N.device)
         return SamplingBatch(
             temperature_N=self.temperature_N[at],
             inv_temperature_N=self.inv_temperature_N[at],
@@ -167,7 +174,7 @@ class Sampler:
     ) -> None:
         """Overwrite the fused pass's choice for rows with top-k / top-p / min-p (torch path, in
         place; tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer)."""
-        at = torch.tensor(batch.truncate_rows, device=logits_NV.device)
+        at = upload(torch.tensor(batch.truncate_rows), logits_NV.device)
         tokens, logprobs = self.sample_torch(logits_NV[at], batch.rows(batch.truncate_rows))
         tokens_N[at] = tokens.to(tokens_N.dtype)
         out_logprobs_N[at] = logprobs

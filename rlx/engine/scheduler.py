@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rlx.engine.block_manager import BlockManager
-from rlx.engine.sequence import Sequence, SequenceStatus
+from rlx.engine.sequence import PENDING, Sequence, SequenceStatus
 
 
 @dataclass
@@ -51,14 +51,24 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch | None:
+    def schedule(self, behind: bool = False) -> ScheduledBatch | None:
+        """The next step. `behind`: a step to launch while an eager step is still in flight
+        (overlap): sequences whose last token it is still sampling sit this step out, and so
+        does a decode that would need a preemption (that waits for the normal schedule)."""
         decode, prefill, budget = ScheduledBatch(), ScheduledBatch(), self.max_step_tokens
         index = 0
         while index < len(self.running):
             seq = self.running[index]
-            if seq.num_tokens - seq.num_computed == 1 and not self._make_room(seq):
-                continue  # seq itself was preempted; the list shifted under index
             remaining = seq.num_tokens - seq.num_computed
+            if behind and (  # its last token still being sampled, or a prompt done (max_new 0)
+                remaining == 0
+                or remaining == 1
+                and (seq.token_ids[-1] == PENDING or not self.blocks.can_append_pending(seq))
+            ):
+                index += 1
+                continue
+            if remaining == 1 and not self._make_room(seq):
+                continue  # seq itself was preempted; the list shifted under index
             if remaining == 1:
                 decode.add(seq, 1)
                 budget -= 1
@@ -75,11 +85,12 @@ class Scheduler:
     def continue_decode(self, seqs: list[Sequence]) -> ScheduledBatch | None:
         """The next decode step of `seqs` while their last tokens are still being sampled on the
         GPU (overlap): each one still running and short of max_new continues, its pending token
-        given a slot. None when something else must happen first (requests wait, or a block is
-        short and preemption may be due): the caller reads the step back and calls `schedule`."""
-        if self.waiting:
-            return None
-        rows = [s for s in seqs if s.status is SequenceStatus.RUNNING and not 0 < s.max_new <= s.num_output]
+        given a slot. None when something else must happen first (requests wait, sequences outside
+        `seqs` run, or a block is short and preemption may be due): the caller reads the step back
+        and calls `schedule`."""
+        if self.waiting or sum(s.status is SequenceStatus.RUNNING for s in seqs) < len(self.running):
+            return None  # requests wait, or running sequences are not in `seqs`
+        rows = [s for s in seqs if s.status is SequenceStatus.RUNNING and s.num_output < s.max_new]
         needed = sum(self.blocks.blocks_for(s.num_tokens) - len(s.block_table) for s in rows)
         if not rows or needed > self.blocks.num_free:
             return None

@@ -1,7 +1,9 @@
 """A scheduled batch turned into device tensors: token ids, positions, KV slots, attention
 metadata, and which hidden rows give logits (sampled tokens and prompt logprobs).
 
-Built on the host in one pass over the rows, moved with one copy per dtype.
+Built on the host in one pass over the rows, moved with one copy per dtype. Nothing here waits for
+the GPU (`upload`), so with the overlap schedule a step's inputs are built and its kernels queued
+while the step before still runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ class StepInputs:
     prompt_rows: torch.Tensor | None = None  # [P] hidden rows predicting prompt tokens
     prompt_targets: torch.Tensor | None = None  # [P] the prompt token each predicts
     prompt_owners: list[Sequence] = field(default_factory=list)  # one per prompt row
+
+
+def upload(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto `device` without waiting for the GPU: through pinned memory (torch's
+    caching host allocator keeps the buffer until the copy has run) and a non-blocking copy. A
+    blocking copy, or `torch.tensor(..., device=cuda)`, synchronizes the stream first."""
+    if device.type != "cuda":
+        return values
+    return values.pin_memory().to(device, non_blocking=True)
 
 
 def build_step_inputs(
@@ -56,7 +67,7 @@ def build_step_inputs(
                 prompt_rows.append(offset + p - start)
                 prompt_targets.append(seq.token_ids[p + 1])
                 prompt_owners.append(seq)
-    longs = torch.tensor([ids, positions, blocks, offsets], dtype=torch.int64).to(device, non_blocking=True)
+    longs = upload(torch.tensor([ids, positions, blocks, offsets], dtype=torch.int64), device)
     meta = AttentionMetadata(
         slot_block=longs[2],
         slot_offset=longs[3],
@@ -65,11 +76,12 @@ def build_step_inputs(
     )
     _decode_metadata(meta, batch, block_size, device)
     _prefill_metadata(meta, batch, block_size, device, flash_prefill)
-    rows = torch.tensor(sample_rows, dtype=torch.int64, device=device)
+    rows = upload(torch.tensor(sample_rows, dtype=torch.int64), device)
     inputs = StepInputs(longs[0], longs[1], meta, rows, sample_seqs)
     if prompt_rows:
-        inputs.prompt_rows = torch.tensor(prompt_rows, device=device)
-        inputs.prompt_targets = torch.tensor(prompt_targets, device=device)
+        inputs.prompt_rows, inputs.prompt_targets = upload(
+            torch.tensor([prompt_rows, prompt_targets]), device
+        )
         inputs.prompt_owners = prompt_owners
     return inputs
 
@@ -85,8 +97,8 @@ def _decode_metadata(meta: AttentionMetadata, batch: ScheduledBatch, block_size:
     seqs = batch.seqs[: batch.num_decode]
     lens = [s.num_computed + 1 for s in seqs]
     tables = padded_tables(seqs, [-(-n // block_size) for n in lens])
-    meta.decode_block_tables = torch.tensor(tables, dtype=torch.int32).to(device, non_blocking=True)
-    meta.decode_context_lens = torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True)
+    meta.decode_block_tables = upload(torch.tensor(tables, dtype=torch.int32), device)
+    meta.decode_context_lens = upload(torch.tensor(lens, dtype=torch.int32), device)
     if not meta.use_decode_kernel:
         keys = torch.arange(len(tables[0]) * block_size, device=device)
         meta.decode_mask = (keys[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
@@ -106,16 +118,16 @@ def _prefill_metadata(
     meta.prefill_fresh = device.type == "cuda" and not any(starts)
     if not (flash and meta.prefill_fresh):  # flash over the step's own K/V reads no table
         tables = padded_tables(seqs, [-(-e // block_size) for e in ends])
-        meta.prefill_block_tables = torch.tensor(tables, dtype=torch.int64).to(device, non_blocking=True)
+        meta.prefill_block_tables = upload(torch.tensor(tables, dtype=torch.int64), device)
     if flash:
         _flash_metadata(meta, num_new, ends, block_size, device)
         return
-    meta.prefill_q_index = torch.tensor(
-        [row * max_q + i for row, n in enumerate(num_new) for i in range(n)], device=device
+    meta.prefill_q_index = upload(
+        torch.tensor([row * max_q + i for row, n in enumerate(num_new) for i in range(n)]), device
     )
     if meta.prefill_fresh:
         return
-    small = torch.tensor([starts, num_new], dtype=torch.int64).to(device, non_blocking=True)
+    small = upload(torch.tensor([starts, num_new], dtype=torch.int64), device)
     q_pos = torch.arange(max_q, device=device)[None, :]
     keys = torch.arange(len(tables[0]) * block_size, device=device)
     mask = keys[None, None, :] <= (small[0][:, None] + q_pos)[:, :, None]  # causal over prefix + chunk
@@ -129,9 +141,12 @@ def _flash_metadata(
     """Cumulative query counts; unless every row is fresh, cumulative key counts (prefix and
     chunk) and each key's cache block and offset, built on the device from the block tables
     (set before, for rows with a cached prefix)."""
-    cumulative = torch.tensor(
-        [[0, *itertools.accumulate(num_new)], [0, *itertools.accumulate(ends)]], dtype=torch.int32
-    ).to(device, non_blocking=True)
+    cumulative = upload(
+        torch.tensor(
+            [[0, *itertools.accumulate(num_new)], [0, *itertools.accumulate(ends)]], dtype=torch.int32
+        ),
+        device,
+    )
     meta.prefill_cu_lens = cumulative[0]
     if meta.prefill_fresh:
         return

@@ -1,14 +1,18 @@
-"""The engine's overlapped decode (step k+1 launched before step k is read back) on CPU.
+"""The engine's overlap schedule (step k+1 launched before step k is read back) on CPU.
 
-On CUDA the overlap runs decode CUDA graphs that take pending tokens from the device. Here a
-runner stands in for them: it runs the eager CPU step, taking each PENDING input from the
-previous launch's results by the row the engine names, and returns results only when the
-engine collects them. Outputs must equal the engine without overlap, request by request:
-seeded sampling, EOS stops, stop strings, aborts mid-flight, staggered arrivals and
-preemption under a small KV budget.
+On CUDA the overlap runs decode CUDA graphs that take pending tokens from the device, and
+launches eager steps (prefill chunks) behind the step in flight. Here a runner stands in for
+the graphs: it runs the eager CPU step, taking each PENDING input from the previous launch's
+results by the row the engine names, and returns results only when the engine collects them;
+eager steps go through the CPU runner's own `launch_eager` / `collect_eager`. Outputs must
+equal the engine without overlap, request by request: seeded sampling, EOS stops, stop
+strings, aborts mid-flight, staggered arrivals, preemption under a small KV budget, and
+chunked prompts with prompt logprobs.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -25,6 +29,9 @@ class EmulatedGraphRunner:
         self.inner = runner
         self.previous: list[int] = []
         self.num_launched = 0
+        self.in_flight = 0  # launched, not collected
+        self.num_eager_behind = 0  # eager steps launched while another step was in flight
+        self.steps: list[set[int]] = []  # the sequences of each launch, eager or graph
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -33,6 +40,7 @@ class EmulatedGraphRunner:
         return batch.num_decode == len(batch.seqs)
 
     def launch(self, seqs, sources):
+        self.steps.append({s.seq_id for s in seqs})
         pending = [s for s in seqs if s.token_ids[-1] == PENDING]
         for seq, source in zip(seqs, sources, strict=True):
             if seq.token_ids[-1] == PENDING:
@@ -43,10 +51,23 @@ class EmulatedGraphRunner:
             seq.token_ids[-1] = PENDING
         self.previous = [token for _, token, _ in result.sampled]
         self.num_launched += 1
+        self.in_flight += 1
         return [float(t) for t in self.previous], [lp for _, _, lp in result.sampled]
 
     def collect(self, handle):
+        self.in_flight -= 1
         return handle
+
+    def launch_eager(self, batch):
+        assert all(s.token_ids[-1] != PENDING for s in batch.seqs), "an eager step's inputs are known"
+        self.num_eager_behind += self.in_flight > 0
+        self.steps.append({s.seq_id for s in batch.seqs})
+        self.in_flight += 1
+        return self.inner.launch_eager(batch)
+
+    def collect_eager(self, step):
+        self.in_flight -= 1
+        return self.inner.collect_eager(step)
 
 
 def make_engine(path, overlap: bool, **kwargs) -> Engine:
@@ -106,6 +127,8 @@ def test_overlap_gives_the_same_outputs(tiny_qwen3_dir, kwargs, abort_at, arrive
     engine = make_engine(tiny_qwen3_dir, True, **kwargs)
     overlapped = run(engine, abort_at, arrive_at)
     assert engine.runner.num_launched > 0
+    if arrive_at and not kwargs:  # late prompts prefill behind the decode in flight
+        assert engine.runner.num_eager_behind > 0
     for a, b in zip(plain, overlapped, strict=True):
         assert a.finish_reason == b.finish_reason
         if a.finish_reason["type"] == "abort":  # read back later: a prefix at abort time
@@ -132,3 +155,43 @@ def test_small_budget_preempts_under_overlap(tiny_qwen3_dir):
     engine = make_engine(tiny_qwen3_dir, True, max_total_tokens=48, page_size=4)
     run(engine, {}, {5: 1})
     assert engine.scheduler.num_preempted > 0
+
+
+def test_chunked_prompts_with_prompt_logprobs_under_overlap(tiny_qwen3_dir):
+    """Chunks of a long prompt launched behind one another (each chunk's prompt logprobs read
+    back a step later) while short requests decode beside them, and a prompt-only request
+    (max_new 0): as without overlap, and once the prompts are in, the decodes run as one batch."""
+    prompt = [3, 13, 2, 14, 6, 11, 10, 4, 7, 12] * 3
+
+    def run_chunked(overlap: bool):
+        engine = make_engine(
+            tiny_qwen3_dir, overlap, page_size=4, chunked_prefill_size=8, max_running_requests=8
+        )
+        short = [[5, 6], [7, 8, 9], [2]]
+        requests = [
+            GenerateRequest(p, SamplingParams(max_new_tokens=12, sampling_seed=i, ignore_eos=True))
+            for i, p in enumerate(short)
+        ]
+        requests += [
+            GenerateRequest(
+                list(prompt),
+                SamplingParams(max_new_tokens=5, sampling_seed=7, ignore_eos=True),
+                logprob_start_len=4,
+            ),
+            GenerateRequest(list(prompt[:9]), SamplingParams(max_new_tokens=0), logprob_start_len=0),
+        ]
+        return engine, engine.generate(requests)
+
+    _, plain = run_chunked(False)
+    engine, overlapped = run_chunked(True)
+    assert engine.runner.num_eager_behind > 0
+    assert len(plain[3].input_logprobs) == 30 - 4 and plain[4].output_ids == []  # as requested
+    # the decodes are never split into halves that take turns (each step reading every weight)
+    steps = engine.runner.steps
+    assert not any(a and b and a.isdisjoint(b) for a, b in itertools.pairwise(steps)), steps
+    for a, b in zip(plain, overlapped, strict=True):
+        assert a.output_ids == b.output_ids and a.finish_reason == b.finish_reason
+        assert [v is None for v in a.input_logprobs] == [v is None for v in b.input_logprobs]
+        values = [torch.tensor([v for v in out.input_logprobs if v is not None]) for out in (a, b)]
+        assert torch.allclose(*values, atol=1e-5)
+        assert torch.allclose(torch.tensor(a.output_logprobs), torch.tensor(b.output_logprobs), atol=1e-5)

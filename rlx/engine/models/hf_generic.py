@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlx.engine.config import EngineArgs
-from rlx.engine.model_runner import ModelRunner, StepResult
+from rlx.engine.model_runner import EagerStep, ModelRunner, StepResult
 from rlx.engine.models.weights import load_weights
 from rlx.engine.sampler import Sampler
 from rlx.engine.scheduler import ScheduledBatch
@@ -49,7 +49,8 @@ class HFRunner:
         flat = logits.reshape(-1, logits.shape[-1])
         inputs = _inputs(batch, lengths, width, self.device)
         sample_logits = flat[inputs.sample_rows]
-        return ModelRunner.sample(self, sample_logits, flat, inputs)
+        values = ModelRunner._step_values(self, sample_logits, flat, inputs)
+        return ModelRunner.collect_eager(self, EagerStep(inputs.sample_seqs, inputs.prompt_owners, values))
 
     def _prompt_logits(self, flat_logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return flat_logits[rows]
