@@ -15,7 +15,9 @@ are a large part of its life: 66% of the HBM bandwidth at batch 64 and context 3
   p takes units p, p + programs, ... of every KV head, and walks all its units' tiles in ONE
   loop, so the software pipeline runs across unit boundaries and fills once a program; at a
   unit's last tile it writes the unit's normalised output and log-sum-exp (fp32) and starts over;
-- a merge (`_merge_units_kernel`) a (sequence, query head) over its units, as flash-decoding's.
+- a merge (`_merge_units_kernel`) a (sequence, query head) over its units, as flash-decoding's;
+- and the engine kernel's loop a page at a time with each page's K and V fetched by TMA
+  (`_tma_decode_kernel`: host-side descriptors over the caches, one bulk copy a tile).
 
 Every call reads another layer's cache (`LAYERS` copies, cycled inside the CUDA graph), as a
 decode step does, so that the L2 holds no layer's KV from the call before. Both kernels' launch
@@ -24,9 +26,11 @@ K and one V tile (the page-index load takes the other stages), so a tile's load 
 the tile before's arithmetic within a program; at 5-6 it holds two, at 8 three. Correctness:
 each setting's output against the engine kernel's defaults; one further off than 2e-2 is listed
 under `wrong`, not timed. Measured (docs/benchmarks.md, Decisions): the engine's defaults within
-1.7% of its best setting, the persistent kernel 9-28% slower (1×H200).
+1.7% of its best setting, the persistent kernel 9-28% slower, the TMA one 3-11% slower at batch
+64 and within -1.4 to +3.7% at 256 (1×H200).
 
-    source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] [--spread 0.5]
+    source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] \
+        [--spread 0.5] [--kernels engine,tma,persistent]
 """
 
 from __future__ import annotations
@@ -186,6 +190,98 @@ def persistent_decode(
     return out
 
 
+@triton.jit
+def _tma_decode_kernel(
+    Q, Kd, Vd, Out, Part, Lse, BT, CL, scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """The engine kernel's loop a page at a time, each page's K and V fetched by the tensor
+    memory accelerator (TMA: one bulk copy a tile, issued by one thread) through descriptors over
+    the caches viewed as [blocks x KV heads x page, D]; the rows of a page past the context are
+    stale cache contents, masked in the scores and zeroed in V (0 x NaN is NaN)."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(CL + row)
+    pages = tl.cdiv(context_len, PAGE)
+    if NUM_SPLITS == 1:
+        lo, hi = 0, pages
+    else:
+        share = tl.cdiv(pages, NUM_SPLITS)
+        lo = split * share
+        hi = tl.minimum(lo + share, pages)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    t = tl.arange(0, PAGE)
+    heads = kv_head * GROUP + g
+    q_mask = (g < GROUP)[:, None]
+    q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for p in tl.range(lo, hi, num_stages=STAGES):
+        page = tl.load(BT + row * stride_bt + p)
+        at = (page * KV_HEADS + kv_head) * PAGE
+        valid = p * PAGE + t < context_len
+        k = Kd.load([at, 0])
+        v = tl.where(valid[:, None], Vd.load([at, 0]), 0.0)
+        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
+    if NUM_SPLITS == 1:
+        tl.store(
+            Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            (acc / l_i[:, None]).to(Out.dtype.element_ty),
+            mask=q_mask,
+        )
+    else:
+        nonempty = l_i > 0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
+        at = (row * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
+        tl.store(Part + at[:, None] * D + d[None, :], acc / l_safe[:, None], mask=q_mask)
+        tl.store(Lse + at, lse, mask=g < GROUP)
+
+
+def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor):
+    """Host-side TMA descriptors of the caches as [blocks x KV heads x page, D], a page a tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    page, head_dim = k_cache.shape[2], k_cache.shape[3]
+    return tuple(
+        TensorDescriptor.from_tensor(c.view(-1, head_dim), block_shape=[page, head_dim])
+        for c in (k_cache, v_cache)
+    )
+
+
+def tma_decode(
+    q, k_cache, v_cache, descriptors, block_tables, lens, scale,
+    num_warps: int = 4, num_stages: int = 4, num_splits: int = 1,
+) -> torch.Tensor:  # fmt: skip
+    from rlx.engine.triton_decode import _merge_splits_kernel
+
+    rows, num_heads, head_dim = q.shape
+    _, kv_heads, page, _ = k_cache.shape
+    group = num_heads // kv_heads
+    out = torch.empty_like(q)
+    part = lse = out
+    if num_splits > 1:
+        part = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    _tma_decode_kernel[(rows, kv_heads, num_splits)](
+        q, *descriptors, out, part, lse, block_tables, lens, scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        KV_HEADS=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim,
+        PAGE=page, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits, STAGES=num_stages,
+        num_warps=num_warps,
+    )  # fmt: skip
+    if num_splits > 1:
+        _merge_splits_kernel[(rows, num_heads)](
+            part, lse, out, out.stride(0), out.stride(1), D=head_dim, NUM_SPLITS=num_splits
+        )
+    return out
+
+
 def caches(
     batch: int,
     context: int,
@@ -241,7 +337,14 @@ def best_of(settings, call_for, reference, seconds_for, wrong: list) -> tuple[fl
 
 
 def compare(
-    batch: int, context: int, spread: float = 0.0, heads=16, kv_heads=8, head_dim=128, page=16
+    batch: int,
+    context: int,
+    spread: float = 0.0,
+    kernels=("engine", "tma", "persistent"),
+    heads=16,
+    kv_heads=8,
+    head_dim=128,
+    page=16,
 ) -> dict:
     """The engine kernel with its defaults, the engine kernel's best tile / stages / shares, and
     the persistent kernel's best chunk / programs / tile / stages, on the same caches."""
@@ -263,9 +366,26 @@ def compare(
     # two, 8 three: compiled for sm90, the tile buffers' count is the memdesc's first dimension
     engine = [
         dict(block_n=n, num_stages=st, num_splits=k)
-        for n, st, k in itertools.product((32, 64), (4, 5, 6, 8), (1, 2))
+        for n, st, k in itertools.product((16, 32, 64), (4, 5, 6, 8), (1, 2))
     ]
     wrong = result["wrong"] = []
+    if "tma" in kernels:
+        descriptors = [tma_descriptors(*layer) for layer in kv]
+        best = best_of(
+            [
+                dict(num_warps=w, num_stages=st, num_splits=k)
+                for w, st, k in itertools.product((2, 4), (2, 3, 4, 6, 8), (1, 2))
+            ],
+            lambda st: lambda i: tma_decode(q, *kv[i], descriptors[i], tables, lens, scale, **st),
+            reference,
+            seconds,
+            wrong,
+        )
+        if best is not None:
+            result["tma_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
+            result["tma_setting"] = best[1]
+    if "engine" not in kernels:
+        return result
     best = best_of(
         engine,
         lambda st: lambda i: paged_decode(q, *kv[i], tables, lens, scale, **st),
@@ -290,6 +410,8 @@ def compare(
             q, *kv[i], tables, lens, scale, units, row_start, max_context, **setting
         )
 
+    if "persistent" not in kernels:
+        return result
     best = best_of(persistent, persistent_call, reference, seconds, wrong)
     if best is not None:
         result["persistent_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
@@ -306,12 +428,16 @@ def main() -> None:
     parser.add_argument(
         "--spread", type=float, default=0.0, help="contexts uniform in (1 ± spread) x context"
     )
+    parser.add_argument("--kernels", default="engine,tma,persistent", help="the contenders swept")
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()
     for batch in (int(b) for b in args.batches.split(",")):
         for context in (int(c) for c in args.contexts.split(",")):
-            print(json.dumps({"device": name, **compare(batch, context, args.spread)}), flush=True)
+            print(
+                json.dumps({"device": name, **compare(batch, context, args.spread, args.kernels.split(","))}),
+                flush=True,
+            )
     print(json.dumps({"bench": "decode_attention", "device": name, "date": time.strftime("%Y-%m-%d"),
                       "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
 
