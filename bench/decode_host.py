@@ -62,12 +62,18 @@ def running(rows: int) -> tuple[Engine, list[Sequence]]:
 
 def host_step_us(rows: int, steps: int) -> dict:
     engine, seqs = running(rows)
-    ints = np.zeros((6, rows), np.int64)
-    inv_t = np.ones(rows, np.float32)
-    tables = np.zeros((rows, 256), np.int32)
+    sets = [  # two sets of host buffers, taken in turn, as DecodeGraphs does
+        (
+            np.zeros((6, rows), np.int64),
+            np.ones(rows, np.float32),
+            np.zeros((rows, 256), np.int32),
+            [(None, None, 0)] * rows,
+        )
+        for _ in range(2)
+    ]
     parts = dict.fromkeys(("continue_decode", "launch", "fill_host", "truncation_check", "resolve"), 0.0)
     behind = None
-    for _ in range(steps):
+    for step in range(steps):
         marks = [time.perf_counter()]
         batch = engine.scheduler.continue_decode(seqs)
         marks.append(time.perf_counter())
@@ -75,7 +81,7 @@ def host_step_us(rows: int, steps: int) -> dict:
             seq.num_computed += 1
             seq.token_ids.append(PENDING)
         marks.append(time.perf_counter())
-        DecodeGraphs._fill_host(batch.seqs, list(range(rows)), rows, ints, inv_t, tables)
+        DecodeGraphs._fill_host(batch.seqs, list(range(rows)), rows, *sets[step % 2])
         marks.append(time.perf_counter())
         any(truncates(seq.sampling, VOCAB) for seq in batch.seqs)
         marks.append(time.perf_counter())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from rlx.engine.attention import AttentionMetadata
@@ -63,6 +64,8 @@ class DecodeGraphs:
         self.host_inv_t = torch.ones(2, self.max_bs, dtype=torch.float32, **pinned)
         self.host_tables = torch.zeros(2, self.max_bs, max_blocks, dtype=torch.int32, **pinned)
         self.host_out = torch.zeros(2, 2, self.max_bs, dtype=torch.float32, **pinned)
+        # per set and row: the sequence, block table and table length written there (`_fill_host`)
+        self.written = [[(None, None, 0)] * self.max_bs for _ in range(2)]
         self.ready = [torch.cuda.Event(), torch.cuda.Event()]
         self.turn = 0
         self.ints = torch.zeros_like(self.host_ints[0], device=device)
@@ -157,7 +160,9 @@ class DecodeGraphs:
             self.host_inv_t[self.turn],
             self.host_tables[self.turn],
         )
-        self._fill_host(seqs, sources, size, ints.numpy(), inv_t.numpy(), tables.numpy())
+        self._fill_host(
+            seqs, sources, size, ints.numpy(), inv_t.numpy(), tables.numpy(), self.written[self.turn]
+        )
         self.ints[:, :size].copy_(ints[:, :size], non_blocking=True)
         self.inv_t[:size].copy_(inv_t[:size], non_blocking=True)
         self.tables[:size].copy_(tables[:size], non_blocking=True)
@@ -166,31 +171,46 @@ class DecodeGraphs:
         return logits
 
     @staticmethod
-    def _fill_host(seqs: list[Sequence], sources: list[int], size: int, ints, inv_t, tables) -> None:
-        """The rows' inputs into the pinned buffers, a column of Python ints at a time (a tuple a
-        row took 369 µs a step at 256 rows, this 263: `bench/decode_host.py`, a CI core); padded
-        rows: token 0 at position 0 of block 0, greedy."""
+    def _fill_host(seqs: list[Sequence], sources: list[int], size: int, ints, inv_t, tables, written) -> None:
+        """The rows' inputs into one set of pinned buffers, a column of Python ints at a time;
+        padded rows: token 0 at position 0 of block 0, greedy. What a row held when this set was
+        last filled (`written[row]`: the sequence, its block table and the table's length) is
+        not written again: a sequence's seed and sampling never change and its table only grows
+        (a preempted sequence readmitted brings a new list), so a decode step writes the new
+        blocks, and the rows from the first that changed sequence (a finished one shifts the rows
+        after it) whole. At 256 rows `bench/decode_host.py`'s fill took 345 µs writing all."""
         rows = len(seqs)
         last = [seq.token_ids[-1] for seq in seqs]
-        samplings = [seq.sampling for seq in seqs]
-        ints[IDS, :rows] = [max(token, 0) for token in last]
+        ints[IDS, :rows] = last
+        np.maximum(ints[IDS, :rows], 0, out=ints[IDS, :rows])  # a PENDING id is read on the device
         ints[POSITIONS, :rows] = [seq.num_tokens - 1 for seq in seqs]
-        ints[SEEDS, :rows] = [row_seed(seq) for seq in seqs]
         ints[STEPS, :rows] = [seq.num_output for seq in seqs]
-        ints[GREEDY, :rows] = [sampling.greedy for sampling in samplings]
         ints[SOURCES, :rows] = [
             source if token == PENDING else -1 for source, token in zip(sources, last, strict=True)
         ]
-        inv_t[:rows] = [inverse_temperature(sampling) for sampling in samplings]
+        first = rows  # the first row whose sequence changed
         for row, seq in enumerate(seqs):
+            before, table_before, num = written[row]
             table = seq.block_table
-            tables[row, : len(table)] = table
+            if seq is not before:
+                first = min(first, row)
+            if seq is not before or table is not table_before:
+                tables[row, : len(table)] = table
+                written[row] = (seq, table, len(table))
+            elif num < len(table):
+                tables[row, num : len(table)] = table[num:]
+                written[row] = (seq, table, len(table))
+        changed = seqs[first:]
+        ints[SEEDS, first:rows] = [row_seed(seq) for seq in changed]
+        ints[GREEDY, first:rows] = [seq.sampling.greedy for seq in changed]
+        inv_t[first:rows] = [inverse_temperature(seq.sampling) for seq in changed]
         if size > rows:
             ints[:, rows:size] = 0
             ints[GREEDY, rows:size] = 1
             ints[SOURCES, rows:size] = -1
             inv_t[rows:size] = 1.0
             tables[rows:size, 0] = 0
+            written[rows:size] = [(None, None, 0)] * (size - rows)
 
     def read_async(self, rows: int) -> tuple[int, int]:
         """Queue the copy of the last step's [tokens, logprobs] to the host; `collect` waits."""

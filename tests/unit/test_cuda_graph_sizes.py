@@ -1,5 +1,6 @@
 """Which decode graph a step replays (rlx.engine.cuda_graph.graph_size): a captured one of up to
-twice its rows before a new capture. Pure bookkeeping: runs on the CPU."""
+twice its rows before a new capture; and what a step writes into the graphs' pinned input
+buffers. Pure bookkeeping: runs on the CPU."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_a_steps_inputs_land_in_the_pinned_buffers_by_row():
     ints = np.full((6, 4), 77, np.int64)
     inv_t = np.full(4, 77.0, np.float32)
     tables = np.full((4, 3), 77, np.int32)
-    DecodeGraphs._fill_host([sampled, greedy], [2, 0], 4, ints, inv_t, tables)
+    written = [(None, None, 0)] * 4
+    DecodeGraphs._fill_host([sampled, greedy], [2, 0], 4, ints, inv_t, tables, written)
     assert ints[IDS].tolist() == [0, 8, 0, 0]  # a pending id is read on the device (SOURCES)
     assert ints[POSITIONS].tolist() == [4, 2, 0, 0]
     assert ints[SEEDS].tolist() == [11, 99, 0, 0]
@@ -71,3 +73,68 @@ def test_a_steps_inputs_land_in_the_pinned_buffers_by_row():
     assert ints[SOURCES].tolist() == [2, -1, -1, -1]
     assert inv_t.tolist() == [2.0, 1.0, 1.0, 1.0]
     assert tables[0, :2].tolist() == [3, 4] and tables[1, 0] == 7 and tables[2:, 0].tolist() == [0, 0]
+
+
+def test_block_tables_written_where_they_changed_equal_tables_written_whole():
+    """A rollout's rows as the engine fills them, two buffer sets taken in turn: tables grow,
+    sequences finish (the rows after them shift up), one is preempted and readmitted (a new
+    table of the same length), new ones arrive, the graph size pads. Every step, each row of the
+    set just filled holds what a fill from scratch writes: each row's whole table, its seed,
+    sampling and position."""
+    import random
+
+    import numpy as np
+
+    from rlx.engine.block_manager import BlockManager
+    from rlx.engine.cuda_graph import DecodeGraphs
+    from rlx.engine.sequence import GenerateRequest, SamplingParams, Sequence
+
+    rng = random.Random(0)
+    blocks = BlockManager(num_blocks=400, block_size=4, enable_sharing=False)
+    ids = iter(range(1000))
+
+    def arrive() -> Sequence:
+        prompt = [rng.randrange(2, 50) for _ in range(rng.randrange(1, 13))]
+        sampling = SamplingParams(temperature=rng.choice([0.0, 0.5, 1.0]))
+        seq = Sequence(next(ids), GenerateRequest(prompt, sampling), 64, seed=rng.randrange(1 << 20))
+        blocks.allocate(seq)
+        return seq
+
+    seqs = [arrive() for _ in range(6)]
+    sets = [
+        (
+            np.zeros((6, 16), np.int64),
+            np.ones(16, np.float32),
+            np.zeros((16, 32), np.int32),
+            [(None, None, 0)] * 16,
+        )
+        for _ in range(2)
+    ]
+    grew = readmitted = 0
+    for step in range(60):
+        for seq in seqs:
+            seq.token_ids.append(rng.randrange(2, 50))
+            before = len(seq.block_table)
+            blocks.grow_to(seq, seq.num_tokens)
+            grew += len(seq.block_table) > before
+        if step % 7 == 3:
+            blocks.release(seqs.pop(rng.randrange(len(seqs))))
+        if step % 11 == 5:
+            seqs.append(arrive())
+        if step == 20:  # preempted, then readmitted: a new list of the same length
+            victim = seqs[1]
+            table = victim.block_table
+            blocks.release(victim)
+            blocks.allocate(victim)
+            readmitted = victim.block_table is not table and len(victim.block_table) == len(table)
+        size = 1 << (len(seqs) - 1).bit_length()
+        ints, inv_t, tables, written = sets[step % 2]
+        DecodeGraphs._fill_host(seqs, [-1] * len(seqs), size, ints, inv_t, tables, written)
+        fresh = np.full((6, 16), -7, np.int64), np.full(16, -7.0, np.float32), np.full((16, 32), -7, np.int32)
+        DecodeGraphs._fill_host(seqs, [-1] * len(seqs), size, *fresh, [(None, None, 0)] * 16)
+        assert (ints[:, :size] == fresh[0][:, :size]).all() and (inv_t[:size] == fresh[1][:size]).all()
+        for row, seq in enumerate(seqs):
+            n = len(seq.block_table)
+            assert tables[row, :n].tolist() == seq.block_table == fresh[2][row, :n].tolist(), (step, row)
+        assert (tables[len(seqs) : size, 0] == 0).all()
+    assert grew > 20 and readmitted
