@@ -88,14 +88,17 @@ class Scheduler:
         given a slot. None when something else must happen first (requests wait, sequences outside
         `seqs` run, or a block is short and preemption may be due): the caller reads the step back
         and calls `schedule`."""
-        if self.waiting or sum(s.status is SequenceStatus.RUNNING for s in seqs) < len(self.running):
+        live = [s for s in seqs if s.status is SequenceStatus.RUNNING]
+        if self.waiting or len(live) < len(self.running):
             return None  # requests wait, or running sequences are not in `seqs`
-        rows = [s for s in seqs if s.status is SequenceStatus.RUNNING and s.num_output < s.max_new]
-        needed = sum(self.blocks.blocks_for(s.num_tokens) - len(s.block_table) for s in rows)
+        rows = [s for s in live if len(s.token_ids) - s.num_prompt < s.max_new]
+        size = self.blocks.block_size  # a row whose table holds its tokens needs no block
+        short = [s for s in rows if len(s.block_table) * size < len(s.token_ids)]
+        needed = sum(self.blocks.blocks_for(len(s.token_ids)) - len(s.block_table) for s in short)
         if not rows or needed > self.blocks.num_free:
             return None
-        for seq in rows:
-            self.blocks.grow_to(seq, seq.num_tokens)
+        for seq in short:
+            self.blocks.grow_to(seq, len(seq.token_ids))
         return ScheduledBatch(rows, [1] * len(rows), len(rows))
 
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
