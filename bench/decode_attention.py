@@ -336,6 +336,13 @@ def best_of(settings, call_for, reference, seconds_for, wrong: list) -> tuple[fl
     return best
 
 
+def record(result: dict, name: str, best: tuple[float, dict] | None, kv_bytes: int) -> None:
+    """A contender's best (`best_of`) into `result`: its TB/s of KV read and its setting."""
+    if best is not None:
+        result[f"{name}_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
+        result[f"{name}_setting"] = best[1]
+
+
 def compare(
     batch: int,
     context: int,
@@ -381,9 +388,7 @@ def compare(
             seconds,
             wrong,
         )
-        if best is not None:
-            result["tma_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
-            result["tma_setting"] = best[1]
+        record(result, "tma", best, kv_bytes)
     if "engine" not in kernels:
         return result
     best = best_of(
@@ -393,9 +398,7 @@ def compare(
         seconds,
         wrong,
     )
-    if best is not None:
-        result["engine_best_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
-        result["engine_best_setting"] = best[1]
+    record(result, "engine_best", best, kv_bytes)
     max_context = int(lens.max()) + 256  # the graph's table holds a context this far grown
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tables_by_chunk = {chunk: unit_table(lens, chunk, max_context) for chunk in (128, 256, 512)}
@@ -413,9 +416,7 @@ def compare(
     if "persistent" not in kernels:
         return result
     best = best_of(persistent, persistent_call, reference, seconds, wrong)
-    if best is not None:
-        result["persistent_TB_s"] = round(kv_bytes / best[0] / 1e12, 3)
-        result["persistent_setting"] = best[1]
+    record(result, "persistent", best, kv_bytes)
     table_s = time_layers(lambda i: unit_table(lens, 256, max_context), 1)
     result["unit_table_us"] = round(table_s * 1e6, 2)  # once a step, shared by every layer
     return result
