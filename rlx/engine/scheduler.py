@@ -85,12 +85,14 @@ class Scheduler:
     def continue_decode(self, seqs: list[Sequence]) -> ScheduledBatch | None:
         """The next decode step of `seqs` while their last tokens are still being sampled on the
         GPU (overlap): each one still running and short of max_new continues, its pending token
-        given a slot. None when something else must happen first (requests wait, sequences outside
-        `seqs` run, or a block is short and preemption may be due): the caller reads the step back
-        and calls `schedule`."""
+        given a slot. None when something else must happen first (a waiting request can be
+        admitted, sequences outside `seqs` run, or a block is short and preemption may be due):
+        the caller reads the step back and calls `schedule`. Requests that cannot be admitted
+        (the running cap reached, or too few free blocks) would get the same decode batch from
+        `schedule`, so they do not stop the overlap."""
         live = [s for s in seqs if s.status is SequenceStatus.RUNNING]
-        if self.waiting or len(live) < len(self.running):
-            return None  # requests wait, or running sequences are not in `seqs`
+        if len(live) < len(self.running) or self._can_admit():
+            return None  # running sequences are not in `seqs`, or a request can join
         rows = [s for s in live if len(s.token_ids) - s.num_prompt < s.max_new]
         size = self.blocks.block_size  # a row whose table holds its tokens needs no block
         short = [s for s in rows if len(s.block_table) * size < len(s.token_ids)]
@@ -100,6 +102,14 @@ class Scheduler:
         for seq in short:
             self.blocks.grow_to(seq, len(seq.token_ids))
         return ScheduledBatch(rows, [1] * len(rows), len(rows))
+
+    def _can_admit(self) -> bool:
+        """Whether the first waiting request could join the running batch now."""
+        return (
+            bool(self.waiting)
+            and len(self.running) < self.max_running
+            and self.blocks.can_allocate(self.waiting[0])
+        )
 
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_running:

@@ -32,6 +32,8 @@ class EmulatedGraphRunner:
         self.in_flight = 0  # launched, not collected
         self.num_eager_behind = 0  # eager steps launched while another step was in flight
         self.steps: list[set[int]] = []  # the sequences of each launch, eager or graph
+        self.scheduler = None  # the engine's (make_engine)
+        self.behind_while_waiting = 0  # decode graphs launched behind a step while requests wait
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -41,6 +43,7 @@ class EmulatedGraphRunner:
 
     def launch(self, seqs, sources):
         self.steps.append({s.seq_id for s in seqs})
+        self.behind_while_waiting += bool(self.in_flight and self.scheduler.waiting)
         pending = [s for s in seqs if s.token_ids[-1] == PENDING]
         for seq, source in zip(seqs, sources, strict=True):
             if seq.token_ids[-1] == PENDING:
@@ -74,6 +77,7 @@ def make_engine(path, overlap: bool, **kwargs) -> Engine:
     engine = Engine(EngineArgs(model_path=str(path), device="cpu", **kwargs))
     if overlap:
         engine.runner = EmulatedGraphRunner(engine.runner)
+        engine.runner.scheduler = engine.scheduler
         engine.overlap = True
     return engine
 
@@ -120,6 +124,7 @@ def run(engine: Engine, abort_at: dict[int, int], arrive_at: dict[int, int]) -> 
         ({}, {}, {}),
         ({}, {2: 3, 6: 5}, {3: 2, 8: 6}),
         ({"max_total_tokens": 48, "page_size": 4}, {}, {5: 1}),  # preemption and recompute
+        ({"max_running_requests": 3}, {4: 6}, {}),  # requests wait for a running slot
     ],
 )
 def test_overlap_gives_the_same_outputs(tiny_qwen3_dir, kwargs, abort_at, arrive_at):
@@ -129,6 +134,8 @@ def test_overlap_gives_the_same_outputs(tiny_qwen3_dir, kwargs, abort_at, arrive
     assert engine.runner.num_launched > 0
     if arrive_at and not kwargs:  # late prompts prefill behind the decode in flight
         assert engine.runner.num_eager_behind > 0
+    if "max_running_requests" in kwargs:  # decodes go on overlapped while the others wait
+        assert engine.runner.behind_while_waiting > 0
     for a, b in zip(plain, overlapped, strict=True):
         assert a.finish_reason == b.finish_reason
         if a.finish_reason["type"] == "abort":  # read back later: a prefix at abort time
