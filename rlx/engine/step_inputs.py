@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from rlx.engine.attention import AttentionMetadata
@@ -48,16 +49,16 @@ def build_step_inputs(
 ) -> StepInputs:
     """`flash_prefill` (attention.flash_prefill): the prefill rows' metadata for flash attention
     over unpadded rows, instead of the padded rows' index and mask."""
-    ids, positions, blocks, offsets = [], [], [], []
+    ids, starts, tables, table_base = [], [], [], []
     sample_rows, sample_seqs = [], []
     prompt_rows, prompt_targets, prompt_owners = [], [], []
     for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
         start, end, offset = seq.num_computed, seq.num_computed + num_new, len(ids)
-        table = seq.block_table
         ids.extend(seq.token_ids[start:end])
-        positions.extend(range(start, end))
-        blocks.extend(table[p // block_size] for p in range(start, end))
-        offsets.extend(p % block_size for p in range(start, end))
+        starts.append(start)
+        first_block = start // block_size  # the row's blocks, flat: its tokens' slots index them
+        table_base.append(len(tables) - first_block)
+        tables.extend(seq.block_table[first_block : (end - 1) // block_size + 1])
         if end == seq.num_tokens:
             sample_rows.append(offset + num_new - 1)
             sample_seqs.append(seq)
@@ -67,7 +68,9 @@ def build_step_inputs(
                 prompt_rows.append(offset + p - start)
                 prompt_targets.append(seq.token_ids[p + 1])
                 prompt_owners.append(seq)
-    longs = upload(torch.tensor([ids, positions, blocks, offsets], dtype=torch.int64), device)
+    longs = upload(
+        torch.from_numpy(_token_slots(ids, starts, batch.num_new, tables, table_base, block_size)), device
+    )
     meta = AttentionMetadata(
         slot_block=longs[2],
         slot_offset=longs[3],
@@ -84,6 +87,21 @@ def build_step_inputs(
         )
         inputs.prompt_owners = prompt_owners
     return inputs
+
+
+def _token_slots(ids, starts, num_new, tables, table_base, block_size: int) -> np.ndarray:
+    """[ids, positions, cache blocks, offsets in them] of the step's tokens, int64 [4, T]: row r's
+    tokens sit at positions starts[r] ... starts[r] + num_new[r] - 1, and its block for position
+    p is tables[table_base[r] + p // block_size] (the rows' needed blocks, flat)."""
+    counts = np.asarray(num_new, dtype=np.int64)
+    out = np.empty((4, len(ids)), dtype=np.int64)
+    out[0] = ids
+    row_start = np.cumsum(counts) - counts  # each row's first token in the step
+    out[1] = np.arange(len(ids)) + np.repeat(np.asarray(starts, dtype=np.int64) - row_start, counts)
+    index = np.repeat(np.asarray(table_base, dtype=np.int64), counts) + out[1] // block_size
+    out[2] = np.asarray(tables, dtype=np.int64)[index]
+    out[3] = out[1] % block_size
+    return out
 
 
 def padded_tables(seqs: list[Sequence], num_blocks: list[int]) -> list[list[int]]:
@@ -122,9 +140,10 @@ def _prefill_metadata(
     if flash:
         _flash_metadata(meta, num_new, ends, block_size, device)
         return
-    meta.prefill_q_index = upload(
-        torch.tensor([row * max_q + i for row, n in enumerate(num_new) for i in range(n)]), device
-    )
+    counts = np.asarray(num_new, dtype=np.int64)  # row r's i-th query at r * max_q + i
+    shift = np.arange(len(counts), dtype=np.int64) * max_q - (np.cumsum(counts) - counts)
+    q_index = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(shift, counts)
+    meta.prefill_q_index = upload(torch.from_numpy(q_index), device)
     if meta.prefill_fresh:
         return
     small = upload(torch.tensor([starts, num_new], dtype=torch.int64), device)
