@@ -8,9 +8,11 @@ few hundred million parameters, where the host sets the pace. Timed here: the sc
 `continue_decode`, the pending-token bookkeeping of `Engine._launch`, `DecodeGraphs._fill_host`
 (the pinned input buffers), the truncation check of `ModelRunner.launch`, and the per-row part of
 `Engine._resolve` (the tokens read back). Not timed: the copies, the replay, the read-back wait.
-Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release.
+Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release; and a
+prefill chunk's step inputs (`prefill_inputs_ms`), which the host builds while the chunk before
+runs on the GPU.
 
-    python bench/decode_host.py [--rows 64,256] [--steps 200] [--churn-rows 256,1024]
+    python bench/decode_host.py [--rows 64,256] [--steps 200] [--churn-rows 256,1024] [--prefill 32x256,8x1024]
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import json
 import time
 
 import numpy as np
+import torch
 
 from rlx.engine.block_manager import BlockManager
 from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.engine import Engine
 from rlx.engine.sampler import truncates
-from rlx.engine.scheduler import Scheduler
+from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import PENDING, GenerateRequest, SamplingParams, Sequence, SequenceStatus
+from rlx.engine.step_inputs import build_step_inputs
 
 PROMPT, VOCAB = 256, 151_936
 
@@ -124,17 +128,46 @@ def block_churn_ms(rows: int, new: int = 512, num_blocks: int = 60_000) -> dict:
     }
 
 
+def prefill_inputs_ms(rows: int, length: int, repeats: int = 20) -> dict:
+    """A prefill chunk's step inputs (`build_step_inputs`): `rows` fresh prompts of `length`
+    tokens, the flash path's (what a GPU builds; its copies to the device not timed) and the CPU's
+    padded path's; milliseconds a chunk."""
+    blocks = BlockManager(num_blocks=rows * (length // 16 + 2), block_size=16)
+    batch = ScheduledBatch()
+    for i in range(rows):
+        seq = Sequence(
+            i, GenerateRequest([2 + (i + j) % 97 for j in range(length)], SamplingParams()), 8, seed=i
+        )
+        blocks.allocate(seq)
+        batch.add(seq, length)
+    out = {"rows": rows, "length": length}
+    for name, flash in (("flash_ms", True), ("padded_ms", False)):
+        build_step_inputs(batch, 16, torch.device("cpu"), False, flash)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            build_step_inputs(batch, 16, torch.device("cpu"), False, flash)
+        out[name] = round((time.perf_counter() - start) / repeats * 1e3, 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,256")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--churn-rows", default="256,1024", help="block_churn_ms's prompts")
+    parser.add_argument("--prefill", default="32x256,256x32,8x1024", help="prefill chunks: rows x tokens")
     args = parser.parse_args()
     for rows in (int(r) for r in args.rows.split(",")):
         host_step_us(rows, 10)  # warm
         print(json.dumps({"bench": "decode_host", **host_step_us(rows, args.steps)}), flush=True)
     for rows in (int(r) for r in args.churn_rows.split(",")):
         print(json.dumps({"bench": "decode_host", "blocks": block_churn_ms(rows)}), flush=True)
+    for shape in args.prefill.split(","):
+        rows, length = (int(x) for x in shape.split("x"))
+        print(
+            json.dumps({"bench": "decode_host", "prefill_inputs": prefill_inputs_ms(rows, length)}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
