@@ -20,13 +20,12 @@ against cuBLAS's, relative to its largest magnitude.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 
 import torch
 import torch.nn.functional as F
 import triton
-from decode_gemm_pdl import LAYERS, SHAPES, layers_for, pdl_gemm, print_runs
+from decode_gemm_pdl import LAYERS, SHAPES, gemm_bench_main, layers_for, pdl_gemm
 from engine_step_profile import time_cuda
 
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
@@ -149,11 +148,7 @@ def run(shape_name: str, rows: int, hbm: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", default="16,32,64", help="decode batch sizes (GEMM rows, at most 64)")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
-    args = parser.parse_args()
-    print_runs("decode_gemm_fused", args.shapes, args.rows, run)
+    gemm_bench_main("decode_gemm_fused", run, "16,32,64", "decode batch sizes (GEMM rows, at most 64)")
 
 
 if __name__ == "__main__":

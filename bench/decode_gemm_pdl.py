@@ -233,12 +233,18 @@ def print_runs(bench: str, shapes: str, sizes: str, run) -> None:
                       "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
 
 
-def main() -> None:
+def gemm_bench_main(bench: str, run, rows: str, rows_help: str) -> None:
+    """A decode-GEMM bench's command line (`--rows`, `--shapes`), then `print_runs`; this bench's
+    and bench/decode_gemm_fused.py's."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", default="64,128", help="decode batch sizes (GEMM rows)")
+    parser.add_argument("--rows", default=rows, help=rows_help)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
-    print_runs("decode_gemm_pdl", args.shapes, args.rows, run)
+    print_runs(bench, args.shapes, args.rows, run)
+
+
+def main() -> None:
+    gemm_bench_main("decode_gemm_pdl", run, "64,128", "decode batch sizes (GEMM rows)")
 
 
 if __name__ == "__main__":
