@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 from engine_step_profile import time_cuda
 
-from rlx.engine.triton_decode import attend_tile
+from rlx.engine.triton_decode import attend_tile, group_queries, store_output
 
 LAYERS = 4  # distinct caches cycled by the timed calls
 
@@ -212,12 +212,8 @@ def _tma_decode_kernel(
         share = tl.cdiv(pages, NUM_SPLITS)
         lo = split * share
         hi = tl.minimum(lo + share, pages)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, D)
     t = tl.arange(0, PAGE)
-    heads = kv_head * GROUP + g
-    q_mask = (g < GROUP)[:, None]
-    q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q, heads = group_queries(Q, row, kv_head, stride_qt, stride_qh, GROUP, BLOCK_G, D)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -228,19 +224,9 @@ def _tma_decode_kernel(
         k = Kd.load([at, 0])
         v = tl.where(valid[:, None], Vd.load([at, 0]), 0.0)
         m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
-    if NUM_SPLITS == 1:
-        tl.store(
-            Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
-            (acc / l_i[:, None]).to(Out.dtype.element_ty),
-            mask=q_mask,
-        )
-    else:
-        nonempty = l_i > 0
-        l_safe = tl.where(nonempty, l_i, 1.0)
-        lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
-        at = (row * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
-        tl.store(Part + at[:, None] * D + d[None, :], acc / l_safe[:, None], mask=q_mask)
-        tl.store(Lse + at, lse, mask=g < GROUP)
+    store_output(
+        Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP, BLOCK_G, D, NUM_SPLITS
+    )
 
 
 def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor):

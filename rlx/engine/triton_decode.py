@@ -45,6 +45,49 @@ def attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
+def group_queries(
+    Q, row, kv_head, stride_qt, stride_qh, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr
+):
+    """The queries [BLOCK_G, D] of `row`'s heads in KV head `kv_head`'s group (rows past GROUP
+    zero, padding the group for tl.dot), and their head indices."""
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    heads = kv_head * GROUP + g
+    q = tl.load(
+        Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=(g < GROUP)[:, None], other=0.0
+    )
+    return q, heads
+
+
+@triton.jit
+def store_output(
+    Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """A program's online-softmax result: the output itself with one share, else the share's
+    normalised output and log-sum-exp (fp32; Part [rows, heads, splits, D], Lse [rows, heads,
+    splits], contiguous) for `_merge_splits_kernel`; an empty share gets weight 0."""
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    q_mask = (g < GROUP)[:, None]
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=q_mask,
+        )
+    else:
+        nonempty = l_i > 0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
+        at = (row * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
+        tl.store(Part + at[:, None] * D + d[None, :], out, mask=q_mask)
+        tl.store(Lse + at, lse, mask=g < GROUP)
+
+
+@triton.jit
 def _paged_decode_kernel(
     Q, K, V, Out, Part, Lse, BT, CL, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
@@ -62,11 +105,8 @@ def _paged_decode_kernel(
         share = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = split * share
         hi = tl.minimum(lo + share, context_len)
-    g = tl.arange(0, BLOCK_G)
+    q, heads = group_queries(Q, row, kv_head, stride_qt, stride_qh, GROUP, BLOCK_G, D)
     d = tl.arange(0, D)
-    heads = kv_head * GROUP + g
-    q_mask = (g < GROUP)[:, None]
-    q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -78,21 +118,9 @@ def _paged_decode_kernel(
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
-    if NUM_SPLITS == 1:
-        out = acc / l_i[:, None]
-        tl.store(
-            Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=q_mask,
-        )
-    else:  # Part [rows, heads, splits, D], Lse [rows, heads, splits], both fp32 and contiguous
-        nonempty = l_i > 0
-        l_safe = tl.where(nonempty, l_i, 1.0)
-        out = acc / l_safe[:, None]
-        lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
-        at = (row * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
-        tl.store(Part + at[:, None] * D + d[None, :], out, mask=q_mask)
-        tl.store(Lse + at, lse, mask=g < GROUP)
+    store_output(
+        Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP, BLOCK_G, D, NUM_SPLITS
+    )
 
 
 @triton.jit
