@@ -195,9 +195,8 @@ class DecodeGraphs:
             if seq is not before:
                 first = min(first, row)
             if seq is not before or table is not table_before:
-                tables[row, : len(table)] = table
-                written[row] = (seq, table, len(table))
-            elif num < len(table):
+                num = 0  # another sequence, or a new table: the whole of it
+            if num < len(table):
                 tables[row, num : len(table)] = table[num:]
                 written[row] = (seq, table, len(table))
         changed = seqs[first:]
