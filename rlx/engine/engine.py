@@ -216,7 +216,7 @@ class Engine:
         """Count the step's tokens computed; a PENDING place for each token it samples."""
         for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
             seq.num_computed += num_new
-            if seq.num_computed == seq.num_tokens and seq.max_new > 0:
+            if seq.num_computed == len(seq.token_ids) and seq.max_new > 0:  # len: a hot loop
                 seq.token_ids.append(PENDING)
 
     def _step_behind(self) -> list[Sequence]:
