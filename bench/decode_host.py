@@ -5,7 +5,7 @@ With CUDA graphs and the overlap schedule (rlx/engine/engine.py) the host prepar
 the GPU runs step k, so the host's work is free while it is shorter than the GPU's step: 2.4-4.6 ms
 for Qwen3-0.6B / 1.7B at 64-256 rows on an H200, but well under a millisecond for a model of a
 few hundred million parameters, where the host sets the pace. Timed here: the scheduler's
-`continue_decode`, the pending-token bookkeeping of `Engine._launch`, `DecodeGraphs._fill_host`
+`continue_decode`, the pending-token bookkeeping of `Engine._launch` (`_advance`), `DecodeGraphs._fill_host`
 (the pinned input buffers), the truncation check of `ModelRunner.launch`, and the per-row part of
 `Engine._resolve` (the tokens read back). Not timed: the copies, the replay, the read-back wait.
 Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release; and a
@@ -29,7 +29,7 @@ from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.engine import Engine
 from rlx.engine.sampler import truncates
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
-from rlx.engine.sequence import PENDING, GenerateRequest, SamplingParams, Sequence, SequenceStatus
+from rlx.engine.sequence import GenerateRequest, SamplingParams, Sequence, SequenceStatus
 from rlx.engine.step_inputs import build_step_inputs
 
 PROMPT, VOCAB = 256, 151_936
@@ -57,7 +57,7 @@ def running(rows: int) -> tuple[Engine, list[Sequence]]:
         seq.status = SequenceStatus.RUNNING
         scheduler.running.append(seq)
         blocks.mark_computed(seq, seq.num_tokens)
-        seq.num_computed = seq.num_tokens
+        seq.num_computed = seq.num_tokens - 1  # its last prompt token is the first decode input
         seqs.append(seq)
     engine = Engine.__new__(Engine)  # the bookkeeping methods only
     engine.scheduler, engine.runner, engine.eos_token_ids = scheduler, ReadBack(rows), set()
@@ -81,9 +81,7 @@ def host_step_us(rows: int, steps: int) -> dict:
         marks = [time.perf_counter()]
         batch = engine.scheduler.continue_decode(seqs)
         marks.append(time.perf_counter())
-        for seq in batch.seqs:  # Engine._launch
-            seq.num_computed += 1
-            seq.token_ids.append(PENDING)
+        Engine._advance(batch)  # Engine._launch's bookkeeping: a PENDING token a row
         marks.append(time.perf_counter())
         DecodeGraphs._fill_host(batch.seqs, list(range(rows)), rows, *sets[step % 2])
         marks.append(time.perf_counter())
