@@ -226,8 +226,6 @@ class Engine:
         following = None if isinstance(handle, EagerStep) else self.scheduler.continue_decode(batch.seqs)
         if following is None:
             following = self.scheduler.schedule(behind=True)
-            if following is not None and following.num_decode == len(following.seqs):
-                following = None  # decodes alone wait for the tokens in flight: one batch after
         if following is not None:
             self._inflight = self._launch(following, batch)
         return self._resolve(batch, handle)

@@ -52,9 +52,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, behind: bool = False) -> ScheduledBatch | None:
-        """The next step. `behind`: a step to launch while an eager step is still in flight
-        (overlap): sequences whose last token it is still sampling sit this step out, and so
-        does a decode that would need a preemption (that waits for the normal schedule)."""
+        """The next step. `behind`: a step to launch while another is still in flight (overlap):
+        sequences whose last token is still being sampled sit it out, and so does a decode that
+        would need a preemption (that waits for the normal schedule); None unless prefill work is
+        due, as decodes alone would split the batch into halves taking turns."""
         decode, prefill, budget = ScheduledBatch(), ScheduledBatch(), self.max_step_tokens
         index = 0
         while index < len(self.running):
@@ -79,6 +80,8 @@ class Scheduler:
                 budget -= chunk
             index += 1
         self._admit(decode, prefill, budget)
+        if behind and not prefill.seqs:
+            return None  # decodes alone wait for the tokens in flight, to run as one batch after
         batch = ScheduledBatch(decode.seqs + prefill.seqs, decode.num_new + prefill.num_new, len(decode.seqs))
         return batch if batch.seqs else None
 
