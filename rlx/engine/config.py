@@ -33,6 +33,9 @@ class EngineArgs:
     max_total_tokens: int | None = None  # KV cache size in tokens (caps what the fraction gives)
     max_running_requests: int = 256  # sequences decoded together at most
     chunked_prefill_size: int = 8192  # tokens per step at most (prefill chunks + decodes)
+    # while sequences run, waiting requests join once this many fit (rlx's; `Scheduler`). None:
+    # max_running_requests // 8 with decode CUDA graphs (a join costs an eager step), else 1
+    admission_group: int | None = None
     page_size: int = 16  # tokens per KV block
     disable_cuda_graph: bool = False
     # SGLang's: keep the weights in CPU memory while released. Off (SGLang's default), released

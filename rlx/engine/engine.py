@@ -53,7 +53,9 @@ class Engine:
         self.eos_token_ids = _eos_ids(self.hf_config, args.model_path, self.tokenizer)
         self.generic = self.hf_config.model_type not in FAMILIES
         self._build_runner()
-        self.scheduler = Scheduler(self.blocks, args.max_running_requests, args.chunked_prefill_size)
+        graphs = getattr(self.runner, "graphs", None) is not None
+        group = args.admission_group or (max(1, args.max_running_requests // 8) if graphs else 1)
+        self.scheduler = Scheduler(self.blocks, args.max_running_requests, args.chunked_prefill_size, group)
         self._ids = itertools.count()
         self._request_seed = torch.Generator().manual_seed(args.random_seed)
         self._released: set[str] = set()
@@ -64,7 +66,7 @@ class Engine:
         self._views: dict[str, torch.Tensor] | None = None  # `weight_views()`, until the weights move
         # a decode step launched on the GPU and not read back yet (overlap), with its handle
         self._inflight: tuple[ScheduledBatch, Any] | None = None
-        self.overlap = not args.disable_overlap_schedule and getattr(self.runner, "graphs", None) is not None
+        self.overlap = not args.disable_overlap_schedule and graphs
 
     def _build_runner(self) -> None:
         args, cfg = self.args, self.hf_config

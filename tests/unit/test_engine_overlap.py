@@ -125,6 +125,7 @@ def run(engine: Engine, abort_at: dict[int, int], arrive_at: dict[int, int]) -> 
         ({}, {2: 3, 6: 5}, {3: 2, 8: 6}),
         ({"max_total_tokens": 48, "page_size": 4}, {}, {5: 1}),  # preemption and recompute
         ({"max_running_requests": 3}, {4: 6}, {}),  # requests wait for a running slot
+        ({"max_running_requests": 4, "admission_group": 2}, {}, {7: 3}),  # and join two at a time
     ],
 )
 def test_overlap_gives_the_same_outputs(tiny_qwen3_dir, kwargs, abort_at, arrive_at):

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from rlx.engine import Engine, EngineArgs, GenerateRequest, SamplingParams
 from rlx.engine.block_manager import BlockManager
+from rlx.engine.scheduler import Scheduler
 from rlx.engine.sequence import Sequence, SequenceStatus
 
 PROMPTS = [[5], [2, 3, 4], [9, 8, 7, 6, 5, 4, 12], [3, 13, 2, 14, 6, 11, 10, 4, 7, 12, 15, 2, 9, 9]]
@@ -96,6 +97,56 @@ def test_growth_needs_a_block_only_at_a_boundary():
     assert len(seq.block_table) == 1
     seq.token_ids += [5, 6, 7, 8, 9]  # 9 tokens need 3 blocks, 2 exist in all
     assert not blocks.can_append_pending(seq)
+
+
+def run_step(scheduler: Scheduler) -> list[int]:
+    """One scheduled step, computed as the engine counts it (a token sampled per finished
+    prompt); the ids of its rows."""
+    batch = scheduler.schedule()
+    for seq, num_new in zip(batch.seqs, batch.num_new, strict=True):
+        seq.num_computed += num_new
+        if seq.num_computed == seq.num_tokens:
+            seq.token_ids.append(1)
+    return [s.seq_id for s in batch.seqs]
+
+
+def test_waiting_requests_join_in_groups():
+    """With `admission_group` 2 and every slot taken, one freed slot admits no one; two admit
+    the next two; a last request alone joins as soon as it fits. Nothing running: all may join."""
+    scheduler = Scheduler(BlockManager(num_blocks=64, block_size=4), 4, 64, admission_group=2)
+    seqs = [seq_of([1, 2, 3], i) for i in range(7)]
+    for seq in seqs:
+        scheduler.add(seq)
+    assert run_step(scheduler) == [0, 1, 2, 3]  # nothing ran: the running cap is the limit
+    scheduler.finish(seqs[0])
+    assert run_step(scheduler) == [1, 2, 3]  # one free slot, two wait
+    assert not scheduler._can_admit()  # and a decode behind the one in flight goes on
+    scheduler.finish(seqs[1])
+    assert scheduler._can_admit()
+    assert run_step(scheduler) == [2, 3, 4, 5]  # decodes first, then the new prompts
+    scheduler.finish(seqs[2])
+    assert run_step(scheduler) == [3, 4, 5, 6]  # one waits, one slot: it joins
+    plain = Scheduler(BlockManager(num_blocks=64, block_size=4), 4, 64)
+    for seq in [seq_of([1, 2, 3], i) for i in range(6)]:
+        plain.add(seq)
+    run_step(plain)
+    plain.finish(plain.running[0])
+    assert run_step(plain) == [1, 2, 3, 4]  # groups of 1: a freed slot is taken at once
+
+
+def test_a_group_waits_for_the_blocks_of_all_its_requests():
+    """Slots free, but blocks for only one of the next two prompts (2 blocks each, 3 free):
+    with groups of 2 no one joins until the running sequence frees its blocks."""
+    for group, joined in ((1, [0, 1]), (2, [0])):
+        scheduler = Scheduler(BlockManager(num_blocks=6, block_size=4), 8, 64, admission_group=group)
+        running = seq_of([1, 2, 3, 4, 5], 0)  # 2 blocks of the 5 usable
+        scheduler.add(running)
+        run_step(scheduler)
+        for i in (1, 2):
+            scheduler.add(seq_of([10 * i + j for j in range(8)], i))
+        assert run_step(scheduler) == joined
+    scheduler.finish(running)
+    assert run_step(scheduler) == [1, 2]  # nothing runs: the first fits, and then the second
 
 
 def test_group_shares_its_prompt_prefill(scrambled_dir):
