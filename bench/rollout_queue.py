@@ -8,9 +8,11 @@ CUDA graph); the scheduler lets them join in groups (`EngineArgs.admission_group
 max_running_requests // 8 with decode graphs). Each run here, in turn on one engine with the
 same requests: groups of 1 (each request as its slot frees: the rule before) against the given
 sizes. Per run: output tokens/s, its steps launched eagerly and as decode graphs, the decode
-rows the eager steps carried, and the fraction of a memory roofline: every decode token's K/V
+rows the eager steps carried, preemptions, and the fraction of a memory roofline: every decode token's K/V
 context read once, plus every weight read once per step at the fewest steps (the output tokens
 over the running cap), at the device's HBM bandwidth. Medians of `--turns` turns.
+`--max-total-tokens N` caps the KV cache at N tokens, so that blocks, not the running cap, hold
+requests back (and growing sequences preempt the newest).
 
     source .whl/install.sh && python3 bench/rollout_queue.py [--shapes qwen3_0.6b] [--groups 1,16,32,64]
 """
@@ -67,12 +69,16 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--groups", default="1,32", help="admission groups run in turn (1: the rule before)")
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--max-total-tokens", type=int, help="the KV cache in tokens (default: the memory fraction's)"
+    )
     args = parser.parse_args()
     groups = [int(g) for g in args.groups.split(",")]
     root = Path(tempfile.mkdtemp())
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     for shape in args.shapes.split(","):
-        engine = make_engine(write_model(shape, root))
+        cache = {"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}
+        engine = make_engine(write_model(shape, root), **cache)
         warm_up(engine, [64, 256])
         counts = dict.fromkeys(("eager_steps", "eager_decode_rows", "graph_steps"), 0)
         count_steps(engine.runner, counts)
@@ -85,13 +91,15 @@ def main() -> None:
             for group in groups:
                 engine.scheduler.admission_group = group
                 counts.update(dict.fromkeys(counts, 0))
+                preempted = engine.scheduler.num_preempted
                 out = run_engine(engine, REQUESTS, new=lengths, seed=SEED + 100 * turn + group)
                 runs[group].append(counts | {
+                    "preemptions": engine.scheduler.num_preempted - preempted,
                     "tokens_per_s": out["tokens_per_s"],
                     "roofline_fraction": roofline_s(engine, lengths) / out["wall_s"],
                 })  # fmt: skip
         for group, turns in runs.items():
-            entry = {"model": shape, "requests": REQUESTS, "max_running_requests": RUNNING}
+            entry = {"model": shape, "requests": REQUESTS, "max_running_requests": RUNNING} | cache
             entry |= {"admission_group": group, "turns": len(turns)}
             entry |= {k: round(statistics.median(t[k] for t in turns), 3) for k in turns[0]}
             results["runs"].append(entry)

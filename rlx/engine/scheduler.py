@@ -121,15 +121,18 @@ class Scheduler:
         )
 
     def _group_fits(self) -> bool:
-        """Whether waiting requests may join now: nothing runs, or the running slots and free
-        blocks hold the next `admission_group` of them (all of them, if fewer wait; blocks
-        counted without prefix sharing)."""
+        """Whether waiting requests may join now: nothing runs, or the free running slots hold
+        the next `admission_group` of them (all of them, if fewer wait) and the free blocks hold
+        their tokens (without prefix sharing) or, where the KV cache holds them back, are as
+        large a share of the cache as the group is of the running slots."""
         if self.admission_group == 1 or not self.running:
             return True
         group = list(itertools.islice(self.waiting, self.admission_group))
         if self.max_running - len(self.running) < len(group):
             return False
-        return sum(self.blocks.blocks_for(s.num_tokens) for s in group) <= self.blocks.num_free
+        free, usable = self.blocks.num_free, self.blocks.num_blocks - 1
+        share = usable * self.admission_group // self.max_running
+        return free >= share or sum(self.blocks.blocks_for(s.num_tokens) for s in group) <= free
 
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
         if not self.waiting or not self._group_fits():

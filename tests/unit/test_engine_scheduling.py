@@ -135,18 +135,35 @@ def test_waiting_requests_join_in_groups():
 
 
 def test_a_group_waits_for_the_blocks_of_all_its_requests():
-    """Slots free, but blocks for only one of the next two prompts (2 blocks each, 3 free):
-    with groups of 2 no one joins until the running sequence frees its blocks."""
+    """Slots free, but blocks for only one of the next two prompts (3 blocks each; 4 free of 20,
+    under the group's share of the cache, 20 x 2/8 = 5): with groups of 2 no one joins until
+    the running sequence frees its blocks."""
     for group, joined in ((1, [0, 1]), (2, [0])):
-        scheduler = Scheduler(BlockManager(num_blocks=6, block_size=4), 8, 64, admission_group=group)
-        running = seq_of([1, 2, 3, 4, 5], 0)  # 2 blocks of the 5 usable
+        scheduler = Scheduler(BlockManager(num_blocks=21, block_size=4), 8, 128, admission_group=group)
+        running = seq_of(list(range(63)), 0)  # 16 blocks of the 20 usable
         scheduler.add(running)
         run_step(scheduler)
         for i in (1, 2):
-            scheduler.add(seq_of([10 * i + j for j in range(8)], i))
+            scheduler.add(seq_of([100 * i + j for j in range(12)], i))
         assert run_step(scheduler) == joined
     scheduler.finish(running)
     assert run_step(scheduler) == [1, 2]  # nothing runs: the first fits, and then the second
+
+
+def test_a_group_limited_by_the_cache_joins_once_its_share_of_blocks_is_free():
+    """Prompts of 4 blocks, a cache of 32: a group of 8 never fits while any sequence runs, so
+    requests join once 8/16 of the cache (16 blocks) is free, not only when nothing runs."""
+    scheduler = Scheduler(BlockManager(num_blocks=33, block_size=4), 16, 256, admission_group=8)
+    seqs = [seq_of([100 * i + j for j in range(15)], i) for i in range(18)]  # 15 tokens: 4 blocks
+    for seq in seqs:
+        scheduler.add(seq)
+    assert run_step(scheduler) == list(range(8))  # 8 x 4 blocks fill the cache
+    for i in range(3):
+        scheduler.finish(seqs[i])
+    assert scheduler.blocks.num_free == 12 and not scheduler._can_admit()
+    scheduler.finish(seqs[3])
+    assert scheduler._can_admit()
+    assert run_step(scheduler) == [4, 5, 6, 7, 8, 9, 10, 11]  # 16 tokens each: no growth yet
 
 
 def test_group_shares_its_prompt_prefill(scrambled_dir):
