@@ -8,7 +8,10 @@ forward pass. While sequences run, waiting requests join in groups (`admission_g
 step that admits one runs eagerly, its decodes out of their CUDA graph: a rollout queued past
 the running cap, admitting a request per freed slot, ran a fifth of its steps eagerly (1×H200,
 Qwen3-0.6B shape, 512 requests at 256 running: 18.6k -> 41.2k tokens/s with groups of 32,
-`bench/rollout_queue.py`).
+`bench/rollout_queue.py`). When a decode needs a new block and none is free, the most recently
+admitted sequence is preempted: its blocks are freed and it goes back to the front of the queue,
+to be recomputed (prompt and outputs so far) when memory allows; nothing is dropped (SGLang's
+retract, vLLM's recompute preemption).
 """
 
 from __future__ import annotations
@@ -117,10 +120,10 @@ class Scheduler:
             bool(self.waiting)
             and len(self.running) < self.max_running
             and self.blocks.can_allocate(self.waiting[0])
-            and self._group_fits()
+            and self._admission_open()
         )
 
-    def _group_fits(self) -> bool:
+    def _admission_open(self) -> bool:
         """Whether waiting requests may join now: nothing runs, or the free running slots hold
         the next `admission_group` of them (all of them, if fewer wait) and the free blocks hold
         their tokens (without prefix sharing) or, where the KV cache holds them back, are as
@@ -135,7 +138,7 @@ class Scheduler:
         return free >= share or sum(self.blocks.blocks_for(s.num_tokens) for s in group) <= free
 
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
-        if not self.waiting or not self._group_fits():
+        if not self.waiting or not self._admission_open():
             return
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
