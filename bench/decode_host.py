@@ -27,7 +27,6 @@ import torch
 from rlx.engine.block_manager import BlockManager
 from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.engine import Engine
-from rlx.engine.sampler import truncates
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import GenerateRequest, SamplingParams, Sequence, SequenceStatus
 from rlx.engine.step_inputs import build_step_inputs
@@ -52,7 +51,7 @@ def running(rows: int) -> tuple[Engine, list[Sequence]]:
     seqs = []
     for i in range(rows):
         request = GenerateRequest(list(range(2, 2 + PROMPT)), SamplingParams(max_new_tokens=1 << 20))
-        seq = Sequence(i, request, 1 << 20, seed=i)
+        seq = Sequence(i, request, 1 << 20, seed=i, vocab=VOCAB)
         blocks.allocate(seq)
         seq.status = SequenceStatus.RUNNING
         scheduler.running.append(seq)
@@ -85,7 +84,7 @@ def host_step_us(rows: int, steps: int) -> dict:
         marks.append(time.perf_counter())
         DecodeGraphs._fill_host(batch.seqs, list(range(rows)), rows, *sets[step % 2])
         marks.append(time.perf_counter())
-        any(truncates(seq.sampling, VOCAB) for seq in batch.seqs)
+        any(seq.truncates for seq in batch.seqs)
         marks.append(time.perf_counter())
         if behind is not None:
             engine._resolve(behind, None)

@@ -151,7 +151,7 @@ class Engine:
         room = min(self.context_length, self.blocks.capacity_tokens) - num_input
         max_new = max(min(request.sampling.max_new_tokens, room), 0)
         seed = int(torch.randint(0, 1 << 62, (1,), generator=self._request_seed))
-        seq = Sequence(next(self._ids), request, max_new, seed, tag)
+        seq = Sequence(next(self._ids), request, max_new, seed, tag, self.vocab_size)
         if seq.wants_input_logprobs:
             seq.input_logprobs = [None]
         if max_new == 0 and not seq.wants_input_logprobs:

@@ -13,7 +13,7 @@ from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.kv_cache import KVCache
 from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import load_weights
-from rlx.engine.sampler import Sampler, SamplingBatch, truncates
+from rlx.engine.sampler import Sampler, SamplingBatch
 from rlx.engine.scheduler import ScheduledBatch
 from rlx.engine.sequence import Sequence
 from rlx.engine.step_inputs import StepInputs, build_step_inputs
@@ -114,7 +114,7 @@ class ModelRunner:
         are sampled again by the torch path) and the copy of its results; `collect` reads them."""
         graphs, rows = self.graphs, len(seqs)
         logits = graphs.run(seqs, sources)
-        if any(truncates(s.sampling, self.vocab_size) for s in seqs):
+        if any(s.truncates for s in seqs):
             params = SamplingBatch.build(seqs, self.vocab_size, self.device)
             self.sampler.resample_truncated(logits[:rows], params, graphs.out[0, :rows], graphs.out[1, :rows])
         return graphs.read_async(rows)

@@ -60,9 +60,7 @@ class SamplingBatch:
             vocab if g or p.top_k < 0 else min(p.top_k, vocab) for g, p in zip(greedy, params, strict=True)
         ]
         seeded = [i for i, p in enumerate(params) if p.sampling_seed is not None and not greedy[i]]
-        truncate_rows = [
-            i for i, (k, p) in enumerate(zip(top_k, params, strict=True)) if needs_truncation(p, k, vocab)
-        ]
+        truncate_rows = [i for i, p in enumerate(params) if p.truncates(vocab)]
         # one host-to-device copy for all float and all int fields
         floats = upload(
             torch.tensor(
@@ -127,15 +125,6 @@ def row_seed(seq: Sequence) -> int:
 def inverse_temperature(params) -> float:
     """What the fused pass multiplies logits by: 1 / T, or 1 for greedy rows (raw log_softmax)."""
     return 1.0 if params.greedy else 1.0 / params.temperature
-
-
-def truncates(params, vocab: int) -> bool:
-    top_k = vocab if params.top_k < 0 else min(params.top_k, vocab)
-    return needs_truncation(params, top_k, vocab)
-
-
-def needs_truncation(params, top_k: int, vocab: int) -> bool:
-    return not params.greedy and (top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0)
 
 
 class Sampler:

@@ -52,6 +52,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
+    def truncates(self, vocab: int) -> bool:
+        """Whether top-k, top-p or min-p cut a vocabulary of `vocab` words (the torch sampler's
+        work: the fused one draws from the whole vocabulary)."""
+        top_k = vocab if self.top_k < 0 else min(self.top_k, vocab)
+        return not self.greedy and (top_k < vocab or self.top_p < 1.0 or self.min_p > 0.0)
+
 
 @dataclass(slots=True)
 class GenerateRequest:
@@ -95,10 +101,12 @@ class Sequence:
     __slots__ = (
         "seq_id", "request", "token_ids", "num_prompt", "max_new", "seed", "status",
         "block_table", "num_computed", "num_shared", "output_logprobs", "input_logprobs",
-        "finish_reason", "aborted", "tag",
+        "finish_reason", "aborted", "tag", "truncates",
     )  # fmt: skip
 
-    def __init__(self, seq_id: int, request: GenerateRequest, max_new: int, seed: int, tag: Any = None):
+    def __init__(
+        self, seq_id: int, request: GenerateRequest, max_new: int, seed: int, tag: Any = None, vocab: int = 0
+    ):
         self.seq_id = seq_id
         self.request = request
         self.token_ids = list(request.input_ids)
@@ -114,6 +122,8 @@ class Sequence:
         self.finish_reason: dict[str, Any] | None = None
         self.aborted = False
         self.tag = tag  # the caller's handle (the server's pending request)
+        # sampled with top-k / top-p / min-p at the engine's vocabulary (looked up every decode step)
+        self.truncates = request.sampling.truncates(vocab) if vocab else False
 
     @property
     def sampling(self) -> SamplingParams:

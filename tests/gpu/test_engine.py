@@ -137,6 +137,24 @@ def test_overlap_and_graphs_give_the_plain_engine_outputs(model_dir):
     assert run() == run(disable_overlap_schedule=True)
 
 
+def test_top_k_one_in_decode_graphs_samples_the_argmax(model_dir):
+    """Rows with top-k go through the torch sampler after the graph's fused draw (the flag each
+    sequence carries, `Sequence.truncates`): top-k 1 at temperature 1 gives the greedy tokens."""
+    from rlx.engine import GenerateRequest, SamplingParams
+
+    engine = engine_for(model_dir, dtype="float32", max_total_tokens=4096)
+
+    def run(**sampling):
+        requests = [
+            GenerateRequest(list(p), SamplingParams(max_new_tokens=12, ignore_eos=True, **sampling))
+            for p in PROMPTS * 3
+        ]
+        return [o.output_ids for o in engine.generate(requests)]
+
+    assert run(top_k=1, sampling_seed=3) == run(temperature=0.0)
+    assert engine.runner.graphs.num_captured > 0
+
+
 def test_graphs_captured_mid_rollout_give_the_outputs_of_graphs_captured_up_front(model_dir):
     """A batch size is captured the first time a decode step needs it, between overlapped steps
     (the batch shrinks as rows finish): its warm-up must not touch the live KV cache or the

@@ -99,6 +99,21 @@ def test_top_k_one_samples_the_argmax(engine):
     assert [o.output_ids for o in top1] == [o.output_ids for o in greedy]
 
 
+def test_a_sequence_knows_whether_its_sampling_truncates(engine):
+    """What sends a decode-graph row through the torch sampler as well: top-k below the
+    vocabulary, top-p under 1 or min-p over 0, unless greedy."""
+    vocab = engine.vocab_size
+    cases = [
+        (dict(top_k=5), True), (dict(top_k=vocab), False), (dict(top_k=vocab + 7), False),
+        (dict(top_p=0.9), True), (dict(min_p=0.1), True), (dict(), False),
+        (dict(top_k=5, top_p=0.5, temperature=0.0), False),
+    ]  # fmt: skip
+    for params, expected in cases:
+        seq = engine.add(GenerateRequest([1, 2], SamplingParams(max_new_tokens=1, **params)))
+        assert seq.truncates is expected, params
+        engine.abort(seq)
+
+
 def test_max_new_tokens_finishes_with_length(engine):
     (out,) = engine.generate(requests({"max_new_tokens": 5, "ignore_eos": True}, [[2, 3]]))
     assert len(out.output_ids) == 5
