@@ -47,7 +47,7 @@ class Scheduler:
     ):
         self.blocks = blocks
         self.max_running = max_running
-        self.admission_group = max(1, admission_group)
+        self.admission_group = max(1, min(admission_group, max_running))
         self.max_step_tokens = max(max_step_tokens, max_running)  # every decode fits in a step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
