@@ -125,6 +125,7 @@ def test_info_and_health_endpoints(server):
     for path in ("/get_server_info", "/server_info"):
         info = get(path).json()
         assert info["port"] == server.port and info["internal_states"][0]["num_requests_total"] >= 0
+        assert info["admission_group"] == 1 and info["internal_states"][0]["num_preempted_total"] == 0  # CPU
     assert get("/get_weight_version").json() == {"weight_version": "default"}
     (load,) = get("/get_load").json()
     assert load == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}

@@ -96,6 +96,7 @@ class EngineServer:
             "max_running_requests": self.scheduler.max_batch_size,
             "mem_fraction_static": engine.args.mem_fraction_static,
             "chunked_prefill_size": engine.args.chunked_prefill_size,
+            "admission_group": engine.scheduler.admission_group,  # rlx's: the default resolved
             "page_size": engine.args.page_size,
             "max_total_num_tokens": engine.blocks.capacity_tokens,
             "disable_cuda_graph": engine.runner.graphs is None,
@@ -112,6 +113,7 @@ class EngineServer:
             "num_requests_total": self.scheduler.num_requests_total,
             "num_running_reqs": self.scheduler.num_running,
             "num_waiting_reqs": self.scheduler.num_waiting(),
+            "num_preempted_total": self.engine.scheduler.num_preempted,  # rlx's
             "last_gen_throughput": self.scheduler.last_gen_throughput,
             "weight_version": self.engine.weight_version,
         }
