@@ -130,12 +130,13 @@ class Scheduler:
         large a share of the cache as the group is of the running slots."""
         if self.admission_group == 1 or not self.running:
             return True
-        group = list(itertools.islice(self.waiting, self.admission_group))
-        if self.max_running - len(self.running) < len(group):
-            return False
+        size = min(self.admission_group, len(self.waiting))
+        if self.max_running - len(self.running) < size:
+            return False  # the common answer while the group forms: no list built for it
         free, usable = self.blocks.num_free, self.blocks.num_blocks - 1
-        share = usable * self.admission_group // self.max_running
-        return free >= share or sum(self.blocks.blocks_for(s.num_tokens) for s in group) <= free
+        if free >= usable * self.admission_group // self.max_running:
+            return True
+        return sum(self.blocks.blocks_for(s.num_tokens) for s in itertools.islice(self.waiting, size)) <= free
 
     def _admit(self, decode: ScheduledBatch, prefill: ScheduledBatch, budget: int) -> None:
         if not self.waiting or not self._admission_open():
