@@ -54,7 +54,7 @@ class Engine:
         self.generic = self.hf_config.model_type not in FAMILIES
         self._build_runner()
         graphs = getattr(self.runner, "graphs", None) is not None
-        group = args.admission_group or (max(1, args.max_running_requests // 8) if graphs else 1)
+        group = args.admission_group or (args.max_running_requests // 8 if graphs else 1)
         self.scheduler = Scheduler(self.blocks, args.max_running_requests, args.chunked_prefill_size, group)
         self._ids = itertools.count()
         self._request_seed = torch.Generator().manual_seed(args.random_seed)
