@@ -21,8 +21,8 @@ without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in
 (512+ draws of 8 among 128), so the byte model above holds as it is. Run it with
 `PYTHONPATH=<an older rlx tree>` to measure that tree's engine on the same model.
 
-`--varlen`: a rollout of 128 sequences of 16-512 new tokens after a release and warm, decode
-graphs padded up to twice the rows or captured at each ladder size (`run_varlen`).
+`--varlen`: rollouts of 128 sequences of 16-512 new tokens, each after a release and resume, with
+the engine's memory saver (the decode graphs kept) and without (cleared; padded), and warm (`run_varlen`).
 
 `--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
 release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
@@ -310,34 +310,38 @@ def run_handover(root: Path, results: dict, name: str, batch: int = 128) -> None
         torch.cuda.empty_cache()
 
 
-def run_varlen(root: Path, results: dict, name: str, batch: int = 128) -> None:
-    """A rollout whose sequences end at different lengths (uniform 16-512 new tokens, as EOS ends
-    an RL rollout's), its batch shrinking as they finish: after a memory release and resume (a
-    colocated step: no decode graph left) and again warm, with a step replaying a captured graph
-    of up to twice its rows (`rlx.engine.cuda_graph.graph_size`, pad factor 2: what an engine does
-    once released) and with the exact ladder size captured at first need (pad factor 1: an engine
-    never released, and every engine before)."""
-    from rlx.engine.cuda_graph import PAD_FACTOR
-
-    engine = make_engine(write_model(name, root))
-    graphs = engine.runner.graphs
+def run_varlen(root: Path, results: dict, name: str, batch: int = 128, rounds: int = 3) -> None:
+    """A colocated engine's rollouts: sequences ending at different lengths (uniform 16-512 new
+    tokens, as EOS ends an RL rollout's), the batch shrinking as they finish, each rollout after
+    a release and resume of the weights and KV cache (the weights back from the CPU copy; the
+    loop's weight sync is not timed here), `rounds` times; then one warm, with no release. With
+    the memory saver (`enable_memory_saver`, rlx's default when colocated) the addresses and the
+    decode graphs stay, so a batch size is captured once per engine; without it each release
+    clears the graphs and a rollout pads a step to a captured graph of up to twice its rows
+    (`rlx.engine.cuda_graph.graph_size`) rather than capture one at every size it meets."""
+    path = write_model(name, root)
     lengths = torch.randint(16, NEW + 1, (batch,), generator=torch.Generator().manual_seed(0)).tolist()
-    run_engine(engine, batch, new=lengths, seed=WARMUP_SEED)  # Triton kernels compiled
-    for pad in (1.0, PAD_FACTOR):
-        engine.release_memory(["kv_cache"])  # any release clears the graphs; the weights stay
-        engine.resume_memory(["kv_cache"])
-        graphs.pad_factor = pad  # after a release the engine pads (2); 1: the rule before
-        entry = {"model": name, "batch": batch, "new_tokens": "uniform 16-512", "pad_factor": pad}
-        for index, run in enumerate(("after_resume", "warm")):
+    for saver in (False, True):
+        engine = make_engine(path, enable_memory_saver=saver, enable_weights_cpu_backup=True)
+        graphs = engine.runner.graphs
+        run_engine(engine, 8, new=8, seed=WARMUP_SEED)  # Triton kernels compiled
+        entry = {"model": name, "batch": batch, "new_tokens": "uniform 16-512", "memory_saver": saver}
+        runs = [f"after_release_{index}" for index in range(rounds)] + ["warm"]
+        for index, run in enumerate(runs):
+            if run != "warm":
+                entry[f"{run}_release_s"] = round(timed(engine.release_memory), 4)
+                entry[f"{run}_resume_s"] = round(timed(engine.resume_memory), 4)
             captured, capture_s = graphs.num_captured, graphs.capture_s
-            # the warm run's own prompts (the release before the first forgot the cached ones)
-            out = run_engine(engine, batch, new=lengths, seed=PREFILL_SEED + index)
+            out = run_engine(engine, batch, new=lengths, seed=PREFILL_SEED + index)  # new prompts each
             entry[f"{run}_rollout_s"] = round(out["wall_s"], 3)
             entry[f"{run}_tokens_per_s"] = round(out["tokens_per_s"])
             entry[f"{run}_graphs_captured"] = graphs.num_captured - captured
             entry[f"{run}_capture_s"] = round(graphs.capture_s - capture_s, 3)
         results["runs"].append(entry)
         print(json.dumps(entry), flush=True)
+        engine.release_memory()
+        del engine, graphs
+        torch.cuda.empty_cache()
     print(json.dumps(results))
 
 

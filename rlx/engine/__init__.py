@@ -5,7 +5,10 @@ Split one job per module, as nano-vllm splits its engine:
 - `config`: `EngineArgs`, with SGLang's server argument names;
 - `sequence`: request, sampling parameters and per-request state;
 - `block_manager`: fixed-size KV blocks, reference counts, prefix sharing;
+- `checkpoint`: the config, tokenizer and EOS ids, read before the weights;
 - `kv_cache`: the cache tensors, sized from `mem_fraction_static`, released and restored;
+- `memory_saver`: device memory given back and mapped again at the same addresses (CUDA
+  virtual memory), so that a colocated engine's decode CUDA graphs survive a release;
 - `scheduler`: which requests run this step under the token budget; preemption;
 - `attention`: paged attention (gather + SDPA everywhere, a Triton decode kernel on CUDA);
 - `sampler`: temperature / top-k / top-p / min-p / seeds and logprobs on the device;

@@ -42,6 +42,11 @@ class EngineArgs:
     # weights are dropped and come back uninitialized: a weight update must fill them before
     # generating (colocated RL does, right after the resume), and the GPU->CPU->GPU copies are saved.
     enable_weights_cpu_backup: bool = False
+    # SGLang's: a memory release keeps the addresses of the weights and KV cache (their memory
+    # unmapped, the addresses reserved: CUDA virtual memory), so rlx's decode CUDA graphs survive
+    # it instead of being captured again each rollout. rlx turns it on for colocated engines
+    # (`LocalLauncher.for_run`); off, a release frees through torch's allocator. CUDA only.
+    enable_memory_saver: bool = False
     disable_overlap_schedule: bool = False  # CUDA: launch step k+1 (decode graph or prefill) before reading k
     cuda_graph_max_bs: int = 256  # largest decode batch captured in a CUDA graph
     disable_prefix_sharing: bool = False  # SGLang: disable_radix_cache

@@ -8,14 +8,15 @@ filled in one pass over the rows), one replay, and one copy out (tokens and logp
 KV slots and context lengths are derived from positions and block tables inside the graph.
 
 The graphs bake in the addresses of the weights and the KV cache: weights are loaded in
-place, and a memory release clears the graphs. A batch size is captured when a decode step first
-needs it, so a colocated rollout (after a release) captures only the sizes it runs. Once the
-graphs have been cleared they live one rollout, and a step replays a captured graph of up to
+place, and a memory release keeps the addresses with the memory saver (`memory_saver`, on for
+colocated engines), so the graphs stay; without it a release clears them. A batch size is
+captured when a decode step first needs it, so a rollout captures only the sizes it runs. Once
+the graphs have been cleared they live one rollout, and a step replays a captured graph of up to
 twice its rows (`graph_size`) rather than capture a new one: as the rollout's sequences finish,
 its batch shrinks through the ladder's sizes, and a capture (a warm-up step, the capture, an
 instantiation) takes about 45 ms on the Qwen3-1.7B shape, where a padded row costs a step
 almost nothing (the weights are read once whatever the rows; its attention reads one block).
-An engine never released (split placement) keeps its graphs, and captures each ladder size.
+An engine whose graphs are never cleared (split, or the memory saver) captures each ladder size.
 Measured (docs/benchmarks.md, `bench/rollout_throughput.py --varlen`): 128 sequences of 16-512
 tokens after a release, 12 captures and 2.51 s against 7 and 2.31 s; warm, 1.94 s exact against
 1.98 s padded. Padded rows read and write the reserved block 0 only.

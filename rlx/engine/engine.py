@@ -15,8 +15,10 @@ from typing import Any
 import torch
 
 from rlx.engine.block_manager import BlockManager
+from rlx.engine.checkpoint import eos_ids, read_checkpoint
 from rlx.engine.config import EngineArgs
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
+from rlx.engine.memory_saver import supported as saver_supported
 from rlx.engine.model_runner import EagerStep
 from rlx.engine.models import FAMILIES
 from rlx.engine.models.weights import unwritten
@@ -50,7 +52,7 @@ class Engine:
         self.torch_dtype = args.torch_dtype(getattr(self.hf_config, "dtype", None), self.device)
         self.context_length = int(args.context_length or self.hf_config.max_position_embeddings)
         self.vocab_size = int(self.hf_config.vocab_size)
-        self.eos_token_ids = _eos_ids(self.hf_config, args.model_path, self.tokenizer)
+        self.eos_token_ids = eos_ids(self.hf_config, args.model_path, self.tokenizer)
         self.generic = self.hf_config.model_type not in FAMILIES
         self._build_runner()
         graphs = getattr(self.runner, "graphs", None) is not None
@@ -79,7 +81,8 @@ class Engine:
             return
         from rlx.engine.model_runner import ModelRunner, build_model
 
-        model = build_model(cfg, args, self.context_length, self.device, self.torch_dtype)
+        keep = args.enable_memory_saver and saver_supported(self.device)
+        model = build_model(cfg, args, self.context_length, self.device, self.torch_dtype, arena=keep)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
         per_block = KVCache.bytes_per_block(*shape, args.page_size, self.torch_dtype)
@@ -90,7 +93,7 @@ class Engine:
             args.max_total_tokens,
             self._cpu_budget_blocks(0),
         )
-        self.kv_cache = KVCache(*shape, args.page_size, num_blocks, self.torch_dtype, self.device)
+        self.kv_cache = KVCache(*shape, args.page_size, num_blocks, self.torch_dtype, self.device, keep)
         self.blocks = BlockManager(num_blocks, args.page_size, not args.disable_prefix_sharing)
         max_blocks = -(-self.context_length // args.page_size)
         self.runner = ModelRunner(model, self.kv_cache, args, self.device, max_blocks)
@@ -141,6 +144,11 @@ class Engine:
 
     def add(self, request: GenerateRequest, tag: Any = None) -> Sequence:
         """Queue a validated request; it joins the running batch at the next step."""
+        if self._released:
+            raise RuntimeError(
+                f"the engine's {' and '.join(sorted(self._released))} memory is released: "
+                "resume_memory_occupation first"
+            )
         if self._unwritten:
             raise RuntimeError(
                 f"the weights were released without a CPU backup and {len(self._unwritten)} tensors "
@@ -368,7 +376,8 @@ class Engine:
         self._drain()
         if self.has_work():
             raise RuntimeError("release_memory_occupation needs an idle engine")
-        if self.runner.graphs is not None:
+        arena = self.model.weight_arena  # with the memory saver: the addresses stay, so do the graphs
+        if self.runner.graphs is not None and arena is None:
             self.runner.graphs.clear()  # their pool holds memory, and they point at what moves
         if "kv_cache" in tags:
             self.kv_cache.release()
@@ -385,8 +394,11 @@ class Engine:
                         )
                         self._cpu_weights[name] = host
                     host.copy_(param.data, non_blocking=True)
-                self._weight_shapes[name] = param.shape
-                param.data = torch.empty(0, dtype=param.dtype, device=self.device)
+                if arena is None:
+                    self._weight_shapes[name] = param.shape
+                    param.data = torch.empty(0, dtype=param.dtype, device=self.device)
+            if arena is not None:
+                arena.release()  # after the copies to the host (it synchronizes first)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -397,9 +409,12 @@ class Engine:
         a CPU backup, else uninitialized, to be loaded before the next request."""
         tags = set(tags or MEMORY_TAGS) & self._released
         if "weights" in tags:
-            backup = self.args.enable_weights_cpu_backup
+            backup, arena = self.args.enable_weights_cpu_backup, self.model.weight_arena
+            if arena is not None:
+                arena.resume()
             for name, param in self.model.named_parameters():
-                param.data = torch.empty(self._weight_shapes[name], dtype=param.dtype, device=self.device)
+                if arena is None:
+                    param.data = torch.empty(self._weight_shapes[name], dtype=param.dtype, device=self.device)
                 if backup:
                     param.data.copy_(self._cpu_weights[name], non_blocking=True)
             self.model.tie_weights()
@@ -411,39 +426,3 @@ class Engine:
         if tags and self.device.type == "cuda":
             torch.cuda.synchronize()
         self._released -= tags
-
-
-def read_checkpoint(model_path: str, tokenizer_path: str) -> tuple[Any, Any]:
-    """(the checkpoint's transformers config, its tokenizer), read as transformers reads them."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-    return config, AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
-
-
-def load_ahead(model_path: str, tokenizer_path: str | None = None) -> None:
-    """What an Engine for `model_path` loads before its weights, loaded and let go: transformers'
-    auto classes, the checkpoint's config, tokenizer and generation config (5 s of an engine's
-    start on the GPU machine's image, whose transformers imports sklearn and scipy), then the
-    engine's runner and kernels. For a process started ahead of its engine, which then sets up
-    without those imports (`rlx.rollout`'s early engines). Touches no device."""
-    config, tokenizer = read_checkpoint(model_path, tokenizer_path or model_path)
-    _eos_ids(config, model_path, tokenizer)
-    import rlx.engine.model_runner  # noqa: F401  (Engine._build_runner imports it)
-
-
-def _eos_ids(config, model_path: str, tokenizer) -> set[int]:
-    """EOS ids from the model config, its generation config and the tokenizer, as SGLang gathers them."""
-    from transformers import GenerationConfig
-
-    try:
-        generation_eos = GenerationConfig.from_pretrained(model_path, local_files_only=True).eos_token_id
-    except OSError:
-        generation_eos = None
-    ids: set[int] = set()
-    for value in (getattr(config, "eos_token_id", None), generation_eos, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(x) for x in value)
-    return ids

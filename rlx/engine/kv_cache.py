@@ -2,9 +2,10 @@
 
 Layout [layer, k|v, block, kv_head, slot, head_dim]: one (block, kv head) is a contiguous
 block_size x head_dim tile, which is what the decode kernel streams. One tensor (not one
-per layer) so that release and resume are a single free and a single allocation, which the
-caching allocator tends to hand back at the same address (the decode CUDA graphs then stay
-valid; the runner checks and recaptures when it moved).
+per layer) so that release and resume are a single free and a single allocation. With
+`keep_addresses` (the engine's memory saver) the tensor lives in a `memory_saver.Arena`: a
+release unmaps its memory and a resume maps new memory at the same addresses, so the decode
+CUDA graphs, which bake them in, stay valid.
 """
 
 from __future__ import annotations
@@ -24,10 +25,19 @@ class KVCache:
         num_blocks: int,
         dtype: torch.dtype,
         device: torch.device,
+        keep_addresses: bool = False,
     ):
         self.shape = (num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim)
         self.dtype, self.device = dtype, device
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.arena = None
+        if keep_addresses:
+            from rlx.engine.memory_saver import Arena
+
+            self.arena = Arena(
+                self.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype) * num_blocks,
+                device,
+            )
         self.data: torch.Tensor | None = None
         self.resume()
 
@@ -38,21 +48,32 @@ class KVCache:
         return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.data is not None, "KV cache is released"
+        assert not self.released, "KV cache is released"
         return self.data[index, 0], self.data[index, 1]
 
     @property
     def released(self) -> bool:
-        return self.data is None
+        return self.data is None or (self.arena is not None and self.arena.released)
 
     def release(self) -> None:
-        """Free the memory (the caller empties the allocator's cache to hand it back)."""
-        self.data = None
+        """Free the memory (the caller empties the allocator's cache to hand it back); an
+        arena's tensor stays, to be valid again at `resume`."""
+        if self.arena is not None:
+            self.arena.release()
+        else:
+            self.data = None
 
     def resume(self) -> None:
         # Zeros, not empty: masked-out slots still meet V in a matmul, and 0 x NaN is NaN.
-        if self.data is None:
+        if not self.released:
+            return
+        if self.arena is None:
             self.data = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            return
+        self.arena.resume()
+        if self.data is None:
+            self.data = self.arena.take(self.shape, self.dtype)
+        self.data.zero_()
 
 
 def num_blocks_for_budget(

@@ -39,17 +39,41 @@ class StepResult:
     prompt_logprobs: list[tuple[Sequence, float]]
 
 
-def build_model(hf_config, args: EngineArgs, max_positions: int, device: torch.device, dtype: torch.dtype):
-    """The family's module with the checkpoint's weights, allocated once on `device`."""
+def build_model(
+    hf_config,
+    args: EngineArgs,
+    max_positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    arena: bool = False,
+):
+    """The family's module with the checkpoint's weights, allocated once on `device`; with
+    `arena`, its parameters in one `memory_saver.Arena` (`model.weight_arena`), which a memory
+    release gives back and a resume maps again at the same addresses."""
     family = FAMILIES[hf_config.model_type]
     with torch.device("meta"):
         model = family(hf_config, max_positions)
         if device.type == "cuda":
             model.merge_projections()
+
+    def dtype_of(t: torch.Tensor) -> torch.dtype:
+        return dtype if t.is_floating_point() else t.dtype
+
+    model.weight_arena, taken = None, {}
+    if arena:
+        from rlx.engine.memory_saver import ALIGN, Arena
+
+        params = {id(p): p for p in model.parameters()}.values()  # a tied weight once
+        model.weight_arena = Arena(
+            sum(-(-p.numel() * dtype_of(p).itemsize // ALIGN) * ALIGN for p in params), device
+        )
+        taken = {id(p): model.weight_arena.take(p.shape, dtype_of(p)) for p in params}
     # `to_empty` without `empty_like`: on meta tensors that runs torch's Python reference, whose
     # first call imports sympy and torch's symbolic shapes (0.7 s of CPU per engine process)
     model = model._apply(
-        lambda t: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+        lambda t: (
+            taken.get(id(t)) if id(t) in taken else torch.empty(t.shape, dtype=dtype_of(t), device=device)
+        )
     )
     model.tie_weights()  # each module has its own tensor now
     model.build_rotary(device)

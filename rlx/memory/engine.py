@@ -25,6 +25,7 @@ Approximate, and stated as such in the printed plan:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rlx.memory.params import ModelParams, engine_params
@@ -133,15 +134,7 @@ def engine_terms(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int | 
             num_bytes,
             (FRACTION,),
         )
-    terms = [*loaded, kv]
-    if not engine_arg(s, "disable_cuda_graph"):
-        bs = engine_arg(s, "cuda_graph_max_bs")
-        graphs = bs * s.model.vocab_size * 4 + layer_workspace_bytes(s, bs)
-        terms.append(
-            Term(
-                f"CUDA graphs (decode batches up to {bs})", graphs, ("rollout.engine_args.cuda_graph_max_bs",)
-            )
-        )
+    terms = [*loaded, kv, *graphs_term(s)]
     chunk, rows = engine_arg(s, "chunked_prefill_size"), engine_arg(s, "max_running_requests")
     workspace = layer_workspace_bytes(s, chunk) + rows * s.model.vocab_size * 4
     terms.append(Term(f"workspace (prefill chunks of {chunk:,} tokens, {rows} rows' logits)", workspace,
@@ -154,7 +147,23 @@ def kv_tokens(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int) -> i
     return kv_cache(s, cache_budget(s, before_cache(s, p, others), gpu_bytes))[1]
 
 
-def released_term() -> Term:
+def graphs_term(s: Setup) -> list[Term]:
+    """The decode CUDA graphs' memory pool, when the engine captures graphs."""
+    if engine_arg(s, "disable_cuda_graph"):
+        return []
+    bs = engine_arg(s, "cuda_graph_max_bs")
+    graphs = bs * s.model.vocab_size * 4 + layer_workspace_bytes(s, bs)
+    return [
+        Term(f"CUDA graphs (decode batches up to {bs})", graphs, ("rollout.engine_args.cuda_graph_max_bs",))
+    ]
+
+
+def released_term(s: Setup) -> list[Term]:
     """What a colocated engine keeps while it has released its memory to the trainer: its CUDA
-    context (weights, KV cache and rlx's decode graphs are freed; SGLang's graphs may stay)."""
-    return Term("CUDA context (engine, released)", CUDA_CONTEXT_BYTES)
+    context, and its decode graphs' pool unless `enable_memory_saver=false` (with the saver the
+    graphs survive the release: rlx's engine keeps them, SGLang's may; without it rlx's free
+    them). The weights and KV cache are given back."""
+    context = Term("CUDA context (engine, released)", CUDA_CONTEXT_BYTES)
+    if s.rollout.engine_args.get("enable_memory_saver") is False:
+        return [context]
+    return [context, *(replace(t, name=t.name + ", kept while released") for t in graphs_term(s))]

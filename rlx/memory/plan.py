@@ -45,11 +45,11 @@ def plan_memory(
         trainer = trainer_phases(s, p, stage)
         ranks = c.num_trainer_procs // pp
         if c.colocate and s.with_engines:
-            released = released_term()
+            released = released_term(s)
             generating = engine_terms(s, p, resident_while_generating(s, p, stage), gpu_bytes)
             syncing = before_cache(s, p, resident_while_syncing(s, p, stage))  # the engine's weights back
             phases = (
-                *(Phase(t.name, (*t.terms, released)) for t in trainer),
+                *(Phase(t.name, (*t.terms, *released)) for t in trainer),
                 Phase("weight sync", tuple(syncing)),
                 Phase("generating", tuple(generating)),
             )

@@ -89,13 +89,19 @@ class LocalLauncher(EngineLauncher):
         trainer computes it (and on bf16 GEMMs and flash attention, not fp32's; launch-bound tiny
         models gain nothing: docs/benchmarks.md, "One short rollout batch"). `engine_args.dtype`
         when set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16)
-        and CPU engines (fp32 always) are left as they are."""
-        if not gpus or "dtype" in cfg.engine_args or precision_dtype == "float32":
+        and CPU engines (fp32 always) are left as they are. Colocated on GPUs, the memory saver is
+        turned on unless `engine_args` sets it: a release keeps the weights' and KV cache's
+        addresses, so the decode CUDA graphs are not captured again every rollout."""
+        if not gpus:
             return cfg
-        config = json.loads((Path(hf_dir) / "config.json").read_text())
-        if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":  # no dtype: fp32
-            return cfg
-        return replace(cfg, engine_args={**cfg.engine_args, "dtype": precision_dtype})
+        args = dict(cfg.engine_args)
+        if colocated:
+            args.setdefault("enable_memory_saver", True)
+        if "dtype" not in args and precision_dtype != "float32":
+            config = json.loads((Path(hf_dir) / "config.json").read_text())
+            if (config.get("dtype") or config.get("torch_dtype") or "float32") == "float32":  # no dtype: fp32
+                args["dtype"] = precision_dtype
+        return cfg if args == dict(cfg.engine_args) else replace(cfg, engine_args=args)
 
     @classmethod
     def warm_up(cls, model_path: str, tokenizer_path: str | None = None) -> None:

@@ -83,18 +83,35 @@ def test_bf16_logprobs_within_tolerance_of_fp32_transformers(model_dir):
     assert diffs.max().item() <= 0.15 and diffs.mean().item() <= 0.03
 
 
+@pytest.mark.parametrize("saver", [True, False], ids=["memory_saver", "no_saver"])
 @pytest.mark.parametrize("backup", [True, False], ids=["cpu_backup", "no_backup"])
-def test_release_and_resume_free_and_restore_memory(model_dir, backup):
+def test_release_and_resume_free_and_restore_memory(model_dir, backup, saver):
+    """Released, the weights and KV cache are given back (and work is refused); resumed, the
+    same tokens. With the memory saver they come back at their addresses, though the memory
+    they had was taken meanwhile, and the decode graphs are replayed, not captured again."""
     engine = engine_for(
-        model_dir, dtype="bfloat16", mem_fraction_static=0.5, enable_weights_cpu_backup=backup
+        model_dir,
+        dtype="bfloat16",
+        mem_fraction_static=0.5,
+        enable_weights_cpu_backup=backup,
+        enable_memory_saver=saver,
     )
+    assert (engine.model.weight_arena is not None) == saver
     before = [o.output_ids for o in greedy(engine)]
+    graphs = engine.runner.graphs
+    captured = graphs.num_captured
+    pointers = [engine.kv_cache.data.data_ptr(), *(p.data_ptr() for p in engine.model.parameters())]
     kv_bytes = engine.kv_cache.data.nbytes
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     engine.release_memory(["kv_cache", "weights"])
     free_released = torch.cuda.mem_get_info()[0]
     assert free_released - free_before >= 0.9 * kv_bytes
+    with pytest.raises(RuntimeError, match="kv_cache and weights memory is released"):
+        greedy(engine)
+    taken = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # what the trainer would take
+    del taken
+    torch.cuda.empty_cache()
     engine.resume_memory(["kv_cache", "weights"])
     free_resumed = torch.cuda.mem_get_info()[0]
     assert abs(free_resumed - free_before) <= 0.1 * kv_bytes
@@ -103,6 +120,14 @@ def test_release_and_resume_free_and_restore_memory(model_dir, backup):
             greedy(engine)
         engine.load_weights_from_disk(str(model_dir))
     assert [o.output_ids for o in greedy(engine)] == before
+    if saver:
+        assert [
+            engine.kv_cache.data.data_ptr(),
+            *(p.data_ptr() for p in engine.model.parameters()),
+        ] == pointers
+        assert graphs.num_captured == captured
+    else:  # the graphs were cleared at the release and captured again
+        assert graphs.num_captured > captured
 
 
 def test_weight_reload_in_place(model_dir, tmp_path):

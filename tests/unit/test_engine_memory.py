@@ -43,6 +43,20 @@ def test_with_cpu_backup_weights_come_back_with_their_values(scrambled_dir):
     assert greedy(engine) == before
 
 
+def test_requests_are_refused_while_released_and_the_saver_changes_nothing_on_cpu(scrambled_dir):
+    """A request while the memory is released is refused with what to do (with the memory saver
+    a released tensor's addresses have no memory behind them). On the CPU the saver (CUDA
+    virtual memory) is off whatever the argument: release and resume behave as without it."""
+    engine = make_engine(scrambled_dir, enable_memory_saver=True, enable_weights_cpu_backup=True)
+    assert engine.model.weight_arena is None and engine.kv_cache.arena is None
+    before = greedy(engine)
+    engine.release_memory(["kv_cache"])
+    with pytest.raises(RuntimeError, match="kv_cache memory is released: resume_memory_occupation first"):
+        greedy(engine)
+    engine.resume_memory()
+    assert greedy(engine) == before
+
+
 def test_without_backup_requests_wait_for_every_tensor_to_be_loaded(scrambled_dir):
     engine = make_engine(scrambled_dir)  # SGLang's default: no CPU backup
     before = greedy(engine)

@@ -59,12 +59,27 @@ def test_colocated_sglang_engines_get_the_memory_saver(tmp_path):
     "why, cfg, colocated",
     [
         ("split engines keep their memory", RolloutConfig(_target_=SGLANG), False),
-        ("rlx's engine releases memory itself", RolloutConfig(engine_args={"dtype": "float32"}), True),
+        ("rlx's engine on CPUs: no CUDA graphs", RolloutConfig(engine_args={"dtype": "float32"}), True),
+        ("the user chose", RolloutConfig(engine_args={"dtype": "float32", "enable_memory_saver": False}), True),
         ("the user chose", RolloutConfig(_target_=SGLANG, engine_args={"enable_memory_saver": True}), True),
     ],
 )  # fmt: skip
 def test_memory_saver_left_alone(tmp_path, why, cfg, colocated):
-    assert run(tmp_path, cfg, colocated=colocated) == replace(cfg), why
+    gpus = "CPUs" not in why
+    assert run(tmp_path, cfg, colocated=colocated, gpus=gpus) == replace(cfg), why
+
+
+def test_colocated_local_engines_on_gpus_get_the_memory_saver(tmp_path):
+    """rlx's engine keeps its addresses through a release (its decode graphs survive); split
+    engines are never released and are left as configured."""
+    cfg = RolloutConfig(engine_args={"dtype": "bfloat16"})
+    assert run(tmp_path, cfg, colocated=True).engine_args == {
+        "dtype": "bfloat16",
+        "enable_memory_saver": True,
+    }
+    assert run(tmp_path, cfg, colocated=False) == replace(cfg)
+    fp32 = run(tmp_path, RolloutConfig(), colocated=True, config={"dtype": "float32"})
+    assert fp32.engine_args == {"enable_memory_saver": True, "dtype": "bfloat16"}
 
 
 class BareLauncher:

@@ -507,10 +507,11 @@ def test_issue_28s_bench_runs_compose_and_fit_an_h100_by_the_plan(argv, layout):
 
 def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
     """Qwen3-30B-A3B cut to 20 layers, EP=4, with torch's multi-tensor Adam (`train.adam_fused=false`,
-    the only Adam then): the plan's optimizer step is 72.2 GiB of 79.6, 9% free; on 4×H100 it ran out
-    of memory there with 3.7 GiB fragmented (docs/benchmarks.md). Refused at compose under the
+    the only Adam then): the plan's optimizer step is 72.4 GiB of 79.6 (the engine's decode graphs,
+    kept while released, among it), 9% free; on 4×H100 it ran out of memory there (72.2 planned
+    then) with 3.7 GiB fragmented (docs/benchmarks.md). Refused at compose under the
     default cluster.memory_margin=0.1, naming the margin and how to go on anyway. The fused Adam
-    (the default) holds no temporary: the peak is then training's, 70.9 GiB, which starts."""
+    (the default) holds no temporary: the peak is then training's, 71.1 GiB, which starts."""
     from rlx.config.compose import compose
     from rlx.errors import ConfigError
 
@@ -523,7 +524,7 @@ def test_the_30b_a3b_slice_that_ran_out_of_memory_is_refused_by_the_margin():
         compose(overrides)
     message = str(refused.value)
     assert (
-        "trainer needs 72.2 GiB at its peak (optimizer step), leaving 7.4 GiB (9%) of the 79.6 GiB" in message
+        "trainer needs 72.4 GiB at its peak (optimizer step), leaving 7.2 GiB (9%) of the 79.6 GiB" in message
     )
     assert (
         "less than cluster.memory_margin=0.1" in message

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx.engine.engine import load_ahead
+from rlx.engine.checkpoint import load_ahead
 from rlx.engine.local import LocalEngine
 from rlx.engine.serve.server import EngineServer
 
