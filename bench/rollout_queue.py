@@ -12,7 +12,8 @@ rows the eager steps carried, preemptions, and the fraction of a memory roofline
 context read once, plus every weight read once per step at the fewest steps (the output tokens
 over the running cap), at the device's HBM bandwidth. Medians of `--turns` turns.
 `--max-total-tokens N` caps the KV cache at N tokens, so that blocks, not the running cap, hold
-requests back (and growing sequences preempt the newest).
+requests back (and growing sequences preempt the newest). `--running 256,512` runs engines of
+those running caps (decode graphs up to the cap, groups of 1/8 of it; `--groups` is then ignored).
 
     source .whl/install.sh && python3 bench/rollout_queue.py [--shapes qwen3_0.6b] [--groups 1,16,32,64]
 """
@@ -57,11 +58,42 @@ def count_steps(runner, counts: dict) -> None:
     runner.launch_eager, runner.launch = eager, graph
 
 
-def roofline_s(engine, lengths: list[int]) -> float:
+def roofline_s(engine, lengths: list[int], running: int = RUNNING) -> float:
     weights, kv_per_token = decode_bytes(engine)
     context = sum(n * PROMPT + n * (n + 1) // 2 for n in lengths)  # tokens of K/V read in all
-    steps = -(-sum(lengths) // RUNNING)
+    steps = -(-sum(lengths) // running)
     return (steps * weights + context * kv_per_token) / bandwidth(torch.cuda.get_device_name())
+
+
+def run_shape(root: Path, shape: str, running: int, groups: list[int], args, results: dict) -> None:
+    cache = {"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}
+    caps = dict(max_running_requests=running, cuda_graph_max_bs=running)
+    engine = make_engine(write_model(shape, root), **cache, **caps)
+    warm_up(engine, sorted({64, 256, running}))
+    counts = dict.fromkeys(("eager_steps", "eager_decode_rows", "graph_steps"), 0)
+    count_steps(engine.runner, counts)
+    runs = {g: [] for g in groups}
+    for turn in range(args.turns):
+        lengths = torch.randint(64, 513, (REQUESTS,), generator=torch.Generator().manual_seed(SEED + turn))
+        lengths = lengths.tolist()
+        for group in groups:
+            engine.scheduler.admission_group = group
+            counts.update(dict.fromkeys(counts, 0))
+            preempted = engine.scheduler.num_preempted
+            out = run_engine(engine, REQUESTS, new=lengths, seed=SEED + 100 * turn + group)
+            runs[group].append(counts | {
+                "preemptions": engine.scheduler.num_preempted - preempted,
+                "tokens_per_s": out["tokens_per_s"],
+                "roofline_fraction": roofline_s(engine, lengths, running) / out["wall_s"],
+            })  # fmt: skip
+    for group, turns in runs.items():
+        entry = {"model": shape, "requests": REQUESTS, "max_running_requests": running} | cache
+        entry |= {"admission_group": group, "turns": len(turns)}
+        entry |= {k: round(statistics.median(t[k] for t in turns), 3) for k in turns[0]}
+        results["runs"].append(entry)
+        print(json.dumps(entry), flush=True)
+    del engine
+    torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -69,6 +101,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--groups", default="1,32", help="admission groups run in turn (1: the rule before)")
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--running", default=str(RUNNING), help="running caps, one engine each")
     parser.add_argument(
         "--max-total-tokens", type=int, help="the KV cache in tokens (default: the memory fraction's)"
     )
@@ -77,35 +110,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     for shape in args.shapes.split(","):
-        cache = {"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}
-        engine = make_engine(write_model(shape, root), **cache)
-        warm_up(engine, [64, 256])
-        counts = dict.fromkeys(("eager_steps", "eager_decode_rows", "graph_steps"), 0)
-        count_steps(engine.runner, counts)
-        runs = {g: [] for g in groups}
-        for turn in range(args.turns):
-            lengths = torch.randint(
-                64, 513, (REQUESTS,), generator=torch.Generator().manual_seed(SEED + turn)
+        for running in [int(r) for r in args.running.split(",")]:
+            run_shape(
+                root,
+                shape,
+                running,
+                groups if args.running == str(RUNNING) else [running // 8],
+                args,
+                results,
             )
-            lengths = lengths.tolist()
-            for group in groups:
-                engine.scheduler.admission_group = group
-                counts.update(dict.fromkeys(counts, 0))
-                preempted = engine.scheduler.num_preempted
-                out = run_engine(engine, REQUESTS, new=lengths, seed=SEED + 100 * turn + group)
-                runs[group].append(counts | {
-                    "preemptions": engine.scheduler.num_preempted - preempted,
-                    "tokens_per_s": out["tokens_per_s"],
-                    "roofline_fraction": roofline_s(engine, lengths) / out["wall_s"],
-                })  # fmt: skip
-        for group, turns in runs.items():
-            entry = {"model": shape, "requests": REQUESTS, "max_running_requests": RUNNING} | cache
-            entry |= {"admission_group": group, "turns": len(turns)}
-            entry |= {k: round(statistics.median(t[k] for t in turns), 3) for k in turns[0]}
-            results["runs"].append(entry)
-            print(json.dumps(entry), flush=True)
-        del engine
-        torch.cuda.empty_cache()
     print(json.dumps(results))
 
 

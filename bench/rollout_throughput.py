@@ -248,9 +248,9 @@ def run_generate_batch(path: Path, batch: int, new: int) -> dict:
 def make_engine(path: Path, **kwargs):
     from rlx.engine import Engine, EngineArgs
 
+    defaults = dict(max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8)
     return Engine(EngineArgs(
-        model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16,
-        max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8, **kwargs,
+        model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16, **(defaults | kwargs),
     ))  # fmt: skip
 
 

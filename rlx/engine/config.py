@@ -31,7 +31,9 @@ class EngineArgs:
     allow_auto_truncate: bool = False
     mem_fraction_static: float = 0.88  # GPU: weights + KV cache as a fraction of device memory
     max_total_tokens: int | None = None  # KV cache size in tokens (caps what the fraction gives)
-    max_running_requests: int = 256  # sequences decoded together at most
+    # sequences decoded together at most (in a run on GPUs rlx's launcher sizes this and
+    # cuda_graph_max_bs to the engine's share of a step's samples: `LocalLauncher.engine_args_for_batch`)
+    max_running_requests: int = 256
     chunked_prefill_size: int = 8192  # tokens per step at most (prefill chunks + decodes)
     # while sequences run, waiting requests join once this many fit (rlx's; `Scheduler`). None:
     # max_running_requests // 8 with decode CUDA graphs (a join costs an eager step), else 1

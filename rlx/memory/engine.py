@@ -49,7 +49,13 @@ FRACTION = "rollout.engine_args.mem_fraction_static"
 
 
 def engine_arg(s: Setup, name: str) -> Any:
+    """`rollout.engine_args[name]`; unset, what the launcher sizes to the batch (rlx's engine: its
+    running cap and largest decode graph), else the local engine's default."""
+    from rlx.rollout.launchers import engine_args_for_batch
+
     value = s.rollout.engine_args.get(name)
+    if value is None:
+        value = engine_args_for_batch(s.rollout).get(name)
     return ENGINE_DEFAULTS.get(name) if value is None else value
 
 

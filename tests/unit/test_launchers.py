@@ -20,9 +20,18 @@ def checkpoint(tmp_path, **config):
     return tmp_path
 
 
-def run(tmp_path, cfg, *, precision="bfloat16", config=None, gpus=True, colocated=False):
+SIZED = ("max_running_requests", "cuda_graph_max_bs")  # `engine_args_for_batch`'s keys, tested on their own
+
+
+def run(tmp_path, cfg, *, precision="bfloat16", config=None, gpus=True, colocated=False, sized=False):
+    """`for_run`'s config; without `sized`, less the batch-sized keys rlx's engine gets on GPUs."""
     hf_dir = checkpoint(tmp_path, **(config or {}))
-    return for_run(cfg, colocated=colocated, precision_dtype=precision, hf_dir=hf_dir, gpus=gpus)
+    out = for_run(cfg, colocated=colocated, precision_dtype=precision, hf_dir=hf_dir, gpus=gpus)
+    if sized or not gpus:
+        return out
+    return replace(
+        out, engine_args={k: v for k, v in out.engine_args.items() if k not in SIZED or k in cfg.engine_args}
+    )
 
 
 @pytest.mark.parametrize("config", [{"dtype": "float32"}, {"torch_dtype": "float32"}, {}])
@@ -80,6 +89,43 @@ def test_colocated_local_engines_on_gpus_get_the_memory_saver(tmp_path):
     assert run(tmp_path, cfg, colocated=False) == replace(cfg)
     fp32 = run(tmp_path, RolloutConfig(), colocated=True, config={"dtype": "float32"})
     assert fp32.engine_args == {"enable_memory_saver": True, "dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(
+    "rollout, running, graphs",
+    [
+        (dict(batch_size=32, n_samples_per_prompt=8), 256, 256),  # the defaults: 256 samples
+        (dict(batch_size=10, n_samples_per_prompt=3), 256, 256),  # never below the engine's default
+        (dict(batch_size=64, n_samples_per_prompt=8), 512, 512),
+        (dict(batch_size=33, n_samples_per_prompt=8), 272, 272),  # 264, up to a multiple of 16
+        (dict(batch_size=128, n_samples_per_prompt=16, num_engines=2), 1024, 512),  # 1,024 an engine
+        (dict(batch_size=300, n_samples_per_prompt=16), 1024, 512),  # 4,800: at most 1,024
+        (dict(batch_size=32, over_sampling_batch_size=48, n_samples_per_prompt=8), 384, 384),
+        (dict(batch_size=64, engine_args={"max_running_requests": 128}), 128, 128),  # the user's cap
+        (dict(batch_size=64, engine_args={"cuda_graph_max_bs": 64}), 512, 64),  # the user's graphs
+    ],
+)  # fmt: skip
+def test_local_engines_on_gpus_decode_their_share_of_the_batch_at_once(tmp_path, rollout, running, graphs):
+    """rlx's engine on GPUs: the running cap is the engine's share of a step's samples (groups
+    launched x samples a group / engines), from 256 to 1,024; decode graphs up to it, at most 512.
+    The memory plan reads the same values (`rlx.memory.engine.engine_arg`)."""
+    from rlx.memory.engine import engine_arg
+    from rlx.memory.terms import Setup
+
+    cfg = RolloutConfig(**rollout)
+    out = run(tmp_path, cfg, sized=True)
+    assert (out.engine_args["max_running_requests"], out.engine_args["cuda_graph_max_bs"]) == (
+        running,
+        graphs,
+    )
+    setup = Setup(model=None, train=None, cluster=None, rollout=cfg)
+    assert (engine_arg(setup, "max_running_requests"), engine_arg(setup, "cuda_graph_max_bs")) == (
+        running,
+        graphs,
+    )
+    assert run(tmp_path, cfg, gpus=False) == replace(cfg)  # CPU engines: as set
+    sglang = run(tmp_path, replace(cfg, _target_=SGLANG), sized=True)  # SGLang sizes its own
+    assert sglang.engine_args == cfg.engine_args
 
 
 class BareLauncher:

@@ -603,7 +603,9 @@ def test_offload_trainer_auto_keeps_the_state_where_a_steps_samples_fit_the_kv_c
     from rlx.memory.trainer import resident_while_generating
 
     colocated = {"gpus_per_node": 1, "colocate": True, "offload_trainer": True}
-    s = setup(cluster=colocated)
+    # the running cap pinned: unset, it grows with the batch (`engine_args_for_batch`), and the cache
+    # with it (at most every running request at full context)
+    s = setup(cluster=colocated, rollout={"engine_args": {"max_running_requests": 256}})
     kept = replace(s, cluster=replace(s.cluster, offload_trainer=False))
     p = model_params(TINY)
     gpu = 4 * GIB  # two CUDA contexts (1 GiB) and room for a KV cache
