@@ -20,11 +20,9 @@ import weakref
 
 import torch
 
-_PINNED, _ON_DEVICE, _READ_WRITE = (
-    1,
-    1,
-    3,
-)  # CU_MEM_ALLOCATION_TYPE_PINNED, ..._LOCATION_TYPE_DEVICE, PROT_READWRITE
+_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+_ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+_READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 ALIGN = 256  # each tensor's offset in the arena (cudaMalloc's alignment)
 _CHUNK = 1 << 30  # physical memory is created in pieces of at most this many bytes
 
@@ -187,9 +185,13 @@ class Arena:
                 self._handles.append(handle.value)
                 at = ctypes.c_uint64(self.address + offset)
                 _check(cuda.cuMemMap(at, size, ctypes.c_size_t(0), handle, ctypes.c_uint64(0)), "cuMemMap")
-        except RuntimeError:  # out of memory: what was mapped, given back
+        except RuntimeError as e:  # out of memory: what was mapped, given back
             _unmap(self.address, self._chunk, self.num_bytes, self._handles, check=False)
-            raise
+            free = torch.cuda.mem_get_info(self.device)[0]
+            raise RuntimeError(
+                f"could not map {self.num_bytes / 2**30:.2f} GiB at the engine's reserved addresses on "
+                f"{self.device} ({free / 2**30:.2f} GiB free): {e}"
+            ) from e
         access = _AccessDesc()
         access.location.type, access.location.id, access.flags = _ON_DEVICE, self.device.index, _READ_WRITE
         address, size = ctypes.c_uint64(self.address), ctypes.c_size_t(self.num_bytes)

@@ -92,7 +92,7 @@ class LocalLauncher(EngineLauncher):
     # a MoE's 1,575 tensors, 6.2 GB: 0.105 s flat against 0.152 s a handle each (1×H100,
     # bench/weight_sync.py --shape qwen3_30b_a3b_4l --device cuda:0 --paths tensor tensor_flat)
     flat_tensor_buckets = True
-    RUNNING = (256, 1024)  # the running cap sized to the batch: at least the engine's default, at most
+    RUNNING_RANGE = (256, 1024)  # the running cap sized to the batch: at least the engine's default
     LARGEST_GRAPH = 512  # decode graphs up to this batch (beyond, decode steps run eagerly)
 
     @classmethod
@@ -104,8 +104,9 @@ class LocalLauncher(EngineLauncher):
         the tokens/s at 512 running (1×H200, docs/benchmarks.md)."""
         groups = cfg.over_sampling_batch_size or cfg.batch_size
         share = -(-groups * cfg.n_samples_per_prompt // cfg.num_engines)
-        low, high = cls.RUNNING
-        running = cfg.engine_args.get("max_running_requests") or min(max(low, -(-share // 16) * 16), high)
+        low, high = cls.RUNNING_RANGE
+        chosen = cfg.engine_args.get("max_running_requests") or cfg.engine_args.get("max_batch_size")
+        running = chosen or min(max(low, -(-share // 16) * 16), high)
         return {"max_running_requests": running, "cuda_graph_max_bs": min(running, cls.LARGEST_GRAPH)}
 
     @classmethod
@@ -117,9 +118,10 @@ class LocalLauncher(EngineLauncher):
         trainer computes it (and on bf16 GEMMs and flash attention, not fp32's; launch-bound tiny
         models gain nothing: docs/benchmarks.md, "One short rollout batch"). `engine_args.dtype`
         when set, any other checkpoint dtype (the engine's `auto`: a bf16 checkpoint stays bf16)
-        and CPU engines (fp32 always) are left as they are. Colocated on GPUs, the memory saver is
-        turned on unless `engine_args` sets it: a release keeps the weights' and KV cache's
-        addresses, so the decode CUDA graphs are not captured again every rollout."""
+        and CPU engines (fp32 always) are left as they are. On GPUs the running cap and the largest
+        decode graph are sized to the batch (`engine_args_for_batch`), and colocated the memory
+        saver is turned on, each unless `engine_args` sets it: a release keeps the weights' and
+        KV cache's addresses, so the decode CUDA graphs are not captured again every rollout."""
         if not gpus:
             return cfg
         args = cls.engine_args_for_batch(cfg) | dict(cfg.engine_args)

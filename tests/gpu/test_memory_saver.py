@@ -80,3 +80,18 @@ def test_the_memory_and_addresses_are_freed_with_the_last_tensor():
     del kept
     gc.collect()
     assert abs(start - free_bytes()) <= 16 * MIB
+
+
+def test_memory_the_gpu_lacks_is_refused_with_the_size_and_what_is_free():
+    from rlx.engine.memory_saver import Arena
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    start = free_bytes()
+    too_much = 2 * torch.cuda.get_device_properties(device).total_memory
+    with pytest.raises(
+        RuntimeError,
+        match=r"could not map .* GiB at the engine's reserved addresses .* GiB free\): cuMemCreate failed",
+    ):
+        Arena(too_much, device)
+    gc.collect()
+    assert abs(start - free_bytes()) <= 16 * MIB  # what was mapped before the failure, given back

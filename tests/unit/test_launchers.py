@@ -103,6 +103,7 @@ def test_colocated_local_engines_on_gpus_get_the_memory_saver(tmp_path):
         (dict(batch_size=32, over_sampling_batch_size=48, n_samples_per_prompt=8), 384, 384),
         (dict(batch_size=64, engine_args={"max_running_requests": 128}), 128, 128),  # the user's cap
         (dict(batch_size=64, engine_args={"cuda_graph_max_bs": 64}), 512, 64),  # the user's graphs
+        (dict(batch_size=64, engine_args={"max_batch_size": 128}), 128, 128),  # SGLang's alias too
     ],
 )  # fmt: skip
 def test_local_engines_on_gpus_decode_their_share_of_the_batch_at_once(tmp_path, rollout, running, graphs):
