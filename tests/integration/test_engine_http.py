@@ -126,6 +126,8 @@ def test_info_and_health_endpoints(server):
         info = get(path).json()
         assert info["port"] == server.port and info["internal_states"][0]["num_requests_total"] >= 0
         assert info["admission_group"] == 1 and info["internal_states"][0]["num_preempted_total"] == 0  # CPU
+        assert info["enable_memory_saver"] is False and info["cuda_graph_max_bs"] == 0  # CPU: no graphs
+        assert info["internal_states"][0]["num_cuda_graphs_captured"] == 0
     assert get("/get_weight_version").json() == {"weight_version": "default"}
     (load,) = get("/get_load").json()
     assert load == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}

@@ -100,6 +100,9 @@ class EngineServer:
             "page_size": engine.args.page_size,
             "max_total_num_tokens": engine.blocks.capacity_tokens,
             "disable_cuda_graph": engine.runner.graphs is None,
+            "cuda_graph_max_bs": engine.runner.graphs.max_bs if engine.runner.graphs is not None else 0,
+            # resolved: whether a release keeps the addresses (CUDA only; the decode graphs survive it)
+            "enable_memory_saver": getattr(engine.model, "weight_arena", None) is not None,
             "device": engine.device.type,
             "tp_size": 1,
             "dp_size": 1,
@@ -108,12 +111,16 @@ class EngineServer:
         }
 
     def internal_state(self) -> dict[str, Any]:
-        """Live scheduler state (SGLang's `internal_states` entry) plus rlx's request counter."""
+        """Live scheduler state (SGLang's `internal_states` entry) plus rlx's counters."""
+        graphs = self.engine.runner.graphs
         return {
             "num_requests_total": self.scheduler.num_requests_total,
             "num_running_reqs": self.scheduler.num_running,
             "num_waiting_reqs": self.scheduler.num_waiting(),
             "num_preempted_total": self.engine.scheduler.num_preempted,  # rlx's
+            # rlx's: decode CUDA graphs captured so far and the seconds spent capturing them
+            "num_cuda_graphs_captured": graphs.num_captured if graphs is not None else 0,
+            "cuda_graph_capture_s": round(graphs.capture_s, 3) if graphs is not None else 0.0,
             "last_gen_throughput": self.scheduler.last_gen_throughput,
             "weight_version": self.engine.weight_version,
         }
