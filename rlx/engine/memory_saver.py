@@ -24,7 +24,9 @@ _PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 ALIGN = 256  # each tensor's offset in the arena (cudaMalloc's alignment)
-_CHUNK = 1 << 30  # physical memory is created in pieces of at most this many bytes
+# physical memory is created in pieces of at most this many bytes: a 60 GiB arena resumed in 8 ms
+# in pieces of 1 GiB, 53 ms in 4 GiB, 175 ms in one piece (1xH200, fastest of 3, .device one-off)
+_CHUNK = 1 << 30
 
 
 class _Location(ctypes.Structure):
