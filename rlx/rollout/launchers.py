@@ -175,21 +175,38 @@ class SGLangLauncher(EngineLauncher):
     `rollout.engine_args` become its flags. One engine may span GPUs (SGLang's tensor parallelism).
     Colocated, it gives its GPU memory back only with SGLang's memory saver."""
 
+    # rlx's engine's own arguments, which SGLang's server would refuse as unknown flags after starting
+    RLX_ONLY_ARGS = {
+        "admission_group": "",
+        "num_threads": "",
+        "cpu_kv_cache_bytes": "",
+        "attn_implementation": " (SGLang's is attention_backend)",
+        "disable_prefix_sharing": " (SGLang's is disable_radix_cache)",
+    }
+
     @classmethod
     def config_errors(cls, cfg: RolloutConfig) -> list[str]:
-        """The server module must be installed here (checked before any process starts)."""
+        """The server module must be installed here, and SGLang's takes none of rlx's own engine
+        arguments (both checked before any process starts; rlx's own server, `rlx.engine.serve`,
+        which the tests run in SGLang's place, takes them)."""
         import importlib.util
 
+        errors = [
+            f"rollout.engine_args.{key} is an argument of rlx's engine (rollout=local), which "
+            f"{cfg.server_module} does not take{why}; remove it or use rollout=local"
+            for key, why in cls.RLX_ONLY_ARGS.items()
+            if key in cfg.engine_args and cfg.server_module != "rlx.engine.serve"
+        ]
         try:
             found = importlib.util.find_spec(cfg.server_module) is not None
         except ModuleNotFoundError:
             found = False
-        if found:
-            return []
-        return [
-            f"rollout.server_module={cfg.server_module} is not installed; install SGLang "
-            "(pip install '.[sglang]') or use rollout=local"
-        ]
+        if not found:
+            errors.append(
+                f"rollout.server_module={cfg.server_module} is not installed; install SGLang "
+                "(pip install '.[sglang]') or use rollout=local"
+            )
+        return errors
 
     @classmethod
     def placement_errors(cls, cfg: RolloutConfig, colocated: bool) -> list[str]:

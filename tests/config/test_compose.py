@@ -264,6 +264,18 @@ FAILURES = {
         ],
         ["cluster.colocate=true", "rollout.gpus_per_engine=2", "set rollout.gpus_per_engine=1"],
     ),  # fmt: skip
+    "an argument of rlx's engine given to SGLang's": (
+        [
+            "rollout=sglang",
+            "rollout.server_module=rlx.tools.export",
+            "+rollout.engine_args.admission_group=8",
+        ],
+        [
+            "rollout.engine_args.admission_group is an argument of rlx's engine (rollout=local)",
+            "rlx.tools.export does not take",
+            "remove it or use rollout=local",
+        ],
+    ),  # fmt: skip
     "colocated SGLang without its memory saver": (
         [
             "cluster=1gpu",
