@@ -51,8 +51,7 @@ async def _await_results(pendings: list[Pending], request: Request) -> list:
         if done:
             return [p.future.result() for p in pendings]  # an engine error is raised here
         if await request.is_disconnected():
-            for pending in pendings:
-                pending.aborted = True
+            server_of(request).scheduler.cancel(pendings)
 
 
 @generate_routes.api_route("/generate", methods=["POST", "PUT"])
@@ -92,7 +91,7 @@ async def health_generate(request: Request):
     try:
         await asyncio.wait_for(asyncio.wrap_future(pending.future), timeout=20)
     except Exception:
-        pending.aborted = True
+        server_of(request).scheduler.cancel([pending])
         return Response(status_code=503)
     return Response(status_code=200)
 
