@@ -12,7 +12,9 @@ rollout time. The run's model, data and rollout settings come from the same over
 Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
 out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
 - `http`: one /generate request per group with n prompts and per-sample seeds, all groups at
-  once through `EngineClient`, as `RolloutPool` sends them (no reward, no sample bookkeeping);
+  once through `EngineClient`, as `RolloutPool` sends them (no reward, no sample bookkeeping),
+  from another process, as a run's driver is (a client in the engine's process would contend
+  with its scheduler thread for the GIL);
 - `scheduler`: the same requests submitted to the server's scheduler thread directly;
 - `engine`: `Engine.add` for every sample, then `Engine.step` until done, on this thread.
 """
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -77,6 +81,10 @@ async def _http_round(url: str, groups) -> int:
     async with EngineClient(url, timeout=600.0) as client:
         outs = await asyncio.gather(*(client.generate_batch(ids, params) for ids, params in groups))
     return sum(len(o["output_ids"]) for group in outs for o in group)
+
+
+def _http_round_in_process(url: str, groups) -> int:
+    return asyncio.run(_http_round(url, groups))
 
 
 def _scheduler_round(server, groups) -> int:
@@ -181,9 +189,11 @@ def main() -> None:
     }  # fmt: skip
     paths = args.paths.split(",")
     try:
-        if "http" in paths:
-            result["http"] = _measure("http", lambda r: asyncio.run(_http_round(server.url, _requests(prompts, n, params, r))),
-                                      args.rounds, timer)  # fmt: skip
+        if "http" in paths:  # the client in a process of its own, started once (round 0 warms it)
+            spawn = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as client:
+                result["http"] = _measure("http", lambda r: client.submit(_http_round_in_process, server.url, _requests(prompts, n, params, r)).result(),
+                                          args.rounds, timer)  # fmt: skip
         if "scheduler" in paths:
             result["scheduler"] = _measure("scheduler", lambda r: _scheduler_round(server, _requests(prompts, n, params, r)),
                                            args.rounds, timer)  # fmt: skip
