@@ -30,16 +30,14 @@ class KVCache:
         self.shape = (num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim)
         self.dtype, self.device = dtype, device
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.arena = None
+        self.arena, self.data = None, None
         if keep_addresses:
             from rlx.engine.memory_saver import Arena
 
-            self.arena = Arena(
-                self.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype) * num_blocks,
-                device,
-            )
-        self.data: torch.Tensor | None = None
-        self.resume()
+            self.arena, (self.data,) = Arena.holding([(self.shape, dtype)], device)
+            self.data.zero_()
+        else:
+            self.resume()
 
     @staticmethod
     def bytes_per_block(
@@ -71,8 +69,6 @@ class KVCache:
             self.data = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
             return
         self.arena.resume()
-        if self.data is None:
-            self.data = self.arena.take(self.shape, self.dtype)
         self.data.zero_()
 
 

@@ -23,7 +23,7 @@ import torch
 _PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-ALIGN = 256  # each tensor's offset in the arena (cudaMalloc's alignment)
+_ALIGN = 256  # each tensor's offset in the arena (cudaMalloc's alignment)
 # physical memory is created in pieces of at most this many bytes: a 60 GiB arena resumed in 8 ms
 # in pieces of 1 GiB, 53 ms in 4 GiB, 175 ms in one piece (1xH200, fastest of 3, .device one-off)
 _CHUNK = 1 << 30
@@ -93,6 +93,17 @@ def _supported(index: int) -> bool:
     return cuda.cuDeviceGetAttribute(ctypes.byref(value), attribute, index) == 0 and value.value == 1
 
 
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def _size(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> int:
+    size = dtype.itemsize
+    for dim in shape:
+        size *= dim
+    return size
+
+
 class _Span:
     """A device address range as a CUDA array, which `torch.as_tensor` wraps without copying;
     the tensor's storage holds the span until the storage is freed."""
@@ -153,16 +164,24 @@ class Arena:
         self._whole = torch.as_tensor(span, device=self.device)
         self.resume()
 
+    @classmethod
+    def holding(
+        cls, specs: list[tuple[tuple[int, ...] | torch.Size, torch.dtype]], device: torch.device
+    ) -> tuple[Arena, list[torch.Tensor]]:
+        """An arena just large enough for tensors of these (shape, dtype), and the tensors."""
+        num_bytes = 0
+        for shape, dtype in specs:
+            num_bytes = _aligned(num_bytes) + _size(shape, dtype)
+        arena = cls(num_bytes, device)
+        return arena, [arena.take(shape, dtype) for shape, dtype in specs]
+
     @property
     def released(self) -> bool:
         return not self._handles
 
     def take(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """The next `shape` x `dtype` tensor of the arena (its contents: whatever was there)."""
-        start = -(-self._used // ALIGN) * ALIGN
-        size = dtype.itemsize
-        for dim in shape:
-            size *= dim
+        start, size = _aligned(self._used), _size(shape, dtype)
         if start + size > self.num_bytes:
             raise ValueError(f"the arena holds {self.num_bytes} bytes; {start + size} asked for")
         self._used = start + size

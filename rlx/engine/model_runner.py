@@ -61,19 +61,15 @@ def build_model(
 
     model.weight_arena, taken = None, {}
     if arena:
-        from rlx.engine.memory_saver import ALIGN, Arena
+        from rlx.engine.memory_saver import Arena
 
-        params = {id(p): p for p in model.parameters()}.values()  # a tied weight once
-        model.weight_arena = Arena(
-            sum(-(-p.numel() * dtype_of(p).itemsize // ALIGN) * ALIGN for p in params), device
-        )
-        taken = {id(p): model.weight_arena.take(p.shape, dtype_of(p)) for p in params}
+        params = list({id(p): p for p in model.parameters()}.values())  # a tied weight once
+        model.weight_arena, views = Arena.holding([(p.shape, dtype_of(p)) for p in params], device)
+        taken = {id(p): view for p, view in zip(params, views, strict=True)}
     # `to_empty` without `empty_like`: on meta tensors that runs torch's Python reference, whose
     # first call imports sympy and torch's symbolic shapes (0.7 s of CPU per engine process)
     model = model._apply(
-        lambda t: (
-            taken.get(id(t)) if id(t) in taken else torch.empty(t.shape, dtype=dtype_of(t), device=device)
-        )
+        lambda t: taken[id(t)] if id(t) in taken else torch.empty(t.shape, dtype=dtype_of(t), device=device)
     )
     model.tie_weights()  # each module has its own tensor now
     model.build_rotary(device)
