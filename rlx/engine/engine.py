@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rlx.engine.attention import flash_prefill
 from rlx.engine.block_manager import BlockManager
 from rlx.engine.checkpoint import eos_ids, read_checkpoint
 from rlx.engine.config import EngineArgs
@@ -93,7 +94,11 @@ class Engine:
             args.max_total_tokens,
             self._cpu_budget_blocks(0),
         )
-        self.kv_cache = KVCache(*shape, args.page_size, num_blocks, self.torch_dtype, self.device, keep)
+        # zeroed only where an attention path reads unwritten slots (kv_cache.py)
+        zeroed = not flash_prefill(self.device, self.torch_dtype)
+        self.kv_cache = KVCache(
+            *shape, args.page_size, num_blocks, self.torch_dtype, self.device, keep, zeroed
+        )
         self.blocks = BlockManager(num_blocks, args.page_size, not args.disable_prefix_sharing)
         max_blocks = -(-self.context_length // args.page_size)
         self.runner = ModelRunner(model, self.kv_cache, args, self.device, max_blocks)

@@ -6,6 +6,12 @@ per layer) so that release and resume are a single free and a single allocation.
 `keep_addresses` (the engine's memory saver) the tensor lives in a `memory_saver.Arena`: a
 release unmaps its memory and a resume maps new memory at the same addresses, so the decode
 CUDA graphs, which bake them in, stay valid.
+
+`zeroed`: the memory is zeroed when allocated and at every resume, for the attention paths
+that read a block's unwritten slots (gather + SDPA: a masked slot still meets V in a matmul,
+and 0 x NaN is NaN). The GPU's bf16/fp16 paths read written slots only (the decode kernel
+masks its loads; flash prefill gathers each row's own keys), so there the engine leaves the
+memory as allocated: zeroing a cache of 100 GB took tens of milliseconds of every hand-over.
 """
 
 from __future__ import annotations
@@ -26,16 +32,18 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         keep_addresses: bool = False,
+        zeroed: bool = True,
     ):
         self.shape = (num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim)
         self.dtype, self.device = dtype, device
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.arena, self.data = None, None
+        self.arena, self.data, self.zeroed = None, None, zeroed
         if keep_addresses:
             from rlx.engine.memory_saver import Arena
 
             self.arena, (self.data,) = Arena.holding([(self.shape, dtype)], device)
-            self.data.zero_()
+            if zeroed:
+                self.data.zero_()
         else:
             self.resume()
 
@@ -62,14 +70,15 @@ class KVCache:
             self.data = None
 
     def resume(self) -> None:
-        # Zeros, not empty: masked-out slots still meet V in a matmul, and 0 x NaN is NaN.
         if not self.released:
             return
         if self.arena is None:
-            self.data = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            allocate = torch.zeros if self.zeroed else torch.empty
+            self.data = allocate(self.shape, dtype=self.dtype, device=self.device)
             return
         self.arena.resume()
-        self.data.zero_()
+        if self.zeroed:
+            self.data.zero_()
 
 
 def num_blocks_for_budget(

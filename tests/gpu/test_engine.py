@@ -130,6 +130,47 @@ def test_release_and_resume_free_and_restore_memory(model_dir, backup, saver):
         assert graphs.num_captured > captured
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_kv_cache_is_zeroed_only_where_an_attention_path_reads_unwritten_slots(model_dir, dtype):
+    """bf16 (the decode kernel's masked loads, flash prefill over each row's own keys): a cache
+    full of NaN after a resume, as new memory may be, gives the same tokens and logprobs, fresh
+    and through cached prefixes (the second batch). fp32 (SDPA over gathered blocks, where a
+    masked slot meets V): the resumed cache is zeros though NaN filled it before."""
+    engine = engine_for(model_dir, dtype=dtype, mem_fraction_static=0.5, enable_memory_saver=True)
+    assert engine.kv_cache.zeroed == (dtype == "float32")
+    before = [(o.output_ids, o.output_logprobs) for o in greedy(engine)]
+    engine.kv_cache.data.fill_(float("nan"))
+    engine.release_memory(["kv_cache"])
+    engine.resume_memory(["kv_cache"])
+    if dtype == "bfloat16":
+        engine.kv_cache.data.fill_(float("nan"))
+    else:
+        assert torch.count_nonzero(engine.kv_cache.data) == 0
+    assert [(o.output_ids, o.output_logprobs) for o in greedy(engine)] == before  # fresh prompts
+    again = greedy(engine)  # the same prompts over their cached prefixes (other GEMM shapes)
+    assert [o.output_ids for o in again] == [ids for ids, _ in before]
+    got = torch.tensor([lp for o in again for lp in o.output_logprobs])
+    assert torch.allclose(got, torch.tensor([lp for _, lps in before for lp in lps]), atol=0.05)
+
+
+def test_server_info_reports_the_saver_and_the_graphs_on_cuda(model_dir):
+    """/get_server_info's rlx fields read the CUDA engine: the saver resolved on, the graphs'
+    largest batch, and after a request the graphs captured and the seconds spent on them."""
+    from rlx.engine.local import LocalEngine
+    from rlx.engine.serve.server import EngineServer
+
+    engine = LocalEngine(str(model_dir), device="cuda", dtype="bfloat16", mem_fraction_static=0.5,
+                         enable_memory_saver=True, cuda_graph_max_bs=32)  # fmt: skip
+    server = EngineServer(engine)
+    info, state = server.server_args(), server.internal_state()
+    assert info["enable_memory_saver"] is True and info["device"] == "cuda"
+    assert info["cuda_graph_max_bs"] == 32 and info["disable_cuda_graph"] is False
+    assert state["num_cuda_graphs_captured"] == engine.runner.graphs.num_captured
+    greedy(engine)
+    state = server.internal_state()
+    assert state["num_cuda_graphs_captured"] >= 1 and state["cuda_graph_capture_s"] > 0
+
+
 def test_weight_reload_in_place(model_dir, tmp_path):
     from rlx.models.tiny import write_tiny_checkpoint
 

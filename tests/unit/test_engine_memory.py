@@ -110,3 +110,20 @@ def test_http_generate_answers_the_refusal_and_the_server_keeps_serving(scramble
         assert len(output.output_ids) == 3
     finally:
         scheduler.stop()
+
+
+def test_the_cpu_cache_is_zeroed_because_its_gather_path_reads_unwritten_slots(scrambled_dir):
+    """The gather + SDPA path (CPU, fp32) meets every slot of a row's blocks, masked or not, and
+    0 x NaN is NaN: a cache holding NaN where nothing was written changes the tokens, so the
+    engine keeps it zeroed there (at allocation and at every resume). The GPU's bf16 paths read
+    written slots only and skip it (tests/gpu/test_engine.py)."""
+    engine = make_engine(scrambled_dir)
+    assert engine.kv_cache.zeroed
+    before = greedy(engine)
+    engine.kv_cache.data.fill_(float("nan"))
+    engine.blocks.forget_cached()
+    assert greedy(engine) != before  # NaN in the slots past each row's context
+    engine.release_memory(["kv_cache"])
+    engine.resume_memory(["kv_cache"])
+    assert torch.count_nonzero(engine.kv_cache.data) == 0
+    assert greedy(engine) == before
