@@ -8,6 +8,7 @@ rollout time. The run's model, data and rollout settings come from the same over
 
     python bench/short_rollout.py                                   # CPU or GPU, whichever the engine picks
     python bench/short_rollout.py --rounds 5 +rollout.engine_args.max_running_requests=1024
+    python bench/short_rollout.py --paths engine --timeline --profile gpu.txt --cprofile host.txt
 
 Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
 out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
@@ -145,6 +146,21 @@ def _profile(path: str, one_round) -> None:
     Path(path).write_text("\n\n".join(tables))
 
 
+def _cprofile(path: str, one_round) -> None:
+    """Where the host's time goes in one round (the GPU's work shows as the waits for it)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(one_round)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    Path(path).write_text(out.getvalue())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,6 +169,7 @@ def main() -> None:
     parser.add_argument("--paths", default="http,scheduler,engine")
     parser.add_argument("--timeline", action="store_true", help="the engine path's last round, step by step")
     parser.add_argument("--profile", help="a torch.profiler table of one engine round to this file")
+    parser.add_argument("--cprofile", help="the host's functions (cProfile) in one engine round to this file")
     parser.add_argument("overrides", nargs="*", default=["+experiment=reverse8_1gpu"])
     args = parser.parse_args()
 
@@ -209,6 +226,10 @@ def main() -> None:
         if args.profile:
             _profile(
                 args.profile, lambda: _engine_round(engine, _requests(prompts, n, params, args.rounds + 2))
+            )
+        if args.cprofile:
+            _cprofile(
+                args.cprofile, lambda: _engine_round(engine, _requests(prompts, n, params, args.rounds + 3))
             )
     print(json.dumps(result))
 
