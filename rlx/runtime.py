@@ -27,6 +27,7 @@ from rlx.config.memory_check import (
     resolve_offload,
     roomier_line,
     roomier_micro_batch,
+    size_engine_cache,
 )
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
@@ -259,17 +260,6 @@ def _prepare(cfg: DictConfig) -> _Job:
     """Everything a user can get wrong, checked before Ray or any model starts."""
     validate_once(cfg)  # composing checked it; again only if changed since
     rc = to_object(cfg)
-    roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
-    offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
-    capped = cap_engine_cache(rc)
-    if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
-        log.info("%s", report(memory))
-    if offload is not None:
-        log.info("cluster.offload_trainer=auto: %s", offload)
-    if capped is not None:
-        log.info("%s", capped)
-    if roomier is not None:
-        log.info("%s", roomier_line(rc, roomier))
     out = Path(rc.run.output_dir or ".").resolve()  # Ray workers do not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's
@@ -282,7 +272,30 @@ def _prepare(cfg: DictConfig) -> _Job:
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
     eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here
+    longest = max(
+        [getattr(data, "longest_prompt", None) or prompt_len]
+        + [len(s.prompt_ids) for samples in eval_sets.values() for s in samples]
+    )
+    _plan_memory(rc, longest)
     return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
+
+
+def _plan_memory(rc: RlxConfig, longest_prompt: int) -> None:
+    """A GPU run's decisions from its memory plan (the trainer kept or offloaded, the engines' KV
+    caches sized), logged with the plan: what each GPU will hold."""
+    user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
+    roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
+    offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
+    lines = [cap_engine_cache(rc), size_engine_cache(rc, longest_prompt, user_cap)]
+    if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
+        log.info("%s", report(memory))
+    if offload is not None:
+        log.info("cluster.offload_trainer=auto: %s", offload)
+    for line in lines:
+        if line is not None:
+            log.info("%s", line)
+    if roomier is not None:
+        log.info("%s", roomier_line(rc, roomier))
 
 
 def _with_checkpoint_dir(rc: RlxConfig, hf_dir: Path) -> RlxConfig:

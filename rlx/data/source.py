@@ -54,7 +54,9 @@ class DataSource(Protocol):
       data it now has raises DataError saying why.
 
     A class may also define `config_errors(cfg: DataConfig) -> list[str]` (a classmethod), which
-    `rlx.config.validate` calls to report its own config mistakes before anything starts.
+    `rlx.config.validate` calls to report its own config mistakes before anything starts, and a
+    `longest_prompt` attribute (the tokens of the longest prompt it will give), by which the run
+    sizes its engines' KV caches on GPUs (without it: by `max_prompt_len`).
     """
 
     def take(self, num_prompts: int) -> list[Sample]: ...
@@ -135,6 +137,11 @@ class PromptSource:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    @property
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt kept (what the engines' KV caches are sized by)."""
+        return max((len(p.prompt_ids) for p in self.prompts), default=0)
 
     def take(self, num_prompts: int) -> list[Sample]:
         samples: list[Sample] = []

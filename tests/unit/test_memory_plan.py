@@ -693,3 +693,39 @@ def test_runs_sharing_a_gpu_are_each_planned_on_their_share():
     assert gpu_memory(rc)[0] == round(39.8 * GIB)
     assert seeds.shared_overrides(2, 0.4, 79.6, ["cluster.gpu_memory_gib=30"]) == shared[:1]
     assert seeds.shared_overrides(1, 0.4, 79.6, []) == []
+
+
+def test_a_colocated_engines_kv_cache_holds_its_running_requests_at_full_length_and_no_more():
+    """Sized by free memory, a colocated engine's KV cache (SmolLM2-135M's: 120 GiB) was unmapped
+    and mapped again whole at every hand-over. It holds every running request at the longest
+    prompt plus the longest response, in whole pages: 64 prompts × 8 samples on one engine run 512
+    at once (LocalLauncher's running cap), a prompt of at most 37 tokens and 96 of response take
+    ceil(133 / 16) = 9 pages, so 512 × 144 = 73,728 tokens."""
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import size_engine_cache
+
+    gpu = ["cluster=1gpu", "train.precision=bf16", "rollout.batch_size=64", "rollout.n_samples_per_prompt=8",
+           "rollout.max_response_len=96", "train.global_batch_size=512", "model.max_position_embeddings=512"]  # fmt: skip
+    rc = to_object(compose(gpu))
+    line = size_engine_cache(rc, longest_prompt=37, user_cap=False)
+    assert rc.rollout.engine_args["max_total_tokens"] == 73_728
+    assert line.startswith("each engine's KV cache holds its 512 running requests at full length"), line
+    assert line.endswith("(rollout.engine_args.max_total_tokens=73728); a hand-over moves no more"), line
+    # evaluations answer at rollout.eval_max_response_len: 37 + 200 -> 15 pages
+    rc = to_object(compose([*gpu, "rollout.eval_max_response_len=200"]))
+    size_engine_cache(rc, 37, False)
+    assert rc.rollout.engine_args["max_total_tokens"] == 512 * 240
+    # a smaller cap already there (cap_engine_cache's, beside a kept trainer) stays
+    rc = to_object(compose([*gpu, "+rollout.engine_args.max_total_tokens=50000"]))
+    assert size_engine_cache(rc, 37, user_cap=False) is None
+    assert rc.rollout.engine_args["max_total_tokens"] == 50_000
+    # a larger one is the user's: kept (user_cap), else lowered to what the requests use
+    for user_cap, expected in ((True, 10**7), (False, 73_728)):
+        rc = to_object(compose([*gpu, f"+rollout.engine_args.max_total_tokens={10**7}"]))
+        size_engine_cache(rc, 37, user_cap)
+        assert rc.rollout.engine_args["max_total_tokens"] == expected
+    # split engines, CPU engines, and SGLang sizing its own running cap are left as they are
+    split = ["cluster.colocate=false", "cluster.gpus_per_node=2"]
+    for overrides in ([*gpu, *split], ["rollout.max_response_len=8"], [*gpu, "rollout=sglang", "rollout.server_module=rlx.engine.serve"]):
+        rc = to_object(compose(overrides))
+        assert size_engine_cache(rc, 37, False) is None and "max_total_tokens" not in rc.rollout.engine_args
