@@ -272,21 +272,25 @@ def _prepare(cfg: DictConfig) -> _Job:
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)
     eval_sets = build_eval_sets(rc.data, tokenizer, prompt_len) if rc.run.eval_interval else {}
     build(rc.algo)  # an algorithm that rejects its options does so here
-    longest = max(
-        [getattr(data, "longest_prompt", None) or prompt_len]
-        + [len(s.prompt_ids) for samples in eval_sets.values() for s in samples]
-    )
-    _plan_memory(rc, longest)
+    longest = getattr(data, "longest_prompt", None)  # a source of the user's may not say
+    if longest is not None:
+        longest = max([longest] + [len(s.prompt_ids) for samples in eval_sets.values() for s in samples])
+    _plan_memory(rc, longest, prompt_len)
     return _Job(rc, out, hf_dir, tokenizer, data, eval_sets, resume)
 
 
-def _plan_memory(rc: RlxConfig, longest_prompt: int) -> None:
+def _plan_memory(rc: RlxConfig, longest_prompt: int | None, prompt_limit: int) -> None:
     """A GPU run's decisions from its memory plan (the trainer kept or offloaded, the engines' KV
-    caches sized), logged with the plan: what each GPU will hold."""
+    caches sized), logged with the plan: what each GPU will hold. The plan counts the longest
+    prompt the data holds (composing knows only `data.max_prompt_len`, often unset: prompts then
+    count 0 tokens); the decisions land in `rc` (the copy planned shares its sections)."""
     user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
+    if longest_prompt is not None:
+        rc = replace(rc, data=replace(rc.data, max_prompt_len=longest_prompt))
     roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
     offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
-    lines = [cap_engine_cache(rc), size_engine_cache(rc, longest_prompt, user_cap)]
+    # the cap beside a kept trainer first: sizing by the requests only ever lowers it
+    lines = [cap_engine_cache(rc), size_engine_cache(rc, longest_prompt or prompt_limit, user_cap)]
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
         log.info("%s", report(memory))
     if offload is not None:

@@ -90,6 +90,10 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
         _prepare(gpu)
     assert caplog.records[0].getMessage().startswith("memory plan: tiny_qwen3 (75,136 parameters), bf16")
     assert "GPU memory: 79.6 GiB (cluster.gpu_memory_gib=79.6)" in caplog.records[0].getMessage()
+    # the run's plan counts the longest prompt its data holds (4 tokens) with the response's 4:
+    # composing, with data.max_prompt_len unset, counts the response alone
+    assert "activations (64 × 8 tokens, 2 layers)" in caplog.records[0].getMessage()
+    assert "data.max_prompt_len is unset" not in caplog.records[0].getMessage()
     # then what cluster.offload_trainer=auto (the default) decided from it, the KV cache's cap
     # beside the trainer, and its size by the requests: the toy task's prompts of at most 4 tokens
     # and 4 of response, 256 running (the engine's least), a page of 16 tokens each
