@@ -98,8 +98,12 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     # beside the trainer, and its size by the requests: the toy task's prompts of at most 4 tokens
     # and 4 of response, 256 running (the engine's least), a page of 16 tokens each
     decided, capped, sized, roomier = (r.getMessage() for r in caplog.records[1:5])
-    assert sized.startswith("each engine's KV cache holds its 256 running requests at full length: 256 × (4 prompt")
-    assert sized.endswith("= 4,096 tokens (rollout.engine_args.max_total_tokens=4096); a hand-over moves no more")
+    assert sized.startswith(
+        "each engine's KV cache holds its 256 running requests at full length: 256 × (4 prompt"
+    )
+    assert sized.endswith(
+        "= 4,096 tokens (rollout.engine_args.max_total_tokens=4096); a hand-over moves no more"
+    )
     assert roomier.startswith("train.micro_batch_size=64: the plan fits 256 as well")
     assert decided.startswith(
         "cluster.offload_trainer=auto: kept on the GPU: beside it each engine's KV cache"

@@ -726,6 +726,10 @@ def test_a_colocated_engines_kv_cache_holds_its_running_requests_at_full_length_
         assert rc.rollout.engine_args["max_total_tokens"] == expected
     # split engines, CPU engines, and SGLang sizing its own running cap are left as they are
     split = ["cluster.colocate=false", "cluster.gpus_per_node=2"]
-    for overrides in ([*gpu, *split], ["rollout.max_response_len=8"], [*gpu, "rollout=sglang", "rollout.server_module=rlx.engine.serve"]):
+    for overrides in (
+        [*gpu, *split],
+        ["rollout.max_response_len=8"],
+        [*gpu, "rollout=sglang", "rollout.server_module=rlx.engine.serve"],
+    ):
         rc = to_object(compose(overrides))
         assert size_engine_cache(rc, 37, False) is None and "max_total_tokens" not in rc.rollout.engine_args
