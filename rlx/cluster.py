@@ -43,6 +43,11 @@ class ClusterConfig:
     # fragmented, docs/benchmarks.md). 0: refuse only a peak over the GPU. Engines fill the share
     # `mem_fraction_static` gives them, by design, and are not held to it.
     memory_margin: float = 0.10
+    # the memory of the machine in GiB, for a CPU run: every process of it (trainer ranks, engines,
+    # the driver) shares it, and a run the host plan (rlx.memory.host) does not fit is refused before
+    # it starts (Ray's monitor would kill a process minutes in); null: this machine's (psutil, or a
+    # lower cgroup limit)
+    host_memory_gib: float | None = None
     ray_address: str | None = None  # None: start a local Ray (on loopback); "auto" or host:port: join one
     # UNSAFE. A run of several nodes needs a Ray that requires Ray's token (RAY_AUTH_MODE=token; SLURM
     # jobs make one per job): without one, anyone who reaches a node can run code on it. true: a
@@ -67,6 +72,7 @@ class ClusterConfig:
         "context_parallel_size": AT_LEAST_1,
         "gpu_memory_gib": POSITIVE,
         "memory_margin": UNIT_OPEN_HIGH,
+        "host_memory_gib": POSITIVE,
         "offload_trainer": Rule("true, false or auto", lambda v: v is True or v is False or v == "auto"),
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,

@@ -23,6 +23,7 @@ from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
 from rlx.config.memory_check import (
     cap_engine_cache,
+    host_memory_errors,
     memory_plan,
     resolve_offload,
     roomier_line,
@@ -287,6 +288,8 @@ def _plan_memory(rc: RlxConfig, longest_prompt: int | None, prompt_limit: int) -
     user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
     if longest_prompt is not None:
         rc = replace(rc, data=replace(rc.data, max_prompt_len=longest_prompt))
+    if errors := host_memory_errors(rc):  # a CPU run that cannot fit, its prompts counted
+        raise ConfigError("\n".join(errors))
     roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
     offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
     # the cap beside a kept trainer first: sizing by the requests only ever lowers it

@@ -227,6 +227,55 @@ def memory_rule(cfg: RlxConfig, classes: Classes) -> list[str]:
     return [] if planned is None else memory_errors(*planned)
 
 
+def host_memory_errors(cfg: RlxConfig) -> list[str]:
+    """A CPU run on one machine whose processes' predicted memory (`rlx.memory.host`) is over what
+    Ray's memory monitor allows of the machine: the refusal, naming the largest
+    `train.micro_batch_size` that fits; [] otherwise. Checked when a run starts (`rlx.runtime`,
+    its prompts counted once the data is read), not when composing: a config composed on a CPU
+    for a model's size stays valid to compose."""
+    from rlx.config.build import locate
+    from rlx.memory.host import PROCESS_BYTES, RAY_KILL_FRACTION, gib, host_bytes, host_plan
+    from rlx.models.family import ModelFamily
+
+    c, t = cfg.cluster, cfg.train
+    family = locate(cfg.model._target_)
+    if (
+        c.gpus_per_node != 0
+        or c.num_nodes > 1
+        or not (isinstance(family, type) and issubclass(family, ModelFamily))
+    ):
+        return []
+    setup = _setup(cfg)
+    host, source = (
+        (round(c.host_memory_gib * GIB), f"cluster.host_memory_gib={c.host_memory_gib:g}")
+        if c.host_memory_gib is not None
+        else (host_bytes(), "this machine's")
+    )
+    limit = RAY_KILL_FRACTION * host
+    plan = host_plan(setup)
+    if plan.total <= limit:
+        return []
+    fits, size = None, t.micro_batch_size // 2
+    while size >= 1 and fits is None:
+        trial = replace(setup, train=replace(setup.train, micro_batch_size=size))
+        if host_plan(trial).total <= limit:
+            fits = size
+        size //= 2
+    fix = (
+        f"set train.micro_batch_size={fits} (the largest halving that fits)"
+        if fits is not None
+        else "use a smaller model or a GPU cluster (e.g. cluster=1gpu)"
+    )
+    return [
+        f"host memory plan: this CPU run needs about {gib(plan.total)} GiB (a trainer rank "
+        f"{gib(plan.trainer_rank)} × {plan.num_trainer_ranks} at train.micro_batch_size={t.micro_batch_size}, "
+        f"an engine {gib(plan.engine)} × {plan.num_engines}, the driver {gib(PROCESS_BYTES)}), more than "
+        f"{RAY_KILL_FRACTION:.0%} of the host's {gib(host)} GiB ({source}), past which Ray's memory monitor "
+        f"kills a process; {fix}, or state a larger machine with cluster.host_memory_gib "
+        "(approximate: rlx/memory/host.py)"
+    ]
+
+
 def _planned(rc: RlxConfig) -> tuple[Setup, Plan] | None:
     """(the plan's inputs, the plan) of a GPU run, the inputs read once; None: `no_plan` says why."""
     if no_plan(rc):

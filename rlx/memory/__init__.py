@@ -14,7 +14,8 @@ megatron, no Ray):
   critic, activations of the micro-batches in flight, logits;
 - `engine`: weights, KV cache from `mem_fraction_static`, CUDA graphs, workspace;
 - `plan`: the roles (trainer, engine, colocated GPU) and their phases; the refusal and its advice;
-- `report`: the printed tables; `gpus`: this machine's GPU memory, from nvidia-smi.
+- `report`: the printed tables; `gpus`: this machine's GPU memory, from nvidia-smi;
+- `host`: a CPU run's processes in the machine's memory (calibrated on a CPU; refuses what cannot fit).
 
 What is approximate is said where it is computed; the goal is within 15% of the measured peak
 (`bench/grpo_step.py` prints the prediction beside `perf/trainer_peak_mem_gib`).

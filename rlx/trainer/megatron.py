@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -242,6 +243,8 @@ class MegatronTrainer:
         metrics["time/train_s"] = time.perf_counter() - start
         if self.device.type == "cuda":
             metrics["perf/trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        else:  # the process's peak resident memory (Linux: KiB), start-up included
+            metrics["perf/trainer_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         return metrics
 
     def _old_logp_from_training_pass(self, samples: list[Sample]) -> bool:
