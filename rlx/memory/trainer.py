@@ -61,7 +61,7 @@ def micro_batch_key(s: Setup, forward_only: bool = False) -> str:
 def micro_batch(s: Setup, forward_only: bool = False) -> MicroBatch:
     """The largest micro-batch the trainer makes: `rows` samples of the longest sample (right-padded
     to the pad multiple), or one packed row of the token budget."""
-    from rlx.trainer.context import pad_multiple  # the trainer's own padding rule
+    from rlx.trainer.batch import pad_multiple  # the trainer's own padding rule
 
     c, t = s.cluster, s.train
     pad = pad_multiple(c.tensor_parallel_size, c.context_parallel_size)

@@ -17,6 +17,12 @@ import torch
 from rlx.sample import Sample
 
 
+def pad_multiple(tp: int, cp: int) -> int:
+    """What every micro-batch's sequence length is padded to a multiple of: TP (sequence
+    parallelism splits it over TP ranks), and with CP > 1, 2 × CP chunks each a multiple of it."""
+    return tp if cp == 1 else 2 * cp * tp
+
+
 @dataclass
 class MicroBatch:
     """One micro-batch; response tensors are aligned so column t is response token t.

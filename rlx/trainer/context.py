@@ -36,12 +36,6 @@ def cp_size() -> int:
     return parallel_state.get_context_parallel_world_size()
 
 
-def pad_multiple(tp: int, cp: int) -> int:
-    """What every micro-batch's sequence length is padded to a multiple of: TP (sequence
-    parallelism splits it over TP ranks), and with CP > 1, 2 × CP chunks each a multiple of it."""
-    return tp if cp == 1 else 2 * cp * tp
-
-
 def local_positions(seq_len: int, device: torch.device) -> torch.Tensor:
     """This CP rank's positions of a sequence of `seq_len` (all of them with CP = 1)."""
     from megatron.core import parallel_state

@@ -36,7 +36,7 @@ from rlx.models.config import ModelConfig
 from rlx.models.precision import half_precision
 from rlx.sample import Sample
 from rlx.trainer import context
-from rlx.trainer.batch import MicroBatch, response_slice
+from rlx.trainer.batch import MicroBatch, pad_multiple, response_slice
 from rlx.trainer.config import PRECISION_DTYPES, TrainConfig
 from rlx.trainer.critic import Critic
 from rlx.trainer.megatron_check import megatron_overrides
@@ -87,9 +87,7 @@ class MegatronTrainer:
             cp=cluster_cfg.context_parallel_size, seed=seed, store=store,
         )  # fmt: skip
         # Sequence parallelism (MoE under TP) splits the sequence over TP ranks, CP over CP ranks.
-        pad_multiple = context.pad_multiple(
-            cluster_cfg.tensor_parallel_size, cluster_cfg.context_parallel_size
-        )
+        padding = pad_multiple(cluster_cfg.tensor_parallel_size, cluster_cfg.context_parallel_size)
         self.algo = build(algo_cfg)
         # recompute and the pipeline schedule's flags, then the model's own (rlx.trainer.megatron_check,
         # which builds the same TransformerConfig in the driver when the config is composed)
@@ -107,7 +105,7 @@ class MegatronTrainer:
                 apply_lora(chunk, self.lora, seed)
         self.policy = Trainable(
             chunks, train_cfg, peak_lr=train_cfg.lr, total_steps=total_steps, params_dtype=params_dtype,
-            forward_step=self._forward_step, device=self.device, pad_multiple=pad_multiple,
+            forward_step=self._forward_step, device=self.device, pad_multiple=padding,
             fuse_wgrad=self.family.kernels().wgrad_accumulation,
             lora=None if self.lora is None else asdict(self.lora),
         )  # fmt: skip
@@ -122,7 +120,7 @@ class MegatronTrainer:
         if self.algo.needs_critic:
             self.critic = Critic(
                 self.family, hf_dir, algo_cfg, train_cfg, total_steps=total_steps,
-                device=self.device, params_dtype=params_dtype, pad_multiple=pad_multiple, seed=seed,
+                device=self.device, params_dtype=params_dtype, pad_multiple=padding, seed=seed,
             )  # fmt: skip
 
     @property

@@ -8,8 +8,7 @@ import torch
 
 from rlx.models.attention import load_balanced_positions, to_sequence_order
 from rlx.sample import Sample
-from rlx.trainer.batch import make_micro_batch, make_packed_micro_batch
-from rlx.trainer.context import pad_multiple
+from rlx.trainer.batch import make_micro_batch, make_packed_micro_batch, pad_multiple
 
 
 @pytest.mark.parametrize(
