@@ -24,6 +24,7 @@ does not fit, not every run that would not; `cluster.host_memory_gib` states a l
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from rlx.memory.params import model_params
@@ -33,7 +34,8 @@ from rlx.memory.trainer import micro_batch, static_terms, training_terms
 ACTIVATION_FACTOR = 1.55
 LOGIT_BYTES = 29
 PROCESS_BYTES = int(0.9 * GIB)  # torch, megatron, transformers and Ray's worker, before any model
-RAY_KILL_FRACTION = 0.95  # Ray's memory monitor: RAY_memory_usage_threshold's default
+# Ray's memory monitor kills a worker past this share of the machine (RAY_memory_usage_threshold)
+RAY_KILL_FRACTION = float(os.environ.get("RAY_memory_usage_threshold", 0.95))
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,13 @@ def _fp32(rollout):
     return replace(rollout, engine_args={**rollout.engine_args, "dtype": "float32"})
 
 
-def host_plan(s: Setup, cpu_kv_cache_bytes: int = 1 << 30) -> HostPlan:
-    c = s.cluster
+def host_plan(s: Setup) -> HostPlan:
     engines = s.rollout.num_engines if s.with_engines else 0
-    ranks = c.num_trainer_procs if s.with_trainer else 0
-    return HostPlan(trainer_rank_bytes(s), ranks, engine_bytes(s, cpu_kv_cache_bytes), engines)
+    ranks = s.cluster.num_trainer_procs if s.with_trainer else 0
+    kv = (
+        s.rollout.engine_args.get("cpu_kv_cache_bytes") or 1 << 30
+    )  # the engine's default (rlx.engine.config)
+    return HostPlan(trainer_rank_bytes(s), ranks, engine_bytes(s, kv), engines)
 
 
 def host_bytes() -> int:
