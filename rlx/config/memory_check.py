@@ -211,6 +211,10 @@ def print_plan(rc: RlxConfig) -> None:
     this config would get, after the plan, as a ConfigError."""
     if (reason := no_plan(rc)) is not None:
         print(f"memory plan: none for {reason}")
+        if (line := host_plan_line(rc)) is not None:
+            print(line, flush=True)
+        if errors := host_memory_errors(rc):
+            raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
         return
     roomier = roomier_micro_batch(rc)
     setup, plan = _planned(rc)
@@ -233,28 +237,15 @@ def host_memory_errors(cfg: RlxConfig) -> list[str]:
     `train.micro_batch_size` that fits; [] otherwise. Checked when a run starts (`rlx.runtime`,
     its prompts counted once the data is read), not when composing: a config composed on a CPU
     for a model's size stays valid to compose."""
-    from rlx.config.build import locate
-    from rlx.memory.host import PROCESS_BYTES, RAY_KILL_FRACTION, gib, host_bytes, host_plan
-    from rlx.models.family import ModelFamily
+    from rlx.memory.host import PROCESS_BYTES, RAY_KILL_FRACTION, gib, host_plan
 
-    c, t = cfg.cluster, cfg.train
-    family = locate(cfg.model._target_)
-    if (
-        c.gpus_per_node != 0
-        or c.num_nodes > 1
-        or not (isinstance(family, type) and issubclass(family, ModelFamily))
-    ):
+    if (planned := _host_planned(cfg)) is None:
         return []
-    setup = _setup(cfg)
-    host, source = (
-        (round(c.host_memory_gib * GIB), f"cluster.host_memory_gib={c.host_memory_gib:g}")
-        if c.host_memory_gib is not None
-        else (host_bytes(), "this machine's")
-    )
+    setup, plan, host, source = planned
     limit = RAY_KILL_FRACTION * host
-    plan = host_plan(setup)
     if plan.total <= limit:
         return []
+    t = cfg.train
     fits, size = None, t.micro_batch_size // 2
     while size >= 1 and fits is None:
         trial = replace(setup, train=replace(setup.train, micro_batch_size=size))
@@ -274,6 +265,47 @@ def host_memory_errors(cfg: RlxConfig) -> list[str]:
         f"kills a process; {fix}, or state a larger machine with cluster.host_memory_gib "
         "(approximate: rlx/memory/host.py)"
     ]
+
+
+def host_plan_line(cfg: RlxConfig) -> str | None:
+    """`run.plan_only`'s line for a CPU run (None: several nodes, or no rlx model family)."""
+    from rlx.memory.host import PROCESS_BYTES, gib
+
+    if (planned := _host_planned(cfg)) is None:
+        return None
+    _, plan, host, source = planned
+    prompts = "" if cfg.data.max_prompt_len else "; prompts not counted: data.max_prompt_len is unset"
+    return (
+        f"host memory plan: about {gib(plan.total)} GiB of the host's {gib(host)} GiB ({source}): a trainer rank "
+        f"{gib(plan.trainer_rank)} × {plan.num_trainer_ranks}, an engine {gib(plan.engine)} × {plan.num_engines}, "
+        f"the driver {gib(PROCESS_BYTES)} (approximate: rlx/memory/host.py{prompts})"
+    )
+
+
+def _host_planned(cfg: RlxConfig):
+    """(setup, host plan, the host's bytes, where that figure comes from) of a CPU run on one
+    machine with an rlx model family; None otherwise."""
+    from rlx.config.build import locate
+    from rlx.memory.host import host_bytes, host_plan
+    from rlx.models.family import ModelFamily
+
+    c = cfg.cluster
+    family = locate(cfg.model._target_)
+    if (
+        c.gpus_per_node != 0
+        or c.num_nodes > 1
+        or not (isinstance(family, type) and issubclass(family, ModelFamily))
+    ):
+        return None
+    setup = _setup(cfg)
+    if c.host_memory_gib is not None:
+        return (
+            setup,
+            host_plan(setup),
+            round(c.host_memory_gib * GIB),
+            f"cluster.host_memory_gib={c.host_memory_gib:g}",
+        )
+    return setup, host_plan(setup), host_bytes(), "this machine's"
 
 
 def _planned(rc: RlxConfig) -> tuple[Setup, Plan] | None:

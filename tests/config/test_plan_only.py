@@ -64,12 +64,22 @@ def test_plan_only_prints_a_plan_that_does_not_fit_then_refuses_it(no_ray, tmp_p
     assert "cluster.tensor_parallel_size" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_cpu_run_has_no_plan(no_ray, tmp_path):
-    done = plan_only(no_ray, tmp_path, "cluster.gpu_memory_gib=0.001")  # the default job: CPU
+def test_a_cpu_run_has_no_gpu_plan_and_its_host_plan_refuses_what_cannot_fit(no_ray, tmp_path):
+    """The default job (CPU): no GPU plan; the host plan's line, its three processes of 0.9 GiB
+    each (the tiny model's terms: kilobytes), on a machine stated as 24 GiB; on one of 2 GiB the
+    refusal its run would get (status 1), which no micro-batch avoids."""
+    done = plan_only(no_ray, tmp_path / "fits", "cluster.gpu_memory_gib=0.001", "cluster.host_memory_gib=24")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (
-        "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu"
-    )
+    assert done.stdout.strip().splitlines() == [
+        "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu",
+        "host memory plan: about 2.7 GiB of the host's 24.0 GiB (cluster.host_memory_gib=24): a trainer rank "
+        "0.9 × 1, an engine 0.9 × 1, the driver 0.9 (approximate: rlx/memory/host.py; prompts not counted: "
+        "data.max_prompt_len is unset)",
+    ]
+    done = plan_only(no_ray, tmp_path / "over", "cluster.host_memory_gib=2")
+    assert done.returncode == 1 and "this run would be refused:" in done.stderr, done.stderr
+    assert "more than 95% of the host's 2.0 GiB (cluster.host_memory_gib=2)" in done.stderr
+    assert "use a smaller model or a GPU cluster (e.g. cluster=1gpu)" in done.stderr
 
 
 def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
