@@ -72,6 +72,7 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
     every hand-over whole: about 0.5 ms a GiB (SmolLM2-135M's 120 GiB: 0.08 s a step, 1×H200).
     Returns the run's log line; None where nothing changes (split or CPU engines, a launcher that
     sizes its own running cap, max_total_tokens set by the user or smaller already)."""
+    from rlx.memory.engine import ENGINE_DEFAULTS
     from rlx.rollout.launchers import engine_args_for_batch
 
     r = rc.rollout
@@ -82,7 +83,7 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
     )
     if not running:
         return None
-    page = r.engine_args.get("page_size") or 16  # the engine's default (rlx.engine.config)
+    page = r.engine_args.get("page_size") or ENGINE_DEFAULTS["page_size"]
     response = max(r.max_response_len, r.eval_max_response_len or 0)
     tokens = running * -(-(longest_prompt + response) // page) * page
     if (capped := r.engine_args.get("max_total_tokens")) is not None and capped <= tokens:

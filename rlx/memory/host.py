@@ -60,25 +60,19 @@ def trainer_rank_bytes(s: Setup) -> int:
 
 
 def engine_bytes(s: Setup, cpu_kv_cache_bytes: int) -> int:
-    from rlx.memory.engine import kv_bytes_per_token
+    """Weights in fp32 and the KV cache its CPU budget buys (the engine's own arithmetic)."""
+    from rlx.memory.engine import kv_cache
 
-    weights = 4 * model_params(s.model).total
-    context = s.model.max_position_embeddings
-    running = s.rollout.engine_args.get("max_running_requests") or 256
-    most_useful = running * context * kv_bytes_per_token(replace(s, rollout=_fp32(s.rollout)))
-    return weights + min(cpu_kv_cache_bytes, most_useful) + PROCESS_BYTES
-
-
-def _fp32(rollout):
-    return replace(rollout, engine_args={**rollout.engine_args, "dtype": "float32"})
+    fp32 = replace(s, rollout=replace(s.rollout, engine_args={**s.rollout.engine_args, "dtype": "float32"}))
+    return 4 * model_params(s.model).total + kv_cache(fp32, cpu_kv_cache_bytes)[0] + PROCESS_BYTES
 
 
 def host_plan(s: Setup) -> HostPlan:
+    from rlx.engine.config import EngineArgs  # its defaults
+
     engines = s.rollout.num_engines if s.with_engines else 0
     ranks = s.cluster.num_trainer_procs if s.with_trainer else 0
-    kv = (
-        s.rollout.engine_args.get("cpu_kv_cache_bytes") or 1 << 30
-    )  # the engine's default (rlx.engine.config)
+    kv = s.rollout.engine_args.get("cpu_kv_cache_bytes") or EngineArgs.cpu_kv_cache_bytes
     return HostPlan(trainer_rank_bytes(s), ranks, engine_bytes(s, kv), engines)
 
 
