@@ -11,6 +11,8 @@ One step, colocated (slime's order):
 
 The trainer's gradients and optimizer state leave before the engines' weights come back: a 9B
 model's (17.5 + 26 GiB a rank at TP=2 DP=2) beside the engine's weights would not fit an 80 GB GPU.
+Where the memory plan fits the trainer's whole peak beside the engines (`release_trainer_cache`
+false), nothing of the trainer moves: its turns are the engines' release and resume alone.
 """
 
 from __future__ import annotations
@@ -27,14 +29,18 @@ if TYPE_CHECKING:  # the driver imports Megatron (seconds) only once a trainer s
 class GpuTurns:
     """Alternates a colocated trainer and its engines on the same GPUs (no-ops when split)."""
 
-    def __init__(self, colocated: bool, trainer: TrainerGroup, offload_trainer: bool = True):
+    def __init__(
+        self, colocated: bool, trainer: TrainerGroup, offload_trainer: bool = True, release_cache: bool = True
+    ):
         self.colocated, self.trainer = colocated, trainer
         self.offload_trainer = offload_trainer  # False: its weights and optimizer state stay on the GPU
+        # False (with the state kept): its gradient buffers and cached memory stay too, nothing moves
+        self.trainer_moves = colocated and (offload_trainer or release_cache)
         self.pool: RolloutPool | None = None
 
     def before_engines_start(self) -> dict[str, float]:
         """The trainer leaves the GPU before the engines allocate their weights and KV cache."""
-        return self.trainer.offload(self.offload_trainer) if self.colocated else {}
+        return self.trainer.offload(self.offload_trainer) if self.trainer_moves else {}
 
     def to_trainer(self) -> dict[str, float]:
         """The engines free their GPU memory and the trainer takes it back; memory figures."""
@@ -52,13 +58,15 @@ class GpuTurns:
         if not self.colocated:
             return {"time/weight_sync_s": sync(version)}
         clock = _Clock()
-        self.trainer.offload(self.offload_trainer, keep_params=True)
+        if self.trainer_moves:
+            self.trainer.offload(self.offload_trainer, keep_params=True)
         clock.lap("trainer_offload_state")
         self.pool.resume_memory(["weights"])
         clock.lap("engines_resume_weights")
         metrics = {"time/weight_sync_s": sync(version)}
         clock.lap(None)  # reported as time/weight_sync_s
-        metrics |= self.trainer.offload(self.offload_trainer)
+        if self.trainer_moves:
+            metrics |= self.trainer.offload(self.offload_trainer)
         clock.lap("trainer_offload")
         self.pool.resume_memory(["kv_cache"])
         clock.lap("engines_resume_kv_cache")

@@ -14,14 +14,18 @@ from rlx.config.schema import RlxConfig
 from rlx.errors import ConfigError
 from rlx.memory import GIB, Plan, Setup, memory_errors, plan_memory, report, trainer_peak_allocated
 from rlx.memory.gpus import visible_gpu_bytes
-from rlx.memory.plan import kept_kv_tokens, offload_decision
+from rlx.memory.plan import kept_kv_tokens, offload_decision, release_decision
 
 
 def memory_setup(rc: RlxConfig) -> Setup:
-    """The plan's inputs from the composed config (`cluster.offload_trainer=auto` decided)."""
+    """The plan's inputs from the composed config (`cluster.offload_trainer=auto` and
+    `cluster.release_trainer_cache=auto` decided)."""
     setup = _setup(rc)
     if setup.cluster.offload_trainer == "auto":
         setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=_decide(setup, rc)[0]))
+    if setup.cluster.release_trainer_cache == "auto":
+        release = release_decision(setup, gpu_memory(rc)[0])[0]
+        setup = replace(setup, cluster=replace(setup.cluster, release_trainer_cache=release))
     return setup
 
 
@@ -38,6 +42,27 @@ def resolve_offload(rc: RlxConfig) -> str | None:
         rc.cluster.offload_trainer = True
         return "offloaded: no memory plan for this run"
     rc.cluster.offload_trainer, why = _decide(_setup(rc), rc)
+    return why
+
+
+def resolve_release(rc: RlxConfig) -> str | None:
+    """Set `rc.cluster.release_trainer_cache` to what `auto` (the default) decides
+    (`release_decision`), once `resolve_offload` has decided `offload_trainer`; the reason, for the
+    run's log (None: not auto, or not colocated). `false` is refused where the state is offloaded."""
+    c = rc.cluster
+    if c.release_trainer_cache is False and c.offload_trainer is True and c.colocate:
+        raise ConfigError(
+            "cluster.release_trainer_cache=false keeps the trainer's whole peak on the GPU while the engines "
+            "generate, but cluster.offload_trainer=auto moves its state to the CPU (the plan does not fit it "
+            "kept: run.plan_only=true with cluster.offload_trainer=false says why); set "
+            "cluster.release_trainer_cache=auto"
+        )
+    if c.release_trainer_cache != "auto":
+        return None
+    if not c.colocate or no_plan(rc):
+        c.release_trainer_cache = True
+        return None
+    c.release_trainer_cache, why = release_decision(_setup(rc), gpu_memory(rc)[0])
     return why
 
 

@@ -68,7 +68,7 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
     copies over PCIe at each hand-over) where, planned so, every GPU fits with `cluster.memory_margin`
     free and each engine's KV cache holds its share of a step's samples at full length (a smaller
     cache would make the rollout wait for room); else it goes to the host while the engines generate."""
-    c, r = s.cluster, s.rollout
+    c = s.cluster
     if not (c.colocate and s.with_trainer and s.with_engines):
         return True, "not colocated"
     if gpu_bytes is None:
@@ -80,8 +80,7 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
             True,
             "offloaded: kept on the GPU, it would not fit (run.plan_only=true with cluster.offload_trainer=false says why)",
         )
-    tokens = kept_kv_tokens(s, gpu_bytes)
-    step = math.ceil(r.batch_size * r.n_samples_per_prompt / max(r.num_engines, 1)) * s.sample_len
+    tokens, step = kept_kv_tokens(s, gpu_bytes), step_tokens(s)
     if tokens < step:
         return True, (
             f"offloaded: kept on the GPU, it would leave each engine's KV cache {tokens:,} tokens, fewer than its "
@@ -93,9 +92,44 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
     )
 
 
+def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
+    """`cluster.release_trainer_cache=auto`, for a trainer whose state stays on the GPU
+    (`offload_trainer` decided false): (release, why). Nothing of the trainer moves at a hand-over
+    (its gradient buffers and the allocator's cached activation memory stay, and training finds them
+    allocated) where, planned so, every GPU fits and each engine's KV cache beside the trainer's
+    whole peak holds its share of a step's samples at full length, as `offload_decision`'s rule."""
+    c = s.cluster
+    if not (c.colocate and s.with_trainer and s.with_engines):
+        return True, "not colocated"
+    if c.offload_trainer is not False:
+        return True, "released: the trainer's state is offloaded while the engines generate"
+    if gpu_bytes is None:
+        return True, "released: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
+    kept = replace(s, cluster=replace(c, release_trainer_cache=False))
+    if memory_errors(kept, plan_memory(kept, gpu_bytes)):
+        return True, "released: kept, the trainer's peak beside the engines would not fit"
+    tokens, step = kept_kv_tokens(kept, gpu_bytes), step_tokens(s)
+    if tokens < step:
+        return True, (
+            f"released: kept, the trainer's peak would leave each engine's KV cache {tokens:,} tokens, fewer "
+            f"than its share of a step's samples ({step:,})"
+        )
+    return False, (
+        f"kept: nothing of the trainer moves at a hand-over; beside its peak each engine's KV cache holds "
+        f"{tokens:,} tokens, its share of a step's samples {step:,}"
+    )
+
+
+def step_tokens(s: Setup) -> int:
+    """An engine's share of a step's samples, each at the longest length the plan counts."""
+    r = s.rollout
+    return math.ceil(r.batch_size * r.n_samples_per_prompt / max(r.num_engines, 1)) * s.sample_len
+
+
 def kept_kv_tokens(s: Setup, gpu_bytes: int) -> int:
     """The tokens each colocated engine's KV cache holds beside a trainer kept on the GPU (its
-    weights and optimizer state, `resident_while_generating`): the cap `rlx.config.memory_check`
+    weights and optimizer state, or with `release_trainer_cache=false` its whole peak:
+    `resident_while_generating`): the cap `rlx.config.memory_check`
     gives the engines, which size their caches from the memory free when they start, before the
     trainer's first step allocates its optimizer state."""
     kept = replace(s, cluster=replace(s.cluster, offload_trainer=False))
@@ -125,7 +159,9 @@ def headline(s: Setup, num_params: int) -> str:
     sizes = f"TP={c.tensor_parallel_size} PP={c.pipeline_parallel_size} CP={c.context_parallel_size}"
     sizes += f" EP={c.expert_parallel_size} DP={s.data_parallel_size}"
     placement = "colocated" + (
-        ", trainer offloaded while generating" if c.offload_trainer else ", trainer kept on the GPU"
+        ", trainer offloaded while generating"
+        if c.offload_trainer
+        else ", trainer kept on the GPU" + " whole" * (c.release_trainer_cache is False)
     )
     gpus = lambda n, what: f"{n} {what} GPU" + "s" * (n != 1)  # noqa: E731
     split = f"split: {gpus(c.num_trainer_procs, 'trainer')} + {gpus(c.num_rollout_gpus, 'engine')}"

@@ -293,9 +293,23 @@ def trainer_phases(s: Setup, p: ModelParams, stage: int, *, context: bool = True
 def resident_while_generating(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     """What a colocated trainer rank leaves on the GPU while its engine generates: its CUDA context,
     and with `cluster.offload_trainer=false` its weights and optimizer state (the gradient buffer and
-    the allocator's cache are freed either way: `rlx.trainer.offload`)."""
+    the allocator's cache are freed: `rlx.trainer.offload`), or with `cluster.release_trainer_cache=
+    false` as well everything its largest phase holds (nothing is freed: `rlx.colocation`)."""
     if s.cluster.offload_trainer:
         return [context_term("trainer, offloaded to CPU")]
+    if s.cluster.release_trainer_cache is False:
+        peak = max(trainer_phases(s, p, stage), key=lambda phase: phase.bytes)
+        knob = ("cluster.release_trainer_cache=true",)
+        return [
+            t
+            if t.name.startswith("CUDA context")
+            else Term(
+                f"trainer's {t.name.split(' (')[0].split(',')[0]} (kept at its {peak.name} peak)",
+                t.bytes,
+                knob,
+            )
+            for t in peak.terms
+        ]
     kept = static_terms(s, p, stage, gradients=False)
     knob = ("cluster.offload_trainer=true",)
     return [Term(f"trainer's {t.name.split(' (')[0]}, kept on the GPU", t.bytes, knob) for t in kept] + [

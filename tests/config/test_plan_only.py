@@ -84,8 +84,8 @@ def test_a_cpu_run_has_no_gpu_plan_and_its_host_plan_refuses_what_cannot_fit(no_
 
 def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     """`rlx.runtime.run` prepares a run (config, checkpoint, data) before Ray starts; on a GPU
-    cluster its first log lines are the plan, then what `cluster.offload_trainer=auto` decided by
-    it; on CPU there is none. Composed here, not run."""
+    cluster its first log lines are the plan, then what `cluster.offload_trainer=auto` and
+    `cluster.release_trainer_cache=auto` decided by it; on CPU there is none. Composed here, not run."""
     import logging
 
     from rlx.config.compose import compose
@@ -107,7 +107,7 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     # then what cluster.offload_trainer=auto (the default) decided from it, the KV cache's cap
     # beside the trainer, and its size by the requests: the toy task's prompts of at most 4 tokens
     # and 4 of response, 256 running (the engine's least), a page of 16 tokens each
-    decided, capped, sized, roomier = (r.getMessage() for r in caplog.records[1:5])
+    decided, kept, capped, sized, roomier = (r.getMessage() for r in caplog.records[1:6])
     assert sized.startswith(
         "each engine's KV cache holds its 256 running requests at full length: 256 × (4 prompt"
     )
@@ -117,6 +117,11 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     assert roomier.startswith("train.micro_batch_size=64: the plan fits 256 as well")
     assert decided.startswith(
         "cluster.offload_trainer=auto: kept on the GPU: beside it each engine's KV cache"
+    )
+    # and cluster.release_trainer_cache=auto: the tiny trainer's whole peak stays beside the engine
+    assert kept.startswith(
+        "cluster.release_trainer_cache=auto: kept: nothing of the trainer moves at a hand-over; beside its "
+        "peak each engine's KV cache holds"
     )
     assert capped.startswith(
         "the trainer stays on the GPU while the engines generate: each engine's KV cache is capped"

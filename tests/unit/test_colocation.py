@@ -59,9 +59,11 @@ class FakeTrainer:
         return {"colocate/trainer_offloaded_process_reserved_gib": 0.5 if keep_params else 0.1}
 
 
-def turns(colocated: bool, offload_trainer: bool = True) -> tuple[GpuTurns, Recorder]:
+def turns(
+    colocated: bool, offload_trainer: bool = True, release_cache: bool = True
+) -> tuple[GpuTurns, Recorder]:
     recorder = Recorder()
-    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder), offload_trainer)
+    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder), offload_trainer, release_cache)
     gpu_turns.pool = FakePool(recorder)
     return gpu_turns, recorder
 
@@ -109,6 +111,25 @@ def test_colocated_hand_overs_run_in_order_and_time_each_part(offload_trainer):
     )
     engines_parts = sum(timed[k] for k in list(parts)[2:])
     assert engines_parts + PAUSE["sync"] <= to_engines["time/colocate_to_engines_s"] < engines_parts + 0.06
+
+
+def test_a_trainer_kept_whole_moves_nothing_and_the_engines_turn_alone():
+    """cluster.release_trainer_cache=false with the state kept: no offload at all (its gradient
+    buffers and cached memory stay); the engines release, resume and take the weights as before.
+    The onload call stays (a no-op on a trainer that never left; it reports the memory figures)."""
+    gpu_turns, recorder = turns(colocated=True, offload_trainer=False, release_cache=False)
+    assert gpu_turns.before_engines_start() == {}
+    to_trainer = gpu_turns.to_trainer()
+    to_engines = gpu_turns.publish(lambda version: recorder.did("sync") or 0.04, 1)
+    assert recorder.calls == ["release", "onload", "resume weights", "sync", "resume kv"]
+    assert gpu_turns.trainer.moved_state == []
+    assert to_trainer["colocate/before_onload_device_used_gib"] == 4.0
+    assert to_engines["time/colocate/trainer_offload_state_s"] < 0.01
+    assert to_engines["time/colocate/trainer_offload_s"] < 0.01
+    # an offloaded state moves whatever the cache setting (the plan and the config refuse the pair)
+    gpu_turns, recorder = turns(colocated=True, offload_trainer=True, release_cache=False)
+    gpu_turns.before_engines_start()
+    assert gpu_turns.trainer.moved_state == [(True, False)]
 
 
 def test_split_placement_hands_nothing_over():

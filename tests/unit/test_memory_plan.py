@@ -292,6 +292,79 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
     }  # fmt: skip
 
 
+def test_a_trainer_kept_whole_holds_its_training_peak_while_the_engine_generates():
+    """cluster.release_trainer_cache=false: nothing of the trainer moves at a hand-over, so while
+    the engine generates (and takes the new weights) the trainer holds what its largest phase,
+    training, holds: weights, the fp32 gradient buffer, the optimizer state, a micro-batch's
+    activations and logits (the allocator keeps their memory), beside the engine's terms."""
+    s = setup(
+        cluster={
+            "gpus_per_node": 1,
+            "colocate": True,
+            "offload_trainer": False,
+            "release_trainer_cache": False,
+        }
+    )
+    role = plan_memory(s, GIB).roles[0]
+    training, syncing, generating = (terms(role.phases[i]) for i in (0, 3, 4))
+    kept = {k: v for k, v in generating.items() if k.startswith("trainer's")}
+    assert kept == {
+        "trainer's policy weights": TINY_PARAMS * 2,
+        "trainer's gradients": TINY_PARAMS * 4,
+        "trainer's optimizer state": TINY_PARAMS * 12,
+        # 2 × 32 tokens: 2 layers' stored activations; the logits of one micro-batch (16-entry vocabulary, bf16)
+        "trainer's activations": training["activations"],
+        "trainer's logits": 2 * 32 * 16 * 2,
+    }
+    assert (
+        training["activations"] > 0
+        and {k: v for k, v in syncing.items() if k.startswith("trainer's")} == kept
+    )
+    assert generating["engine weights"] == TINY_PARAMS * 2 and "KV cache" in generating
+
+
+def test_release_trainer_cache_auto_keeps_the_whole_trainer_where_a_steps_samples_still_fit():
+    """cluster.release_trainer_cache=auto (rlx.memory.plan.release_decision), for a trainer whose
+    state stays: kept whole exactly while each engine's KV cache, beside the trainer's training
+    peak, holds its share of a step's samples at full length; released otherwise, and always when
+    the state itself is offloaded or the GPU's size unknown."""
+    from rlx.memory.engine import kv_tokens
+    from rlx.memory.plan import release_decision
+    from rlx.memory.trainer import resident_while_generating
+
+    kept = {"gpus_per_node": 1, "colocate": True, "offload_trainer": False}
+    s = setup(cluster=kept, rollout={"engine_args": {"max_running_requests": 256}, "weight_bucket_mb": 1})
+    whole = replace(s, cluster=replace(s.cluster, release_trainer_cache=False))
+    # a GPU on which neither cache reaches its cap (every running request at the full context)
+    p, gpu = model_params(TINY), 1167 * 2**20
+    tokens = kv_tokens(whole, p, resident_while_generating(whole, p, 0), gpu)
+    state_only = kv_tokens(s, p, resident_while_generating(s, p, 0), gpu)
+    # the peak holds the gradients, activations and logits more than the state: that many bytes fewer
+    # for the cache, to a page (16 tokens) of the engine's rounding
+    more = TINY_PARAMS * 4 + terms(trainer_phases(s, p, 0)[0])["activations"] + 2 * 32 * 16 * 2
+    assert 0 < tokens < state_only < 16_384
+    assert abs((state_only - tokens) * kv_bytes_per_token(s) - more) < 16 * kv_bytes_per_token(s)
+    fits, over = tokens // 32, tokens // 32 + 1
+    for samples, release in ((fits, False), (over, True)):
+        step = replace(s, rollout=replace(s.rollout, batch_size=samples, n_samples_per_prompt=1))
+        decided, why = release_decision(step, gpu)
+        assert decided is release, why
+        assert why.startswith(
+            "released: kept, the trainer's peak would leave" if release else "kept: nothing"
+        )
+    offloaded = replace(s, cluster=replace(s.cluster, offload_trainer=True))
+    assert release_decision(offloaded, gpu) == (
+        True,
+        "released: the trainer's state is offloaded while the engines generate",
+    )
+    assert release_decision(s, None)[0] is True
+    assert release_decision(setup(), gpu) == (True, "not colocated")
+    assert (
+        release_decision(s, 2 * 2**20)[1]
+        == "released: kept, the trainer's peak beside the engines would not fit"
+    )
+
+
 def test_a_colocated_weight_sync_holds_the_trainers_weights_beside_the_engines():
     """rlx.colocation: the trainer's gradients and optimizer state leave before the engine's weights
     come back; its weights (read by the sync) and the reference's stay until the sync is done."""
@@ -651,6 +724,31 @@ def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspel
     assert resolve_offload(rc) is None  # decided: no longer auto
     with pytest.raises(ConfigError, match="cluster.offload_trainer.*true, false or auto"):
         compose(["cluster.offload_trainer=sometimes"])
+
+
+def test_release_trainer_cache_auto_is_decided_after_the_offload_and_refused_beside_an_offloaded_state():
+    from rlx.config.compose import compose, to_object
+    from rlx.config.memory_check import resolve_offload, resolve_release
+    from rlx.errors import ConfigError
+
+    rc = to_object(compose([]))  # the CPU default job, split: nothing to decide or log
+    assert resolve_release(rc) is None and rc.cluster.release_trainer_cache is True
+    gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=79.6"]
+    rc = to_object(compose(gpu))
+    resolve_offload(rc)
+    assert resolve_release(rc).startswith("kept: nothing of the trainer moves at a hand-over")
+    assert rc.cluster.release_trainer_cache is False and resolve_release(rc) is None  # decided
+    rc = to_object(compose([*gpu, "cluster.offload_trainer=true"]))
+    assert resolve_release(rc).startswith("released: the trainer's state is offloaded")
+    assert rc.cluster.release_trainer_cache is True
+    with pytest.raises(ConfigError, match=r"release_trainer_cache=false keeps .* cluster.offload_trainer=true moves"):
+        compose([*gpu, "cluster.offload_trainer=true", "cluster.release_trainer_cache=false"])
+    rc = to_object(compose([*gpu, "cluster.release_trainer_cache=false"]))
+    rc.cluster.offload_trainer = True  # what auto decides where the plan cannot keep the state
+    with pytest.raises(ConfigError, match="cluster.offload_trainer=auto moves its state to the CPU"):
+        resolve_release(rc)
+    with pytest.raises(ConfigError, match="cluster.release_trainer_cache.*true, false or auto"):
+        compose(["cluster.release_trainer_cache=never"])
 
 
 def test_a_trainer_kept_on_the_gpu_caps_each_engines_kv_cache_at_its_share_beside_it():
