@@ -30,7 +30,7 @@ under `wrong`, not timed. Measured (docs/benchmarks.md, Decisions): the engine's
 64 and within -1.4 to +3.7% at 256 (1×H200).
 
     source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] \
-        [--spread 0.5] [--kernels engine,tma,persistent]
+        [--spread 0.5] [--kernels engine,tma,persistent] [--pages 16,64]
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def compare(
     scale = head_dim**-0.5
     kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
     seconds = lambda call: time_layers(call, LAYERS)  # noqa: E731
-    result = {"batch": batch, "context": context, "spread": spread}
+    result = {"batch": batch, "context": context, "spread": spread, "page": page}
     result["engine_TB_s"] = round(
         kv_bytes / seconds(lambda i: paged_decode(q, *kv[i], tables, lens, scale)) / 1e12, 3
     )
@@ -416,13 +416,17 @@ def main() -> None:
         "--spread", type=float, default=0.0, help="contexts uniform in (1 ± spread) x context"
     )
     parser.add_argument("--kernels", default="engine,tma,persistent", help="the contenders swept")
+    parser.add_argument("--pages", default="16", help="KV page sizes (the engine's page_size) compared")
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()
     for batch in (int(b) for b in args.batches.split(",")):
-        for context in (int(c) for c in args.contexts.split(",")):
+        for context, page in itertools.product(
+            (int(c) for c in args.contexts.split(",")), (int(p) for p in args.pages.split(","))
+        ):
+            kernels = args.kernels.split(",")
             print(
-                json.dumps({"device": name, **compare(batch, context, args.spread, args.kernels.split(","))}),
+                json.dumps({"device": name, **compare(batch, context, args.spread, kernels, page=page)}),
                 flush=True,
             )
     print(json.dumps({"bench": "decode_attention", "device": name, "date": time.strftime("%Y-%m-%d"),
