@@ -28,13 +28,14 @@ class ClusterConfig:
     # of a step's samples at full length; else true (and true where the GPU's memory is unknown, on
     # a CPU run, or split)
     offload_trainer: Any = "auto"  # true | false | auto
-    # colocated, the trainer's state kept (offload_trainer=false): its gradient buffers and the memory
-    # its allocator holds for activations are released to the engines at each hand-over (true), or
-    # kept (false: nothing moves, and training finds its memory allocated; SmolLM2-135M on 1×H200:
-    # the step 0.93 -> 0.75 s). auto (the default): kept where the memory plan fits the trainer's
-    # whole peak beside the engines and a step's samples in their KV caches, as offload_trainer's
-    # rule; else released (and released whenever the state is offloaded)
-    release_trainer_cache: Any = "auto"  # true | false | auto
+    # colocated, the trainer's state kept (offload_trainer=false): at each hand-over the side that waits
+    # releases its GPU memory (true: the engines their weights and KV cache, the trainer its gradient
+    # buffers and its allocator's activation memory), or nothing is released (false: trainer and
+    # engines stay resident, the weight sync is the whole hand-over; SmolLM2-135M on 1×H200: the
+    # step 0.93 -> 0.75 s). auto (the default): false where the memory plan fits the trainer's
+    # training peak beside the engines and a step's samples in their KV caches (offload_trainer's
+    # rule); else true (and true whenever the state is offloaded)
+    release_memory: Any = "auto"  # true | false | auto
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # context parallelism: each micro-batch's sequence split over this many ranks (load-balanced
@@ -81,9 +82,7 @@ class ClusterConfig:
         "memory_margin": UNIT_OPEN_HIGH,
         "host_memory_gib": POSITIVE,
         "offload_trainer": Rule("true, false or auto", lambda v: v is True or v is False or v == "auto"),
-        "release_trainer_cache": Rule(
-            "true, false or auto", lambda v: v is True or v is False or v == "auto"
-        ),
+        "release_memory": Rule("true, false or auto", lambda v: v is True or v is False or v == "auto"),
         "expert_parallel_size": AT_LEAST_1,
         "torch_threads": AT_LEAST_1,
         "ray_join_timeout_s": POSITIVE,

@@ -11,8 +11,9 @@ One step, colocated (slime's order):
 
 The trainer's gradients and optimizer state leave before the engines' weights come back: a 9B
 model's (17.5 + 26 GiB a rank at TP=2 DP=2) beside the engine's weights would not fit an 80 GB GPU.
-Where the memory plan fits the trainer's whole peak beside the engines (`release_trainer_cache`
-false), nothing of the trainer moves: its turns are the engines' release and resume alone.
+Where the memory plan fits both sides whole at once (`cluster.release_memory` false: the trainer's
+training peak beside the engines' weights and KV caches), there are no turns: nothing is released
+or moved, and a step's hand-over is the weight sync alone.
 """
 
 from __future__ import annotations
@@ -30,21 +31,25 @@ class GpuTurns:
     """Alternates a colocated trainer and its engines on the same GPUs (no-ops when split)."""
 
     def __init__(
-        self, colocated: bool, trainer: TrainerGroup, offload_trainer: bool = True, release_cache: bool = True
+        self,
+        colocated: bool,
+        trainer: TrainerGroup,
+        offload_trainer: bool = True,
+        release_memory: bool = True,
     ):
+        # colocated with `release_memory` False (the trainer's state kept): both sides stay whole, no turns
         self.colocated, self.trainer = colocated, trainer
+        self.turns = colocated and bool(offload_trainer or release_memory)
         self.offload_trainer = offload_trainer  # False: its weights and optimizer state stay on the GPU
-        # False (with the state kept): its gradient buffers and cached memory stay too, nothing moves
-        self.trainer_moves = colocated and (offload_trainer or release_cache)
         self.pool: RolloutPool | None = None
 
     def before_engines_start(self) -> dict[str, float]:
         """The trainer leaves the GPU before the engines allocate their weights and KV cache."""
-        return self.trainer.offload(self.offload_trainer) if self.trainer_moves else {}
+        return self.trainer.offload(self.offload_trainer) if self.turns else {}
 
     def to_trainer(self) -> dict[str, float]:
         """The engines free their GPU memory and the trainer takes it back; memory figures."""
-        if not self.colocated:
+        if not self.turns:
             return {}
         clock = _Clock()
         self.pool.release_memory()
@@ -55,18 +60,16 @@ class GpuTurns:
 
     def publish(self, sync: Callable[[int], float], version: int) -> dict[str, float]:
         """The trainer's weights reach the engines as `version`; colocated, the GPU goes back to them."""
-        if not self.colocated:
+        if not self.turns:
             return {"time/weight_sync_s": sync(version)}
         clock = _Clock()
-        if self.trainer_moves:
-            self.trainer.offload(self.offload_trainer, keep_params=True)
+        self.trainer.offload(self.offload_trainer, keep_params=True)
         clock.lap("trainer_offload_state")
         self.pool.resume_memory(["weights"])
         clock.lap("engines_resume_weights")
         metrics = {"time/weight_sync_s": sync(version)}
         clock.lap(None)  # reported as time/weight_sync_s
-        if self.trainer_moves:
-            metrics |= self.trainer.offload(self.offload_trainer)
+        metrics |= self.trainer.offload(self.offload_trainer)
         clock.lap("trainer_offload")
         self.pool.resume_memory(["kv_cache"])
         clock.lap("engines_resume_kv_cache")

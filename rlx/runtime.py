@@ -153,7 +153,7 @@ def _start(job: _Job, parts: _Parts) -> tuple[int, int]:
         rc.cluster.colocate and parts.trainer is not None and not debug.train_only,
         parts.trainer,
         rc.cluster.offload_trainer,
-        rc.cluster.release_trainer_cache,
+        rc.cluster.release_memory,
     )
     parts.tracker = Tracker(
         job.out, loggers=rc.run.loggers, dump_rollouts=rc.run.dump_rollouts, config=dataclasses.asdict(rc),
@@ -294,7 +294,7 @@ def _plan_memory(rc: RlxConfig, longest_prompt: int | None, prompt_limit: int) -
         raise ConfigError("\n".join(errors))
     roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
     offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
-    release = resolve_release(rc)  # cluster.release_trainer_cache=auto, likewise
+    release = resolve_release(rc)  # cluster.release_memory=auto, likewise
     # the cap beside a kept trainer first: sizing by the requests only ever lowers it
     lines = [cap_engine_cache(rc), size_engine_cache(rc, longest_prompt or prompt_limit, user_cap)]
     if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
@@ -302,7 +302,7 @@ def _plan_memory(rc: RlxConfig, longest_prompt: int | None, prompt_limit: int) -
     if offload is not None:
         log.info("cluster.offload_trainer=auto: %s", offload)
     if release is not None:
-        log.info("cluster.release_trainer_cache=auto: %s", release)
+        log.info("cluster.release_memory=auto: %s", release)
     for line in lines:
         if line is not None:
             log.info("%s", line)

@@ -339,10 +339,10 @@ def placement(cfg: RlxConfig, classes: Classes) -> list[str]:
             "cluster.colocate=true shares GPUs between the trainer and the engines, but cluster.gpus_per_node=0 "
             "(CPU); set cluster.colocate=false, or cluster=1gpu on a GPU machine"
         ]
-    if c.offload_trainer is True and c.release_trainer_cache is False:
+    if c.offload_trainer is True and c.release_memory is False:
         return [
-            "cluster.release_trainer_cache=false keeps the trainer's whole peak on the GPU while the engines "
-            "generate, but cluster.offload_trainer=true moves its state to the CPU; set one of them to auto"
+            "cluster.release_memory=false keeps the trainer and the engines resident on their GPUs together, "
+            "but cluster.offload_trainer=true moves the trainer's state to the CPU; set one of them to auto"
         ]
     if cfg.rollout.gpus_per_engine != 1:
         return [

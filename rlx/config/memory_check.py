@@ -19,13 +19,13 @@ from rlx.memory.plan import kept_kv_tokens, offload_decision, release_decision
 
 def memory_setup(rc: RlxConfig) -> Setup:
     """The plan's inputs from the composed config (`cluster.offload_trainer=auto` and
-    `cluster.release_trainer_cache=auto` decided)."""
+    `cluster.release_memory=auto` decided)."""
     setup = _setup(rc)
     if setup.cluster.offload_trainer == "auto":
         setup = replace(setup, cluster=replace(setup.cluster, offload_trainer=_decide(setup, rc)[0]))
-    if setup.cluster.release_trainer_cache == "auto":
+    if setup.cluster.release_memory == "auto":
         release = release_decision(setup, gpu_memory(rc)[0])[0]
-        setup = replace(setup, cluster=replace(setup.cluster, release_trainer_cache=release))
+        setup = replace(setup, cluster=replace(setup.cluster, release_memory=release))
     return setup
 
 
@@ -46,23 +46,23 @@ def resolve_offload(rc: RlxConfig) -> str | None:
 
 
 def resolve_release(rc: RlxConfig) -> str | None:
-    """Set `rc.cluster.release_trainer_cache` to what `auto` (the default) decides
+    """Set `rc.cluster.release_memory` to what `auto` (the default) decides
     (`release_decision`), once `resolve_offload` has decided `offload_trainer`; the reason, for the
     run's log (None: not auto, or not colocated). `false` is refused where the state is offloaded."""
     c = rc.cluster
-    if c.release_trainer_cache is False and c.offload_trainer is True and c.colocate:
+    if c.release_memory is False and c.offload_trainer is True and c.colocate:
         raise ConfigError(
-            "cluster.release_trainer_cache=false keeps the trainer's whole peak on the GPU while the engines "
-            "generate, but cluster.offload_trainer=auto moves its state to the CPU (the plan does not fit it "
-            "kept: run.plan_only=true with cluster.offload_trainer=false says why); set "
-            "cluster.release_trainer_cache=auto"
+            "cluster.release_memory=false keeps the trainer and the engines resident on their GPUs together, "
+            "but cluster.offload_trainer=auto moves the trainer's state to the CPU (the plan does not fit it "
+            "kept, or the run has no plan: run.plan_only=true with cluster.offload_trainer=false says which); "
+            "set cluster.release_memory=auto"
         )
-    if c.release_trainer_cache != "auto":
+    if c.release_memory != "auto":
         return None
     if not c.colocate or no_plan(rc):
-        c.release_trainer_cache = True
+        c.release_memory = True
         return None
-    c.release_trainer_cache, why = release_decision(_setup(rc), gpu_memory(rc)[0])
+    c.release_memory, why = release_decision(_setup(rc), gpu_memory(rc)[0])
     return why
 
 

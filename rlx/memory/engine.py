@@ -148,6 +148,25 @@ def engine_terms(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int | 
     return terms
 
 
+def resident_terms(s: Setup, engine: list[Term]) -> list[Term]:
+    """What a colocated engine holds while the trainer trains where nothing is released
+    (`cluster.release_memory=false`): its `engine` terms of the generating phase, the KV cache
+    as the run sizes it (`rlx.config.memory_check.size_engine_cache`: every running request at
+    the longest sample, in pages, and a reserved block; at most what its fraction gave)."""
+    page = engine_arg(s, "page_size")
+    tokens = engine_arg(s, "max_running_requests") * -(-s.sample_len // page) * page
+    sized = (tokens // page + 1) * page * kv_bytes_per_token(s)
+    return [
+        Term(
+            f"KV cache (resident: {tokens:,} tokens, the running requests at full length)",
+            min(sized, t.bytes),
+        )
+        if t.name.startswith("KV cache")
+        else t
+        for t in engine
+    ]
+
+
 def kv_tokens(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int) -> int:
     """The tokens the engine's KV cache holds beside `others` (the reserved block excluded)."""
     return kv_cache(s, cache_budget(s, before_cache(s, p, others), gpu_bytes))[1]

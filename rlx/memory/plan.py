@@ -23,6 +23,7 @@ from rlx.memory.engine import (
     kv_bytes_per_token,
     kv_tokens,
     released_term,
+    resident_terms,
 )
 from rlx.memory.params import ModelParams, model_params
 from rlx.memory.terms import GIB, Phase, Plan, Role, Setup, count, gib
@@ -45,9 +46,14 @@ def plan_memory(
         trainer = trainer_phases(s, p, stage)
         ranks = c.num_trainer_procs // pp
         if c.colocate and s.with_engines:
-            released = released_term(s)
-            generating = engine_terms(s, p, resident_while_generating(s, p, stage), gpu_bytes)
-            syncing = before_cache(s, p, resident_while_syncing(s, p, stage))  # the engine's weights back
+            resident = resident_while_generating(s, p, stage)
+            generating = engine_terms(s, p, resident, gpu_bytes)
+            if no_turns(s):  # the engines stay whole while the trainer trains and the weights cross
+                released = resident_terms(s, generating[len(resident) :])
+                syncing = [*resident_while_syncing(s, p, stage), *released]
+            else:
+                released = released_term(s)
+                syncing = before_cache(s, p, resident_while_syncing(s, p, stage))  # the engine's weights back
             phases = (
                 *(Phase(t.name, (*t.terms, *released)) for t in trainer),
                 Phase("weight sync", tuple(syncing)),
@@ -61,6 +67,13 @@ def plan_memory(
         engine = Phase("generating", tuple(engine_terms(s, p, [], gpu_bytes)))
         roles.append(Role("engine GPU", c.num_rollout_gpus, (engine,), kind="engine"))
     return Plan(tuple(roles), gpu_bytes, gpu_source, headline(s, p.total), notes(s) + tight(roles, gpu_bytes))
+
+
+def no_turns(s: Setup) -> bool:
+    """Colocated with `cluster.release_memory=false` (the trainer's state kept): trainer and engines
+    stay whole on their GPUs, nothing released or moved at a hand-over (`rlx.colocation`)."""
+    c = s.cluster
+    return c.colocate and c.offload_trainer is False and c.release_memory is False
 
 
 def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
@@ -93,11 +106,11 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
 
 
 def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
-    """`cluster.release_trainer_cache=auto`, for a trainer whose state stays on the GPU
-    (`offload_trainer` decided false): (release, why). Nothing of the trainer moves at a hand-over
-    (its gradient buffers and the allocator's cached activation memory stay, and training finds them
-    allocated) where, planned so, every GPU fits and each engine's KV cache beside the trainer's
-    whole peak holds its share of a step's samples at full length, as `offload_decision`'s rule."""
+    """`cluster.release_memory=auto`, for a trainer whose state stays on the GPU (`offload_trainer`
+    decided false): (release, why). Nothing is released at a hand-over (the engines keep their
+    weights and KV caches, the trainer its gradient buffers and activation memory: `no_turns`)
+    where, planned so, every GPU fits and each engine's KV cache beside the trainer's training
+    peak holds its share of a step's samples at full length, as `offload_decision`'s rule."""
     c = s.cluster
     if not (c.colocate and s.with_trainer and s.with_engines):
         return True, "not colocated"
@@ -105,18 +118,19 @@ def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         return True, "released: the trainer's state is offloaded while the engines generate"
     if gpu_bytes is None:
         return True, "released: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
-    kept = replace(s, cluster=replace(c, release_trainer_cache=False))
+    kept = replace(s, cluster=replace(c, release_memory=False))
     if memory_errors(kept, plan_memory(kept, gpu_bytes)):
-        return True, "released: kept, the trainer's peak beside the engines would not fit"
+        return True, "released: trainer and engines would not fit resident together"
     tokens, step = kept_kv_tokens(kept, gpu_bytes), step_tokens(s)
     if tokens < step:
         return True, (
-            f"released: kept, the trainer's peak would leave each engine's KV cache {tokens:,} tokens, fewer "
-            f"than its share of a step's samples ({step:,})"
+            f"released: beside the trainer's training peak each engine's KV cache would hold {tokens:,} tokens, "
+            f"fewer than its share of a step's samples ({step:,})"
         )
     return False, (
-        f"kept: nothing of the trainer moves at a hand-over; beside its peak each engine's KV cache holds "
-        f"{tokens:,} tokens, its share of a step's samples {step:,}"
+        f"nothing released: trainer and engines stay resident, the weight sync is the whole hand-over; beside "
+        f"the trainer's training peak each engine's KV cache holds {tokens:,} tokens, its share of a step's "
+        f"samples {step:,}"
     )
 
 
@@ -128,7 +142,7 @@ def step_tokens(s: Setup) -> int:
 
 def kept_kv_tokens(s: Setup, gpu_bytes: int) -> int:
     """The tokens each colocated engine's KV cache holds beside a trainer kept on the GPU (its
-    weights and optimizer state, or with `release_trainer_cache=false` its whole peak:
+    weights and optimizer state, or with `release_memory=false` its training peak:
     `resident_while_generating`): the cap `rlx.config.memory_check`
     gives the engines, which size their caches from the memory free when they start, before the
     trainer's first step allocates its optimizer state."""
@@ -161,7 +175,9 @@ def headline(s: Setup, num_params: int) -> str:
     placement = "colocated" + (
         ", trainer offloaded while generating"
         if c.offload_trainer
-        else ", trainer kept on the GPU" + " whole" * (c.release_trainer_cache is False)
+        else ", trainer and engines resident (nothing released)"
+        if no_turns(s)
+        else ", trainer kept on the GPU"
     )
     gpus = lambda n, what: f"{n} {what} GPU" + "s" * (n != 1)  # noqa: E731
     split = f"split: {gpus(c.num_trainer_procs, 'trainer')} + {gpus(c.num_rollout_gpus, 'engine')}"

@@ -293,13 +293,13 @@ def trainer_phases(s: Setup, p: ModelParams, stage: int, *, context: bool = True
 def resident_while_generating(s: Setup, p: ModelParams, stage: int) -> list[Term]:
     """What a colocated trainer rank leaves on the GPU while its engine generates: its CUDA context,
     and with `cluster.offload_trainer=false` its weights and optimizer state (the gradient buffer and
-    the allocator's cache are freed: `rlx.trainer.offload`), or with `cluster.release_trainer_cache=
-    false` as well everything its largest phase holds (nothing is freed: `rlx.colocation`)."""
+    the allocator's cache are freed: `rlx.trainer.offload`), or with `cluster.release_memory=false`
+    everything its largest phase holds (nothing is released: `rlx.colocation`)."""
     if s.cluster.offload_trainer:
         return [context_term("trainer, offloaded to CPU")]
-    if s.cluster.release_trainer_cache is False:
+    if s.cluster.release_memory is False:
         peak = max(trainer_phases(s, p, stage), key=lambda phase: phase.bytes)
-        knob = ("cluster.release_trainer_cache=true",)
+        knob = ("cluster.release_memory=true",)
         return [
             t
             if t.name.startswith("CUDA context")

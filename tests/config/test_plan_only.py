@@ -85,7 +85,7 @@ def test_a_cpu_run_has_no_gpu_plan_and_its_host_plan_refuses_what_cannot_fit(no_
 def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     """`rlx.runtime.run` prepares a run (config, checkpoint, data) before Ray starts; on a GPU
     cluster its first log lines are the plan, then what `cluster.offload_trainer=auto` and
-    `cluster.release_trainer_cache=auto` decided by it; on CPU there is none. Composed here, not run."""
+    `cluster.release_memory=auto` decided by it; on CPU there is none. Composed here, not run."""
     import logging
 
     from rlx.config.compose import compose
@@ -118,10 +118,10 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
     assert decided.startswith(
         "cluster.offload_trainer=auto: kept on the GPU: beside it each engine's KV cache"
     )
-    # and cluster.release_trainer_cache=auto: the tiny trainer's whole peak stays beside the engine
+    # and cluster.release_memory=auto: the tiny trainer and the engine both fit resident
     assert kept.startswith(
-        "cluster.release_trainer_cache=auto: kept: nothing of the trainer moves at a hand-over; beside its "
-        "peak each engine's KV cache holds"
+        "cluster.release_memory=auto: nothing released: trainer and engines stay resident, the weight sync is "
+        "the whole hand-over"
     )
     assert capped.startswith(
         "the trainer stays on the GPU while the engines generate: each engine's KV cache is capped"

@@ -60,10 +60,10 @@ class FakeTrainer:
 
 
 def turns(
-    colocated: bool, offload_trainer: bool = True, release_cache: bool = True
+    colocated: bool, offload_trainer: bool = True, release_memory: bool = True
 ) -> tuple[GpuTurns, Recorder]:
     recorder = Recorder()
-    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder), offload_trainer, release_cache)
+    gpu_turns = GpuTurns(colocated, FakeTrainer(recorder), offload_trainer, release_memory)
     gpu_turns.pool = FakePool(recorder)
     return gpu_turns, recorder
 
@@ -113,23 +113,19 @@ def test_colocated_hand_overs_run_in_order_and_time_each_part(offload_trainer):
     assert engines_parts + PAUSE["sync"] <= to_engines["time/colocate_to_engines_s"] < engines_parts + 0.06
 
 
-def test_a_trainer_kept_whole_moves_nothing_and_the_engines_turn_alone():
-    """cluster.release_trainer_cache=false with the state kept: no offload at all (its gradient
-    buffers and cached memory stay); the engines release, resume and take the weights as before.
-    The onload call stays (a no-op on a trainer that never left; it reports the memory figures)."""
-    gpu_turns, recorder = turns(colocated=True, offload_trainer=False, release_cache=False)
-    assert gpu_turns.before_engines_start() == {}
-    to_trainer = gpu_turns.to_trainer()
-    to_engines = gpu_turns.publish(lambda version: recorder.did("sync") or 0.04, 1)
-    assert recorder.calls == ["release", "onload", "resume weights", "sync", "resume kv"]
-    assert gpu_turns.trainer.moved_state == []
-    assert to_trainer["colocate/before_onload_device_used_gib"] == 4.0
-    assert to_engines["time/colocate/trainer_offload_state_s"] < 0.01
-    assert to_engines["time/colocate/trainer_offload_s"] < 0.01
-    # an offloaded state moves whatever the cache setting (the plan and the config refuse the pair)
-    gpu_turns, recorder = turns(colocated=True, offload_trainer=True, release_cache=False)
+def test_nothing_released_means_no_turns_the_weight_sync_alone():
+    """cluster.release_memory=false with the trainer's state kept: trainer and engines stay
+    resident, so no side releases, offloads, onloads or resumes anything; a hand-over is the
+    weight sync alone, as under split placement."""
+    gpu_turns, recorder = turns(colocated=True, offload_trainer=False, release_memory=False)
+    assert gpu_turns.before_engines_start() == {} and gpu_turns.to_trainer() == {}
+    assert gpu_turns.publish(lambda version: recorder.did("sync") or 0.04, 1) == {"time/weight_sync_s": 0.04}
+    assert recorder.calls == ["sync"] and gpu_turns.trainer.moved_state == []
+    # an offloaded state makes turns whatever release_memory says (the config refuses the pair)
+    gpu_turns, recorder = turns(colocated=True, offload_trainer=True, release_memory=False)
     gpu_turns.before_engines_start()
-    assert gpu_turns.trainer.moved_state == [(True, False)]
+    gpu_turns.to_trainer()
+    assert gpu_turns.trainer.moved_state == [(True, False)] and recorder.calls[-2:] == ["release", "onload"]
 
 
 def test_split_placement_hands_nothing_over():

@@ -292,20 +292,18 @@ def test_colocated_gpu_holds_what_the_other_side_leaves():
     }  # fmt: skip
 
 
-def test_a_trainer_kept_whole_holds_its_training_peak_while_the_engine_generates():
-    """cluster.release_trainer_cache=false: nothing of the trainer moves at a hand-over, so while
-    the engine generates (and takes the new weights) the trainer holds what its largest phase,
-    training, holds: weights, the fp32 gradient buffer, the optimizer state, a micro-batch's
-    activations and logits (the allocator keeps their memory), beside the engine's terms."""
+def test_nothing_released_holds_both_sides_whole_in_every_phase():
+    """cluster.release_memory=false: no turns, so while the engine generates (and takes the new
+    weights) the trainer holds what its largest phase, training, holds: weights, the fp32
+    gradient buffer, the optimizer state, a micro-batch's activations and logits (the allocator
+    keeps their memory); and while the trainer trains the engine holds its weights, CUDA context,
+    graphs, workspace and its KV cache as the run sizes it (256 running requests × 32 tokens, in
+    pages of 16, and a reserved page), not the released engine's leftovers."""
     s = setup(
-        cluster={
-            "gpus_per_node": 1,
-            "colocate": True,
-            "offload_trainer": False,
-            "release_trainer_cache": False,
-        }
+        cluster={"gpus_per_node": 1, "colocate": True, "offload_trainer": False, "release_memory": False}
     )
-    role = plan_memory(s, GIB).roles[0]
+    plan = plan_memory(s, 4 * GIB)  # room for the KV cache's cap: 256 requests at the full context of 64
+    role = plan.roles[0]
     training, syncing, generating = (terms(role.phases[i]) for i in (0, 3, 4))
     kept = {k: v for k, v in generating.items() if k.startswith("trainer's")}
     assert kept == {
@@ -320,21 +318,25 @@ def test_a_trainer_kept_whole_holds_its_training_peak_while_the_engine_generates
         training["activations"] > 0
         and {k: v for k, v in syncing.items() if k.startswith("trainer's")} == kept
     )
-    assert generating["engine weights"] == TINY_PARAMS * 2 and "KV cache" in generating
+    assert generating["engine weights"] == training["engine weights"] == TINY_PARAMS * 2
+    # KV: 2 (K, V) × 2 layers × 2 KV heads × 16 dims × 2 bytes = 256 bytes a token
+    assert training["KV cache"] == syncing["KV cache"] == (256 * 32 + 16) * 256
+    assert "CUDA context (engine, released)" not in training and "CUDA graphs" in training
+    assert generating["KV cache"] == (256 * 64 + 16) * 256 and "resident" in plan.headline
 
 
-def test_release_trainer_cache_auto_keeps_the_whole_trainer_where_a_steps_samples_still_fit():
-    """cluster.release_trainer_cache=auto (rlx.memory.plan.release_decision), for a trainer whose
-    state stays: kept whole exactly while each engine's KV cache, beside the trainer's training
-    peak, holds its share of a step's samples at full length; released otherwise, and always when
-    the state itself is offloaded or the GPU's size unknown."""
+def test_release_memory_auto_keeps_both_sides_resident_where_a_steps_samples_still_fit():
+    """cluster.release_memory=auto (rlx.memory.plan.release_decision), for a trainer whose
+    state stays: nothing released exactly while each engine's KV cache, beside the trainer's
+    training peak, holds its share of a step's samples at full length; released otherwise, and
+    always when the state itself is offloaded or the GPU's size unknown."""
     from rlx.memory.engine import kv_tokens
     from rlx.memory.plan import release_decision
     from rlx.memory.trainer import resident_while_generating
 
     kept = {"gpus_per_node": 1, "colocate": True, "offload_trainer": False}
     s = setup(cluster=kept, rollout={"engine_args": {"max_running_requests": 256}, "weight_bucket_mb": 1})
-    whole = replace(s, cluster=replace(s.cluster, release_trainer_cache=False))
+    whole = replace(s, cluster=replace(s.cluster, release_memory=False))
     # a GPU on which neither cache reaches its cap (every running request at the full context)
     p, gpu = model_params(TINY), 1167 * 2**20
     tokens = kv_tokens(whole, p, resident_while_generating(whole, p, 0), gpu)
@@ -350,7 +352,9 @@ def test_release_trainer_cache_auto_keeps_the_whole_trainer_where_a_steps_sample
         decided, why = release_decision(step, gpu)
         assert decided is release, why
         assert why.startswith(
-            "released: kept, the trainer's peak would leave" if release else "kept: nothing"
+            "released: beside the trainer's training peak each engine's KV cache would hold"
+            if release
+            else "nothing released: trainer and engines stay resident"
         )
     offloaded = replace(s, cluster=replace(s.cluster, offload_trainer=True))
     assert release_decision(offloaded, gpu) == (
@@ -360,8 +364,7 @@ def test_release_trainer_cache_auto_keeps_the_whole_trainer_where_a_steps_sample
     assert release_decision(s, None)[0] is True
     assert release_decision(setup(), gpu) == (True, "not colocated")
     assert (
-        release_decision(s, 2 * 2**20)[1]
-        == "released: kept, the trainer's peak beside the engines would not fit"
+        release_decision(s, 2 * 2**20)[1] == "released: trainer and engines would not fit resident together"
     )
 
 
@@ -726,29 +729,34 @@ def test_offload_trainer_auto_is_decided_before_the_run_and_refused_when_misspel
         compose(["cluster.offload_trainer=sometimes"])
 
 
-def test_release_trainer_cache_auto_is_decided_after_the_offload_and_refused_beside_an_offloaded_state():
+def test_release_memory_auto_is_decided_after_the_offload_and_refused_beside_an_offloaded_state():
     from rlx.config.compose import compose, to_object
     from rlx.config.memory_check import resolve_offload, resolve_release
     from rlx.errors import ConfigError
 
     rc = to_object(compose([]))  # the CPU default job, split: nothing to decide or log
-    assert resolve_release(rc) is None and rc.cluster.release_trainer_cache is True
+    assert resolve_release(rc) is None and rc.cluster.release_memory is True
     gpu = ["cluster=1gpu", "train.precision=bf16", "cluster.gpu_memory_gib=79.6"]
     rc = to_object(compose(gpu))
     resolve_offload(rc)
-    assert resolve_release(rc).startswith("kept: nothing of the trainer moves at a hand-over")
-    assert rc.cluster.release_trainer_cache is False and resolve_release(rc) is None  # decided
+    assert resolve_release(rc).startswith("nothing released: trainer and engines stay resident")
+    assert rc.cluster.release_memory is False and resolve_release(rc) is None  # decided
     rc = to_object(compose([*gpu, "cluster.offload_trainer=true"]))
     assert resolve_release(rc).startswith("released: the trainer's state is offloaded")
-    assert rc.cluster.release_trainer_cache is True
-    with pytest.raises(ConfigError, match=r"release_trainer_cache=false keeps .* cluster.offload_trainer=true moves"):
-        compose([*gpu, "cluster.offload_trainer=true", "cluster.release_trainer_cache=false"])
-    rc = to_object(compose([*gpu, "cluster.release_trainer_cache=false"]))
+    assert rc.cluster.release_memory is True
+    with pytest.raises(
+        ConfigError,
+        match=r"release_memory=false keeps the trainer and the engines resident .* cluster.offload_trainer=true moves",
+    ):
+        compose([*gpu, "cluster.offload_trainer=true", "cluster.release_memory=false"])
+    rc = to_object(compose([*gpu, "cluster.release_memory=false"]))
     rc.cluster.offload_trainer = True  # what auto decides where the plan cannot keep the state
-    with pytest.raises(ConfigError, match="cluster.offload_trainer=auto moves its state to the CPU"):
+    with pytest.raises(
+        ConfigError, match="cluster.offload_trainer=auto moves the trainer's state to the CPU"
+    ):
         resolve_release(rc)
-    with pytest.raises(ConfigError, match="cluster.release_trainer_cache.*true, false or auto"):
-        compose(["cluster.release_trainer_cache=never"])
+    with pytest.raises(ConfigError, match="cluster.release_memory.*true, false or auto"):
+        compose(["cluster.release_memory=never"])
 
 
 def test_a_trainer_kept_on_the_gpu_caps_each_engines_kv_cache_at_its_share_beside_it():
