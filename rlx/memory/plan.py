@@ -86,14 +86,12 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         return True, "not colocated"
     if gpu_bytes is None:
         return True, "offloaded: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
-    kept = replace(s, cluster=replace(c, offload_trainer=False))
-    plan = plan_memory(kept, gpu_bytes)
-    if memory_errors(kept, plan):
+    fits, tokens, step = kept_fits(replace(s, cluster=replace(c, offload_trainer=False)), gpu_bytes)
+    if not fits:
         return (
             True,
             "offloaded: kept on the GPU, it would not fit (run.plan_only=true with cluster.offload_trainer=false says why)",
         )
-    tokens, step = kept_kv_tokens(s, gpu_bytes), step_tokens(s)
     if tokens < step:
         return True, (
             f"offloaded: kept on the GPU, it would leave each engine's KV cache {tokens:,} tokens, fewer than its "
@@ -118,10 +116,9 @@ def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         return True, "released: the trainer's state is offloaded while the engines generate"
     if gpu_bytes is None:
         return True, "released: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
-    kept = replace(s, cluster=replace(c, release_memory=False))
-    if memory_errors(kept, plan_memory(kept, gpu_bytes)):
+    fits, tokens, step = kept_fits(replace(s, cluster=replace(c, release_memory=False)), gpu_bytes)
+    if not fits:
         return True, "released: trainer and engines would not fit resident together"
-    tokens, step = kept_kv_tokens(kept, gpu_bytes), step_tokens(s)
     if tokens < step:
         return True, (
             f"released: beside the trainer's training peak each engine's KV cache would hold {tokens:,} tokens, "
@@ -132,6 +129,15 @@ def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         f"the trainer's training peak each engine's KV cache holds {tokens:,} tokens, its share of a step's "
         f"samples {step:,}"
     )
+
+
+def kept_fits(kept: Setup, gpu_bytes: int) -> tuple[bool, int, int]:
+    """For `kept`, a colocated run keeping more of the trainer on the GPU: whether its plan fits every
+    GPU, the tokens each engine's KV cache then holds beside the trainer, and an engine's share of a
+    step's samples in tokens (`step_tokens`)."""
+    if memory_errors(kept, plan_memory(kept, gpu_bytes)):
+        return False, 0, step_tokens(kept)
+    return True, kept_kv_tokens(kept, gpu_bytes), step_tokens(kept)
 
 
 def step_tokens(s: Setup) -> int:
