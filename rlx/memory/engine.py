@@ -152,9 +152,10 @@ def resident_terms(s: Setup, engine: list[Term]) -> list[Term]:
     """What a colocated engine holds while the trainer trains where nothing is released
     (`cluster.release_memory=false`): its `engine` terms of the generating phase, the KV cache
     as the run sizes it (`rlx.config.memory_check.size_engine_cache`: every running request at
-    the longest sample, in pages, and a reserved block; at most what its fraction gave)."""
-    page = engine_arg(s, "page_size")
-    tokens = engine_arg(s, "max_running_requests") * -(-s.sample_len // page) * page
+    the longest prompt and response, in pages, and a reserved block; at most what its fraction gave)."""
+    page, r = engine_arg(s, "page_size"), s.rollout
+    longest = s.prompt_len + max(r.max_response_len, r.eval_max_response_len or 0)  # evaluation's too
+    tokens = engine_arg(s, "max_running_requests") * -(-longest // page) * page
     sized = (tokens // page + 1) * page * kv_bytes_per_token(s)
     return [
         Term(

@@ -323,6 +323,9 @@ def test_nothing_released_holds_both_sides_whole_in_every_phase():
     assert training["KV cache"] == syncing["KV cache"] == (256 * 32 + 16) * 256
     assert "CUDA context (engine, released)" not in training and "CUDA graphs" in training
     assert generating["KV cache"] == (256 * 64 + 16) * 256 and "resident" in plan.headline
+    # evaluation's longer responses are held too (8 prompt + 40 tokens), as the run sizes the cache
+    longer = replace(s, rollout=replace(s.rollout, eval_max_response_len=40))
+    assert terms(plan_memory(longer, 4 * GIB).roles[0].phases[0])["KV cache"] == (256 * 48 + 16) * 256
 
 
 def test_release_memory_auto_keeps_both_sides_resident_where_a_steps_samples_still_fit():
