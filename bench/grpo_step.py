@@ -44,7 +44,8 @@ COMMON = dict(num_attention_heads=16, num_query_groups=8, kv_channels=128, vocab
               max_position_embeddings=40960, rotary_base=1000000.0, tie_word_embeddings=True)  # fmt: skip
 PHASES = ("time/rollout_s", "time/logprobs_s", "time/train_s", "time/weight_sync_s", "time/step_s",
           # colocated: the hand-overs (engines release + trainer onloads; the weight sync within the
-          # second, with the engines' weights resumed before it and the trainer's offload after it)
+          # second, with the engines' weights resumed before it and the trainer's offload after it);
+          # absent where nothing is released (cluster.release_memory: the weight sync alone)
           "time/colocate_to_trainer_s", "time/colocate_to_engines_s",
           # their parts (rlx.colocation): engines release, trainer onload / trainer offloads all but
           # its weights, engines resume their weights, (weight sync), trainer offloads its weights,
