@@ -36,6 +36,8 @@ from rlx.weight_sync.buckets import BucketMeta, flatten, unflatten
 __all__ = ["TensorHandoff", "deserialize", "serialize", "serialize_bucket"]
 
 _FLAT_KEY = "rlx_flat_bucket"
+MANAGER_TIMEOUT = "Shared memory manager connection has timed out"  # libshm's message
+MANAGER_TRIES = 3
 
 
 @contextlib.contextmanager
@@ -51,9 +53,17 @@ def _file_system_sharing() -> Iterator[None]:
 
 
 def _dump(obj: object) -> str:
-    buffer = io.BytesIO()
-    with _file_system_sharing():
-        ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+    for attempt in range(MANAGER_TRIES):
+        buffer = io.BytesIO()
+        try:
+            with _file_system_sharing():
+                ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+            break
+        except RuntimeError as e:  # moving a CPU storage into shared memory asks torch's manager
+            # too, which can time out as `deserialize` describes: ask again; the storages already
+            # moved are not moved twice
+            if MANAGER_TIMEOUT not in str(e) or attempt == MANAGER_TRIES - 1:
+                raise
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -69,10 +79,6 @@ def serialize_bucket(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple
     """
     meta, flat = flatten(named_tensors)
     return _dump({_FLAT_KEY: flat, **meta.to_fields()}), flat
-
-
-MANAGER_TIMEOUT = "Shared memory manager connection has timed out"  # libshm's message
-MANAGER_TRIES = 3
 
 
 def deserialize(payload: str | bytes) -> list[tuple[str, torch.Tensor]]:

@@ -99,6 +99,36 @@ def test_spawned_process_maps_tensors_bit_exact_and_shm_is_released(receive):
     assert _our_shm_files() == before
 
 
+def test_a_sender_whose_shared_memory_manager_times_out_asks_again(monkeypatch):
+    """Moving a CPU storage into shared memory asks torch's manager, which on a host under full
+    load once timed out in the sender (CI, 2026-11-29): `serialize` asks again, and the payload
+    still maps the tensors bit-exact, shared."""
+    from rlx.weight_sync.tensor import MANAGER_TIMEOUT
+
+    real, raised = torch.UntypedStorage._share_filename_cpu_, []
+
+    def once_timed_out(self, *args, **kwargs):
+        if not raised:
+            raised.append(True)
+            raise RuntimeError(MANAGER_TIMEOUT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_share_filename_cpu_", once_timed_out)
+    handoff = TensorHandoff(_weights())
+    assert raised, "no timeout was raised"
+    received = deserialize(handoff.payload)
+    assert [name for name, _ in received] == [name for name, _ in _weights()]
+    for (_, got), (_, want) in zip(received, _weights(), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.detach().view(torch.uint8))
+        assert got.is_shared()
+    del received
+    handoff.release()
+    # any other error is not retried
+    monkeypatch.setattr(torch.UntypedStorage, "_share_filename_cpu_", lambda self, *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        serialize(_weights())
+
+
 def test_payload_is_json_safe_and_refuses_foreign_callables():
     payload = serialize([("w", torch.ones(3))])
     assert payload.isascii()
