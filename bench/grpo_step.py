@@ -265,6 +265,8 @@ def main(argv: list[str]) -> None:
     result["predicted_over_measured"] = round(
         result["predicted_trainer_peak_gib"] / result["trainer_peak_mem_gib"], 3
     )
+    if "perf/gpu_used_gib" in timed[-1]:  # the device as training ends, every process (rank 0's GPU)
+        result["gpu_used_gib"] = round(median("perf/gpu_used_gib"), 2)
     for key in ("colocate/trainer_offloaded_process_reserved_gib", "colocate/before_onload_device_used_gib"):
         if key in timed[-1]:
             result[key.split("/")[1]] = round(median(key), 2)

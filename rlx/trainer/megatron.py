@@ -241,6 +241,11 @@ class MegatronTrainer:
         metrics["time/train_s"] = time.perf_counter() - start
         if self.device.type == "cuda":
             metrics["perf/trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            # the whole device's memory in use as training ends (every process): colocated, the
+            # trainer's reserved memory beside what the engines keep (all of theirs where nothing
+            # is released: cluster.release_memory), the figure the plan's training phase predicts
+            free, total = torch.cuda.mem_get_info()
+            metrics["perf/gpu_used_gib"] = (total - free) / 2**30
         else:  # the process's peak resident memory (Linux: KiB), start-up included
             metrics["perf/trainer_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         return metrics
