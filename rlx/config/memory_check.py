@@ -97,7 +97,7 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
     every hand-over whole: about 0.5 ms a GiB (SmolLM2-135M's 120 GiB: 0.08 s a step, 1×H200).
     Returns the run's log line; None where nothing changes (split or CPU engines, a launcher that
     sizes its own running cap, max_total_tokens set by the user or smaller already)."""
-    from rlx.memory.engine import ENGINE_DEFAULTS
+    from rlx.memory.engine import ENGINE_DEFAULTS, requests_tokens
     from rlx.rollout.launchers import engine_args_for_batch
 
     r = rc.rollout
@@ -110,7 +110,7 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
         return None
     page = r.engine_args.get("page_size") or ENGINE_DEFAULTS["page_size"]
     response = max(r.max_response_len, r.eval_max_response_len or 0)
-    tokens = running * -(-(longest_prompt + response) // page) * page
+    tokens = requests_tokens(running, page, longest_prompt, r)
     if (capped := r.engine_args.get("max_total_tokens")) is not None and capped <= tokens:
         return None
     r.engine_args["max_total_tokens"] = tokens
@@ -324,14 +324,11 @@ def _host_planned(cfg: RlxConfig):
     ):
         return None
     setup = _setup(cfg)
-    if c.host_memory_gib is not None:
-        return (
-            setup,
-            host_plan(setup),
-            round(c.host_memory_gib * GIB),
-            f"cluster.host_memory_gib={c.host_memory_gib:g}",
-        )
-    return setup, host_plan(setup), host_bytes(), "this machine's"
+    if c.host_memory_gib is None:
+        host, source = host_bytes(), "this machine's"
+    else:
+        host, source = round(c.host_memory_gib * GIB), f"cluster.host_memory_gib={c.host_memory_gib:g}"
+    return setup, host_plan(setup), host, source
 
 
 def _planned(rc: RlxConfig) -> tuple[Setup, Plan] | None:

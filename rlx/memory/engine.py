@@ -30,6 +30,7 @@ from typing import Any
 
 from rlx.memory.params import ModelParams, engine_params
 from rlx.memory.terms import CUDA_CONTEXT_BYTES, Setup, Term, count
+from rlx.rollout.config import RolloutConfig
 
 # The engine arguments the plan reads, at the local engine's defaults (rlx.engine.config.EngineArgs,
 # which a test holds these to); `rollout.engine_args` overrides them under the same names.
@@ -148,14 +149,21 @@ def engine_terms(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int | 
     return terms
 
 
+def requests_tokens(running: int, page: int, prompt_len: int, r: RolloutConfig) -> int:
+    """KV tokens of `running` requests at full length: `prompt_len` plus the longest response
+    (evaluation's included), in whole pages of `page` tokens. What a colocated engine's cache is
+    sized to (`rlx.config.memory_check.size_engine_cache`), so that none is ever preempted."""
+    longest = prompt_len + max(r.max_response_len, r.eval_max_response_len or 0)
+    return running * -(-longest // page) * page
+
+
 def resident_terms(s: Setup, engine: list[Term]) -> list[Term]:
     """What a colocated engine holds while the trainer trains where nothing is released
     (`cluster.release_memory=false`): its `engine` terms of the generating phase, the KV cache
     as the run sizes it (`rlx.config.memory_check.size_engine_cache`: every running request at
     the longest prompt and response, in pages, and a reserved block; at most what its fraction gave)."""
-    page, r = engine_arg(s, "page_size"), s.rollout
-    longest = s.prompt_len + max(r.max_response_len, r.eval_max_response_len or 0)  # evaluation's too
-    tokens = engine_arg(s, "max_running_requests") * -(-longest // page) * page
+    page = engine_arg(s, "page_size")
+    tokens = requests_tokens(engine_arg(s, "max_running_requests"), page, s.prompt_len, s.rollout)
     sized = (tokens // page + 1) * page * kv_bytes_per_token(s)
     return [
         Term(
