@@ -25,8 +25,9 @@ import base64
 import contextlib
 import io
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
+from typing import TypeVar
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions on ForkingPickler)
@@ -38,6 +39,7 @@ __all__ = ["TensorHandoff", "deserialize", "serialize", "serialize_bucket"]
 _FLAT_KEY = "rlx_flat_bucket"
 MANAGER_TIMEOUT = "Shared memory manager connection has timed out"  # libshm's message
 MANAGER_TRIES = 3
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -52,19 +54,30 @@ def _file_system_sharing() -> Iterator[None]:
         torch.multiprocessing.set_sharing_strategy(previous)
 
 
-def _dump(obj: object) -> str:
-    for attempt in range(MANAGER_TRIES):
-        buffer = io.BytesIO()
+def _asking_again(call: Callable[[], T]) -> T:
+    """`call()` with CPU tensors' file_system sharing, asked again (MANAGER_TRIES times in all)
+    where torch's shared-memory manager (torch_shm_manager) timed out: it answers a new client
+    within a fixed time, and on a host under full load once did not, on either side (the sender
+    moving a storage into shared memory, the receiver mapping one). What a failed attempt already
+    moved or mapped is not done twice (torch's storage cache)."""
+    for _ in range(MANAGER_TRIES - 1):
         try:
             with _file_system_sharing():
-                ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
-            break
-        except RuntimeError as e:  # moving a CPU storage into shared memory asks torch's manager
-            # too, which can time out as `deserialize` describes: ask again; the storages already
-            # moved are not moved twice
-            if MANAGER_TIMEOUT not in str(e) or attempt == MANAGER_TRIES - 1:
+                return call()
+        except RuntimeError as e:
+            if MANAGER_TIMEOUT not in str(e):
                 raise
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    with _file_system_sharing():
+        return call()
+
+
+def _dump(obj: object) -> str:
+    def pickled() -> bytes:
+        buffer = io.BytesIO()
+        ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+        return buffer.getvalue()
+
+    return base64.b64encode(_asking_again(pickled)).decode("ascii")
 
 
 def serialize(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
@@ -87,17 +100,7 @@ def deserialize(payload: str | bytes) -> list[tuple[str, torch.Tensor]]:
     Only torch's tensor-rebuilding callables are accepted, so a payload cannot run other code.
     """
     data = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
-    for attempt in range(MANAGER_TRIES):
-        try:
-            with _file_system_sharing():
-                obj = _TensorUnpickler(io.BytesIO(data)).load()
-            break
-        except RuntimeError as e:
-            # torch's shared-memory manager (torch_shm_manager) answers a new client within a fixed
-            # time; on a host under full load it once did not (CPU tensors, file_system sharing):
-            # ask again, the storages already mapped come back from torch's cache
-            if MANAGER_TIMEOUT not in str(e) or attempt == MANAGER_TRIES - 1:
-                raise
+    obj = _asking_again(lambda: _TensorUnpickler(io.BytesIO(data)).load())
     if isinstance(obj, dict) and _FLAT_KEY in obj:
         meta = BucketMeta.from_fields(obj["names"], obj["dtypes"], obj["shapes"])
         return unflatten(obj[_FLAT_KEY], meta)
