@@ -21,16 +21,7 @@ from rlx.colocation import GpuTurns
 from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
-from rlx.config.memory_check import (
-    cap_engine_cache,
-    host_memory_errors,
-    memory_plan,
-    resolve_offload,
-    resolve_release,
-    roomier_line,
-    roomier_micro_batch,
-    size_engine_cache,
-)
+from rlx.config.memory_check import decide_memory
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
@@ -283,31 +274,15 @@ def _prepare(cfg: DictConfig) -> _Job:
 
 
 def _plan_memory(rc: RlxConfig, longest_prompt: int | None, prompt_limit: int) -> None:
-    """A GPU run's decisions from its memory plan (the trainer kept or offloaded, the engines' KV
-    caches sized), logged with the plan: what each GPU will hold. The plan counts the longest
-    prompt the data holds (composing knows only `data.max_prompt_len`, often unset: prompts then
-    count 0 tokens); the decisions land in `rc` (the copy planned shares its sections)."""
-    user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
-    if longest_prompt is not None:
-        rc = replace(rc, data=replace(rc.data, max_prompt_len=longest_prompt))
-    if errors := host_memory_errors(rc):  # a CPU run that cannot fit, its prompts counted
-        raise ConfigError("\n".join(errors))
-    roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
-    offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
-    release = resolve_release(rc)  # cluster.release_memory=auto, likewise
-    # the cap beside a kept trainer first: sizing by the requests only ever lowers it
-    lines = [cap_engine_cache(rc), size_engine_cache(rc, longest_prompt or prompt_limit, user_cap)]
-    if (memory := memory_plan(rc)) is not None:  # a GPU run's first lines: what each GPU will hold
-        log.info("%s", report(memory))
-    if offload is not None:
-        log.info("cluster.offload_trainer=auto: %s", offload)
-    if release is not None:
-        log.info("cluster.release_memory=auto: %s", release)
+    """A GPU run's decisions by its memory plan (`decide_memory`: the trainer kept or offloaded,
+    released or resident, the engines' KV caches sized), logged with the plan: what each GPU will
+    hold. The plan counts the longest prompt the data holds (composing knows only
+    `data.max_prompt_len`, often unset); the decisions land in `rc`."""
+    planned, lines = decide_memory(rc, longest_prompt, prompt_limit)
+    if planned is not None:  # a GPU run's first lines: what each GPU will hold
+        log.info("%s", report(planned[1]))
     for line in lines:
-        if line is not None:
-            log.info("%s", line)
-    if roomier is not None:
-        log.info("%s", roomier_line(rc, roomier))
+        log.info("%s", line)
 
 
 def _with_checkpoint_dir(rc: RlxConfig, hf_dir: Path) -> RlxConfig:

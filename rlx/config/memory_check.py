@@ -233,8 +233,9 @@ def memory_plan(rc: RlxConfig) -> Plan | None:
 
 
 def print_plan(rc: RlxConfig) -> None:
-    """`run.plan_only=true`: print the plan (or why a CPU run has none); raise the refusal a run of
-    this config would get, after the plan, as a ConfigError."""
+    """`run.plan_only=true`: print the plan (or why a CPU run has none) and what the run would
+    decide by it, as the run logs them; raise the refusal a run of this config would get, after the
+    plan, as a ConfigError."""
     if (reason := no_plan(rc)) is not None:
         print(f"memory plan: none for {reason}")
         if (line := host_plan_line(rc)) is not None:
@@ -242,13 +243,42 @@ def print_plan(rc: RlxConfig) -> None:
         if errors := host_memory_errors(rc):
             raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
         return
-    roomier = roomier_micro_batch(rc)
-    setup, plan = _planned(rc)
-    print(report(plan), flush=True)
-    if roomier is not None:
-        print(f"note: {roomier_line(rc, roomier)}", flush=True)
+    from rlx.config.validate import run_max_prompt_len  # validate imports this module
+
+    (setup, plan), lines = decide_memory(rc, None, run_max_prompt_len(rc))
+    print("\n".join([report(plan), *lines]), flush=True)
     if errors := memory_errors(setup, plan):
         raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def decide_memory(
+    rc: RlxConfig, longest_prompt: int | None, prompt_limit: int
+) -> tuple[tuple[Setup, Plan] | None, list[str]]:
+    """A run's decisions by its memory plan, made in `rc` before anything starts: the trainer's
+    state kept or offloaded, its memory released at each hand-over or not, each engine's KV cache
+    capped beside a kept trainer and sized to its running requests. Returns the plan they give
+    (None: `no_plan`) and the lines saying what was decided and why, which the run logs after the
+    plan and `run.plan_only=true` prints after it. The plan counts `longest_prompt` (the longest the
+    run's data holds; None: unknown, `data.max_prompt_len` counts) and the cache holds it, or
+    `prompt_limit` (the longest the data may keep) where it is None. A CPU run whose processes
+    cannot fit the host is refused here (ConfigError), its prompts counted."""
+    user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
+    if longest_prompt is not None:  # a copy sharing rc's other sections: the decisions land in rc
+        rc = replace(rc, data=replace(rc.data, max_prompt_len=longest_prompt))
+    if errors := host_memory_errors(rc):
+        raise ConfigError("\n".join(errors))
+    roomier = roomier_micro_batch(rc)  # a larger micro-batch the plan fits (reads `auto`)
+    offload = resolve_offload(rc)  # cluster.offload_trainer=auto: true or false from here on
+    release = resolve_release(rc)  # cluster.release_memory=auto, likewise
+    # the cap beside a kept trainer first: sizing by the requests only ever lowers it
+    lines = [
+        None if offload is None else f"cluster.offload_trainer=auto: {offload}",
+        None if release is None else f"cluster.release_memory=auto: {release}",
+        cap_engine_cache(rc),
+        size_engine_cache(rc, longest_prompt or prompt_limit, user_cap),
+        None if roomier is None else roomier_line(rc, roomier),
+    ]
+    return _planned(rc), [line for line in lines if line is not None]
 
 
 def memory_rule(cfg: RlxConfig, classes: Classes) -> list[str]:

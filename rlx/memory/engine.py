@@ -136,11 +136,11 @@ def engine_terms(s: Setup, p: ModelParams, others: list[Term], gpu_bytes: int | 
     else:
         num_bytes, tokens = kv_cache(s, cache_budget(s, loaded, gpu_bytes))
         samples = tokens // max(s.sample_len, 1)
-        kv = Term(
-            f"KV cache (mem_fraction_static {fraction}: {tokens:,} tokens, {samples:,} samples)",
-            num_bytes,
-            (FRACTION,),
-        )
+        cap, page = engine_arg(s, "max_total_tokens"), engine_arg(s, "page_size")
+        by = f"mem_fraction_static {fraction}"
+        if cap is not None and tokens == -(-cap // page) * page:  # the cap, not the fraction, sized it
+            by = f"max_total_tokens {cap:,}"
+        kv = Term(f"KV cache ({by}: {tokens:,} tokens, {samples:,} samples)", num_bytes, (FRACTION,))
     terms = [*loaded, kv, *graphs_term(s)]
     chunk, rows = engine_arg(s, "chunked_prefill_size"), engine_arg(s, "max_running_requests")
     workspace = layer_workspace_bytes(s, chunk) + rows * s.model.vocab_size * 4

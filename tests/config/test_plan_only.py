@@ -49,7 +49,7 @@ def test_plan_only_prints_the_plan_and_starts_nothing(no_ray, tmp_path):
         assert f"    {term}" in done.stdout, term
     assert "to spare" in done.stdout and "Traceback" not in done.stderr
     # 32 x 8 samples a step, 64 a micro-batch: a 75k-parameter model fits the whole step in one
-    assert "note: train.micro_batch_size=64: the plan fits 256 as well (trainer peak " in done.stdout
+    assert "\ntrain.micro_batch_size=64: the plan fits 256 as well (trainer peak " in done.stdout
     assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "config.yaml").exists()  # no run started
 
 
@@ -130,6 +130,28 @@ def test_a_gpu_run_logs_its_plan_first_and_a_cpu_run_none(tmp_path, caplog):
         caplog.clear()
         _prepare(cpu)
     assert not [r for r in caplog.records if "memory plan" in r.getMessage()]
+
+
+def test_plan_only_prints_what_the_run_would_log(no_ray, tmp_path, caplog):
+    """`run.plan_only=true` plans with what the run decides first (the trainer kept, nothing
+    released, the KV cache sized to the running requests: here 256 × (4 + 4 tokens) in pages of
+    16, 4,096 tokens, where the fraction of 79.6 GiB would give millions), so it prints the run's
+    plan and decision lines word for word: the toy task's prompts are at most 4 tokens, and
+    `data.max_prompt_len=4` tells composing so."""
+    import logging
+
+    from rlx.config.compose import compose
+    from rlx.runtime import _prepare
+
+    overrides = [*GPU, "data.max_prompt_len=4"]
+    done = plan_only(no_ray, tmp_path / "plan", *overrides)
+    assert done.returncode == 0, done.stderr
+    with caplog.at_level(logging.INFO):
+        _prepare(compose([*overrides, f"run.output_dir={tmp_path / 'run'}"]))
+    logged = [r.getMessage() for r in caplog.records]
+    logged = logged[next(i for i, m in enumerate(logged) if m.startswith("memory plan:")) :]
+    assert done.stdout.rstrip("\n") == "\n".join(logged)
+    assert "KV cache (max_total_tokens 4,096: 4,096 tokens, 512 samples)" in done.stdout
 
 
 # a Qwen3-1.7B shape (never written: composing builds no weights), samples of 1,024 + 7,168 tokens,
