@@ -30,7 +30,7 @@ under `wrong`, not timed. Measured (docs/benchmarks.md, Decisions): the engine's
 64 and within -1.4 to +3.7% at 256 (1×H200).
 
     source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] \
-        [--spread 0.5] [--kernels engine,tma,persistent] [--pages 16,64]
+        [--spread 0.5] [--kernels engine,tma,persistent] [--pages 16,64] [--kernels engine --kv-dtype fp8_e4m3]
 """
 
 from __future__ import annotations
@@ -338,6 +338,7 @@ def compare(
     kv_heads=8,
     head_dim=128,
     page=16,
+    kv_dtype=torch.bfloat16,
 ) -> dict:
     """The engine kernel with its defaults, the engine kernel's best tile / stages / shares, and
     the persistent kernel's best chunk / programs / tile / stages, on the same caches."""
@@ -346,11 +347,12 @@ def compare(
     kv, tables, lens = caches(
         batch, context, spread, kv_heads, head_dim, page, LAYERS, torch.bfloat16, "cuda"
     )
+    kv = [tuple(c.to(kv_dtype) for c in layer) for layer in kv]  # `--kv-dtype`: fp8 rounds them
     q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
     scale = head_dim**-0.5
-    kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * 2
+    kv_bytes = 2 * int(lens.sum()) * kv_heads * head_dim * kv_dtype.itemsize
     seconds = lambda call: time_layers(call, LAYERS)  # noqa: E731
-    result = {"batch": batch, "context": context, "spread": spread, "page": page}
+    result = {"batch": batch, "context": context, "spread": spread, "page": page, "kv_dtype": str(kv_dtype)}
     result["engine_TB_s"] = round(
         kv_bytes / seconds(lambda i: paged_decode(q, *kv[i], tables, lens, scale)) / 1e12, 3
     )
@@ -417,16 +419,29 @@ def main() -> None:
     )
     parser.add_argument("--kernels", default="engine,tma,persistent", help="the contenders swept")
     parser.add_argument("--pages", default="16", help="KV page sizes (the engine's page_size) compared")
+    parser.add_argument(
+        "--kv-dtype",
+        default="bf16",
+        help="the cache's dtype: bf16, or an fp8 kv_cache_dtype (the engine kernel alone)",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()
+    from rlx.engine.config import KV_CACHE_DTYPES
+
+    kv_dtype = KV_CACHE_DTYPES[args.kv_dtype]
     for batch in (int(b) for b in args.batches.split(",")):
         for context, page in itertools.product(
             (int(c) for c in args.contexts.split(",")), (int(p) for p in args.pages.split(","))
         ):
             kernels = args.kernels.split(",")
             print(
-                json.dumps({"device": name, **compare(batch, context, args.spread, kernels, page=page)}),
+                json.dumps(
+                    {
+                        "device": name,
+                        **compare(batch, context, args.spread, kernels, page=page, kv_dtype=kv_dtype),
+                    }
+                ),
                 flush=True,
             )
     print(json.dumps({"bench": "decode_attention", "device": name, "date": time.strftime("%Y-%m-%d"),

@@ -24,6 +24,9 @@ without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in
 `--varlen`: rollouts of 128 sequences of 16-512 new tokens, each after a release and resume, with
 the engine's memory saver (the decode graphs kept) and without (cleared; padded), and warm (`run_varlen`).
 
+`--kv-cache-dtype fp8_e4m3`: the dense runs with an fp8 KV cache (the roofline then counts its
+one-byte elements).
+
 `--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
 release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
 one, with the engine's CPU weight backup on and off (`run_handover`).
@@ -96,7 +99,8 @@ def decode_bytes(engine) -> tuple[int, int]:
     """(every weight's bytes, KV bytes a token of context) that a decode step reads."""
     cfg = engine.hf_config
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    return weights, 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    kv_bytes = engine.kv_cache.data.element_size()  # 1 with an fp8 kv_cache_dtype
+    return weights, 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * kv_bytes
 
 
 def roofline_s(engine, batch: int) -> float:
@@ -383,6 +387,11 @@ def main() -> None:
     parser.add_argument("--model-root", help="where the random models are written (default: a new temp dir)")
     parser.add_argument("--batches", default="64,256", help="the batch sizes of the dense runs")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="the dense shapes run")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the dense runs' engine argument (fp8_e4m3: one byte an element)",
+    )
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
@@ -395,13 +404,14 @@ def main() -> None:
         return print(json.dumps(results))
     for name in ["qwen3_0.6b"] if args.quick else args.shapes.split(","):
         path = write_model(name, root)
-        engine = make_engine(path)
+        engine = make_engine(path, kv_cache_dtype=args.kv_cache_dtype)
         batches = [256] if args.quick else [int(b) for b in args.batches.split(",")]
         warm_up(engine, batches)
         for batch in batches:
             prefill = run_prefill(engine, batch)
             ours = with_roofline(engine, batch, run_engine(engine, batch))
-            entry = {"model": name, "batch": batch, "rlx": ours, "prefill": prefill}
+            entry = {"model": name, "batch": batch, "kv_cache_dtype": args.kv_cache_dtype, "rlx": ours}
+            entry["prefill"] = prefill
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
         engine.release_memory()

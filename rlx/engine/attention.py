@@ -9,6 +9,10 @@ of queries each, causal over the cached prefix plus the chunk). Two implementati
   without a cached prefix: SDPA over their own chunk, padded);
 - a Triton paged decode kernel (CUDA): one program per (row, kv head) streams the row's
   blocks once with an online softmax; all query heads of a GQA group share each K/V load.
+
+An fp8 cache (`kv_cache_dtype`) holds the keys and values rounded to one byte; each path reads
+them back into the queries' dtype. Rows without a cached prefix attend to the step's own K/V
+as computed (SGLang's Triton backend likewise), so only keys from earlier steps are rounded.
   The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
 
 On a CUDA GPU in bf16/fp16 (`flash_prefill`) prefill rows take torch's variable-length flash
@@ -55,9 +59,17 @@ class AttentionMetadata:
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> None:
-    """Store the step's keys and values ([T, kv_heads, head_dim]) at their slots."""
-    k_cache[meta.slot_block, :, meta.slot_offset] = k
-    v_cache[meta.slot_block, :, meta.slot_offset] = v
+    """Store the step's keys and values ([T, kv_heads, head_dim]) at their slots, in the cache's
+    dtype: an fp8 cache rounds them, saturating at its largest finite value as the GPU's
+    conversion does (torch's gives e5m2 infinities)."""
+    k_cache[meta.slot_block, :, meta.slot_offset] = to_cache(k, k_cache.dtype)
+    v_cache[meta.slot_block, :, meta.slot_offset] = to_cache(v, v_cache.dtype)
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.itemsize == 1:
+        x = x.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)
+    return x.to(dtype)
 
 
 def gather_attention(
@@ -68,11 +80,16 @@ def gather_attention(
     mask: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """SDPA over each row's gathered blocks; q [rows, heads, max_q, head_dim]."""
+    """SDPA over each row's gathered blocks (in q's dtype); q [rows, heads, max_q, head_dim]."""
     rows, num_blocks = block_tables.shape
     _, num_kv_heads, block_size, head_dim = k_cache.shape
-    k = k_cache[block_tables].transpose(1, 2).reshape(rows, num_kv_heads, num_blocks * block_size, head_dim)
-    v = v_cache[block_tables].transpose(1, 2).reshape(rows, num_kv_heads, num_blocks * block_size, head_dim)
+    k, v = (
+        c[block_tables]
+        .transpose(1, 2)
+        .reshape(rows, num_kv_heads, num_blocks * block_size, head_dim)
+        .to(q_RHQD.dtype)
+        for c in (k_cache, v_cache)
+    )
     gqa = q_RHQD.shape[1] != num_kv_heads
     return F.scaled_dot_product_attention(q_RHQD, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
@@ -168,7 +185,7 @@ def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torc
     with a mask of valid, causal keys."""
     if meta.prefill_cu_keys is not None:
         blocks, offsets = meta.prefill_key_blocks, meta.prefill_key_offsets
-        k, v = k_cache[blocks, :, offsets], v_cache[blocks, :, offsets]  # [keys, kv_heads, D]
+        k, v = (c[blocks, :, offsets].to(q.dtype) for c in (k_cache, v_cache))  # [keys, kv_heads, D]
         return _varlen(q, k, v, meta, meta.prefill_cu_keys, meta.prefill_max_k, scale)
     padded = _pad_rows(q, meta)
     out = gather_attention(padded, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_mask, scale)

@@ -14,6 +14,10 @@ logger = logging.getLogger(__name__)
 # SGLang's --dtype names; "auto" is the checkpoint's own dtype, as in SGLang.
 DTYPES = {"float32": torch.float32, "float": torch.float32}
 DTYPES |= {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}
+# SGLang's --kv-cache-dtype names; fp8 is stored unscaled (SGLang's k/v scales of 1 where a
+# checkpoint brings none) and read back into the model's dtype for the attention arithmetic.
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+KV_CACHE_DTYPES |= {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -39,6 +43,10 @@ class EngineArgs:
     # max_running_requests // 8 with decode CUDA graphs (a join costs an eager step), else 1
     admission_group: int | None = None
     page_size: int = 16  # tokens per KV block
+    # SGLang's: "auto" stores K/V in the model's dtype; fp8_e4m3 / fp8_e5m2 in one byte an element:
+    # twice a 2-byte cache's tokens in the same memory (rlx's decode reads them no faster a token:
+    # docs/benchmarks.md, Decisions)
+    kv_cache_dtype: str = "auto"
     disable_cuda_graph: bool = False
     # SGLang's: keep the weights in CPU memory while released. Off (SGLang's default), released
     # weights are dropped and come back uninitialized: a weight update must fill them before
@@ -81,3 +89,13 @@ class EngineArgs:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         return DTYPES[self.dtype]
+
+    def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's element type for a model computing in `model_dtype`."""
+        if self.kv_cache_dtype == "auto":
+            return model_dtype
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]

@@ -76,6 +76,12 @@ class Engine:
         if self.generic:  # DeepSeek-V3 (MLA) and other families: transformers' model, slower
             from rlx.engine.models.hf_generic import HFRunner
 
+            if args.kv_cache_dtype != "auto":
+                raise ValueError(
+                    f"kv_cache_dtype={args.kv_cache_dtype} is for the engine's own model families "
+                    f"({', '.join(FAMILIES)}); {cfg.model_type} runs in transformers' model, whose cache "
+                    "holds the model's dtype: leave kv_cache_dtype=auto"
+                )
             self.runner = HFRunner(args, self.device, self.torch_dtype, self.context_length)
             self.kv_cache = None
             self.blocks = BlockManager(self._cpu_budget_blocks(1 << 16), args.page_size, False)
@@ -86,7 +92,8 @@ class Engine:
         model = build_model(cfg, args, self.context_length, self.device, self.torch_dtype, arena=keep)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
-        per_block = KVCache.bytes_per_block(*shape, args.page_size, self.torch_dtype)
+        kv_dtype = args.kv_torch_dtype(self.torch_dtype)
+        per_block = KVCache.bytes_per_block(*shape, args.page_size, kv_dtype)
         num_blocks = num_blocks_for_budget(
             self._kv_budget_bytes(),
             per_block,
@@ -96,9 +103,7 @@ class Engine:
         )
         # zeroed only where an attention path reads unwritten slots (kv_cache.py)
         zeroed = not flash_prefill(self.device, self.torch_dtype)
-        self.kv_cache = KVCache(
-            *shape, args.page_size, num_blocks, self.torch_dtype, self.device, keep, zeroed
-        )
+        self.kv_cache = KVCache(*shape, args.page_size, num_blocks, kv_dtype, self.device, keep, zeroed)
         self.blocks = BlockManager(num_blocks, args.page_size, not args.disable_prefix_sharing)
         max_blocks = -(-self.context_length // args.page_size)
         self.runner = ModelRunner(model, self.kv_cache, args, self.device, max_blocks)

@@ -4,6 +4,7 @@ One program per (sequence, kv head, split): it loads the GQA group's queries onc
 share of the sequence's K/V blocks BLOCK_N tokens at a time through the block table, and keeps
 an online softmax in fp32, so each K/V byte is read exactly once per step. The group's queries
 are padded to 16 rows for tl.dot; decode is bound by memory, so the idle rows cost nothing.
+An fp8 cache's tiles are widened as they arrive (half the bytes read; `paged_decode` says to what).
 
 With few rows (rows x kv heads well under the GPU's SMs) one program per sequence leaves most
 SMs idle: the context is then split into `num_splits` shares (flash-decoding), each program
@@ -92,7 +93,8 @@ def _paged_decode_kernel(
     Q, K, V, Out, Part, Lse, BT, CL, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr, WIDEN: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_prologue(PDL)
     row = tl.program_id(0)
@@ -106,6 +108,8 @@ def _paged_decode_kernel(
         lo = split * share
         hi = tl.minimum(lo + share, context_len)
     q, heads = group_queries(Q, row, kv_head, stride_qt, stride_qh, GROUP, BLOCK_G, D)
+    if WIDEN == 1:  # an fp8 cache beside 2-byte queries: the dots in fp16 (see `paged_decode`)
+        q = q.to(tl.float16)
     d = tl.arange(0, D)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -117,6 +121,8 @@ def _paged_decode_kernel(
         offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        if WIDEN != 0:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
     store_output(
         Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP, BLOCK_G, D, NUM_SPLITS
@@ -187,7 +193,7 @@ def paged_decode(
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
     if num_stages is None:  # 4 stages measured best for 2-byte KV (docs/benchmarks.md); fp32 tiles
-        num_stages = 4 if k_cache.element_size() == 2 else 2  # are twice as big: 4 overflow smem
+        num_stages = 4 if k_cache.element_size() <= 2 else 2  # are twice as big: 4 overflow smem
     if num_splits is None:
         num_splits = default_splits(rows, num_kv_heads, q.device)
     assert num_splits & (num_splits - 1) == 0, f"num_splits={num_splits} must be a power of 2"
@@ -196,13 +202,19 @@ def paged_decode(
         lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
+    # an fp8 cache's tiles are widened as they arrive: to fp16 beside 2-byte queries (the GPU
+    # converts fp8 to fp16 in one instruction a pair, to bf16 through fp32: 1.2-1.65 -> 1.3-1.9
+    # TB/s of one-byte reads), the queries cast to fp16 with them (exact for bf16 magnitudes
+    # within fp16's normal range, 6e-5 to 65,504); to fp32 beside fp32 ones. Still no faster a
+    # token than a bf16 cache (docs/benchmarks.md, Decisions)
+    widen = 0 if k_cache.element_size() != 1 else 2 if q.dtype == torch.float32 else 1
     pdl = pdl_launch(q.device)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
-        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits, WIDEN=widen,
         num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if num_splits > 1:

@@ -120,10 +120,11 @@ def _qk_norm_rope_store_kernel(
     k = K + token * stride_kt + kv_head * D
     k1, k2 = _norm_rope_heads(k, KW, cos1, cos2, sin1, sin2, eps, 1, 1, D, HAS_NORM)
     slot = tl.load(SlotBlock + token) * stride_cb + tl.load(SlotOffset + token) * D + kv_head * stride_ch
-    tl.store(KCache + slot + d, k1)
-    tl.store(KCache + slot + HALF + d, k2)
+    kt = KCache.dtype.element_ty  # an fp8 cache rounds them (`kv_cache_dtype`)
+    tl.store(KCache + slot + d, k1.to(kt))
+    tl.store(KCache + slot + HALF + d, k2.to(kt))
     full = tl.arange(0, D)
-    tl.store(VCache + slot + full, tl.load(V + token * stride_vt + kv_head * D + full))
+    tl.store(VCache + slot + full, tl.load(V + token * stride_vt + kv_head * D + full).to(kt))
 
 
 def qk_norm_rope_store(
