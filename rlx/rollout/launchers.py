@@ -96,6 +96,19 @@ class LocalLauncher(EngineLauncher):
     LARGEST_GRAPH = 512  # decode graphs up to this batch (beyond, decode steps run eagerly)
 
     @classmethod
+    def config_errors(cls, cfg: RolloutConfig) -> list[str]:
+        """A KV cache dtype rlx's engine would refuse as it starts, refused when composing."""
+        from rlx.engine.config import KV_CACHE_DTYPES  # the names (torch's dtypes beside them)
+
+        kv = cfg.engine_args.get("kv_cache_dtype", "auto")
+        if kv == "auto" or kv in KV_CACHE_DTYPES:
+            return []
+        return [
+            f"rollout.engine_args.kv_cache_dtype={kv} is no KV cache dtype of rlx's engine (rollout=local); "
+            f"set it to auto or one of {', '.join(KV_CACHE_DTYPES)}"
+        ]
+
+    @classmethod
     def engine_args_for_batch(cls, cfg: RolloutConfig) -> dict[str, Any]:
         """An engine's share of a step's samples decodes at once: `max_running_requests` is that
         share (at least 256, the engine's default; at most 1024) and `cuda_graph_max_bs` the

@@ -276,6 +276,13 @@ FAILURES = {
             "remove it or use rollout=local",
         ],
     ),  # fmt: skip
+    "a KV cache dtype rlx's engine lacks": (
+        ["+rollout.engine_args.kv_cache_dtype=fp4_e2m1"],
+        [
+            "rollout.engine_args.kv_cache_dtype=fp4_e2m1 is no KV cache dtype of rlx's engine (rollout=local)",
+            "set it to auto or one of fp8_e4m3, fp8_e5m2, bf16, bfloat16",
+        ],
+    ),  # fmt: skip
     "colocated SGLang without its memory saver": (
         [
             "cluster=1gpu",
