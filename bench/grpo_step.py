@@ -216,12 +216,12 @@ def main(argv: list[str]) -> None:
     if args.plan_only:
         from rlx.config.compose import compose, to_object
         from rlx.config.memory_check import print_plan
+        from rlx.config.validate import run_max_prompt_len
         from rlx.errors import ConfigError
 
         try:
-            print_plan(
-                to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(args), *extra]))
-            )
+            rc = to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(args), *extra]))
+            print_plan(rc, run_max_prompt_len(rc))
         except ConfigError as e:
             raise SystemExit(f"error: {e}") from None
         return

@@ -35,7 +35,7 @@ from rlx.models.checkpoint_checks import check_checkpoint
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.engines import EarlyEngines
-from rlx.rollout.launchers import for_run
+from rlx.rollout.launchers import checkpoint_errors, for_run
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer
 from rlx.rollout.replay import DumpReplay
@@ -261,6 +261,8 @@ def _prepare(cfg: DictConfig) -> _Job:
     hf_dir = family.checkpoint_dir()
     tokenizer = _load_tokenizer(hf_dir)
     check_checkpoint(family, hf_dir, tokenizer)
+    if errors := checkpoint_errors(rc.rollout, hf_dir):  # what the rollout's engines cannot serve of it
+        raise ConfigError("\n".join(errors))
     write_run_config(cfg, out, hf_dir)  # config.yaml (what was used) and run_info.json (versions)
     prompt_len = run_max_prompt_len(rc)
     data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=prompt_len)

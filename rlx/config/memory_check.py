@@ -232,10 +232,11 @@ def memory_plan(rc: RlxConfig) -> Plan | None:
     return None if planned is None else planned[1]
 
 
-def print_plan(rc: RlxConfig) -> None:
+def print_plan(rc: RlxConfig, prompt_limit: int) -> None:
     """`run.plan_only=true`: print the plan (or why a CPU run has none) and what the run would
-    decide by it, as the run logs them; raise the refusal a run of this config would get, after the
-    plan, as a ConfigError."""
+    decide by it, as the run logs them (`prompt_limit`: the longest prompt its data may keep,
+    `rlx.config.validate.run_max_prompt_len`); raise the refusal a run of this config would get,
+    after the plan, as a ConfigError."""
     if (reason := no_plan(rc)) is not None:
         print(f"memory plan: none for {reason}")
         if (line := host_plan_line(rc)) is not None:
@@ -243,9 +244,7 @@ def print_plan(rc: RlxConfig) -> None:
         if errors := host_memory_errors(rc):
             raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))
         return
-    from rlx.config.validate import run_max_prompt_len  # validate imports this module
-
-    (setup, plan), lines = decide_memory(rc, None, run_max_prompt_len(rc))
+    (setup, plan), lines = decide_memory(rc, None, prompt_limit)
     print("\n".join([report(plan), *lines]), flush=True)
     if errors := memory_errors(setup, plan):
         raise ConfigError("this run would be refused:\n" + "\n".join(f"  - {e}" for e in errors))

@@ -18,6 +18,9 @@ DTYPES |= {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.f
 # checkpoint brings none) and read back into the model's dtype for the attention arithmetic.
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 KV_CACHE_DTYPES |= {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+# the HF model types the engine runs on its own model code (`rlx.engine.models.FAMILIES`); any
+# other runs in transformers' model, whose cache holds the model's dtype
+MODEL_TYPES = ("qwen3", "llama", "glm4", "qwen3_moe")
 
 
 @dataclass

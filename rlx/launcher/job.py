@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from rlx.config.compose import to_object
 from rlx.config.from_checkpoint import apply_checkpoint
 from rlx.config.memory_check import print_plan
-from rlx.config.validate import validate
+from rlx.config.validate import run_max_prompt_len, validate
 from rlx.errors import UserError
 from rlx.launcher import nodes
 
@@ -52,7 +52,8 @@ def run_on_nodes(cfg: DictConfig, overrides: list[str] | None = None) -> nodes.N
     apply_checkpoint(cfg, overrides or [])  # the model from model.hf_checkpoint's config.json
     validate(cfg)  # on every node, so a bad config never leaves workers waiting for a head
     if cfg.run.plan_only:  # the memory plan alone: no Ray, no process started
-        print_plan(to_object(cfg))
+        rc = to_object(cfg)
+        print_plan(rc, run_max_prompt_len(rc))
         return nodes.node_role(os.environ)
     from rlx.runtime import run  # ray, torch, transformers: seconds, after validation
 

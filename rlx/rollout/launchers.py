@@ -12,6 +12,8 @@ class's name):
   * `max_gpus_per_engine`: the most GPUs one engine may take (None: any, the engine's own tensor
     parallelism); more is refused when composing;
   * `config_errors(cfg)`: its own rules about `rollout.*`, checked when composing;
+  * `checkpoint_errors(cfg, hf_dir)`: what it cannot serve of the run's checkpoint, checked in the
+    driver before any process starts;
   * `placement_errors(cfg, colocated)`: what it needs of the placement (checked when composing);
   * `for_run(cfg, *, colocated, precision_dtype, hf_dir, gpus)`: the `rollout` config its engines
     are started with in this run (arguments it adds for the placement or the trainer's precision);
@@ -43,6 +45,12 @@ def for_run(cfg: RolloutConfig, **run) -> RolloutConfig:
     return prepare(cfg, **run) if prepare is not None else cfg
 
 
+def checkpoint_errors(cfg: RolloutConfig, hf_dir: Path) -> list[str]:
+    """What launcher `cfg._target_` cannot serve of the checkpoint (`EngineLauncher.checkpoint_errors`)."""
+    check = getattr(locate(cfg._target_), "checkpoint_errors", None)
+    return check(cfg, hf_dir) if check is not None else []
+
+
 def engine_args_for_batch(cfg: RolloutConfig) -> dict[str, Any]:
     """What launcher `cfg._target_` sizes to the batch (`EngineLauncher.engine_args_for_batch`)."""
     sized = getattr(locate(cfg._target_), "engine_args_for_batch", None)
@@ -67,6 +75,10 @@ class EngineLauncher:
 
     @classmethod
     def placement_errors(cls, cfg: RolloutConfig, colocated: bool) -> list[str]:
+        return []
+
+    @classmethod
+    def checkpoint_errors(cls, cfg: RolloutConfig, hf_dir: Path) -> list[str]:
         return []
 
     @classmethod
@@ -106,6 +118,22 @@ class LocalLauncher(EngineLauncher):
         return [
             f"rollout.engine_args.kv_cache_dtype={kv} is no KV cache dtype of rlx's engine (rollout=local); "
             f"set it to auto or one of {', '.join(KV_CACHE_DTYPES)}"
+        ]
+
+    @classmethod
+    def checkpoint_errors(cls, cfg: RolloutConfig, hf_dir: Path) -> list[str]:
+        """An fp8 KV cache for a model the engine serves through transformers' model (whose cache
+        holds the model's dtype): refused before any process starts, as the engine would refuse it."""
+        from rlx.engine.config import MODEL_TYPES  # the engine's own model families
+
+        kv = cfg.engine_args.get("kv_cache_dtype", "auto")
+        model_type = json.loads((Path(hf_dir) / "config.json").read_text()).get("model_type")
+        if kv == "auto" or model_type in MODEL_TYPES:
+            return []
+        return [
+            f"rollout.engine_args.kv_cache_dtype={kv} is for rlx's engine's own model families "
+            f"({', '.join(MODEL_TYPES)}); {model_type} ({hf_dir}) runs in transformers' model, whose cache "
+            "holds the model's dtype: remove it, or use rollout=sglang"
         ]
 
     @classmethod

@@ -11,6 +11,27 @@ import torch.nn.functional as F
 from helpers import all_ones_draws, close  # tests/ is on sys.path (conftest)
 
 
+def decode_error(device, dtype, heads, kv_heads, dim, page, num_splits, kv_dtype=None) -> float:
+    """The kernel's largest difference from gather + SDPA over the same cache (`kv_dtype`, None:
+    the queries' `dtype`): rows of 1 token to a whole table of 20 pages of 16 tokens' worth."""
+    from rlx.engine.attention import gather_attention
+    from rlx.engine.triton_decode import paged_decode
+
+    g = torch.Generator(device=device).manual_seed(0)
+    blocks, table = 64 * 16 // page, 20 * 16 // page
+    k_cache, v_cache = (
+        torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(kv_dtype or dtype)
+        for _ in "kv"
+    )
+    lens = torch.tensor([1, 17, 64, 300, 1000 % 320], device=device, dtype=torch.int32)
+    tables = torch.randint(1, blocks, (5, table), device=device, generator=g, dtype=torch.int32)
+    q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
+    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
+    mask = (torch.arange(table * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
+    return (out.float() - ref.float()).abs().max().item()
+
+
 # None: default_splits (8 for 10 programs on a GPU, 1 interpreted)
 @pytest.mark.parametrize("num_splits", [1, 2, 8, None])
 @pytest.mark.parametrize(
@@ -22,44 +43,18 @@ def test_paged_decode_matches_gather_attention(num_splits, heads, kv_heads, dim,
     """Rows of 1 token to a whole table, each context split into shares (flash-decoding) or not:
     with 8 shares the 1-token and 17-token rows have empty shares, which must merge with weight 0.
     Query groups of the families the engine serves, padded to the kernel's 16-row tiles."""
-    from rlx.engine.attention import gather_attention
-    from rlx.engine.triton_decode import paged_decode
-
-    g = torch.Generator(device=device).manual_seed(0)
-    blocks, table = 64 * 16 // page, 20 * 16 // page
-    k_cache = torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(dtype)
-    v_cache = torch.randn_like(k_cache)
-    lens = torch.tensor([1, 17, 64, 300, 1000 % 320], device=device, dtype=torch.int32)
-    tables = torch.randint(1, blocks, (5, table), device=device, generator=g, dtype=torch.int32)
-    q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
-    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
-    mask = (torch.arange(table * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
-    ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    assert (out.float() - ref.float()).abs().max().item() < tolerance
+    error = decode_error(device, dtype, heads, kv_heads, dim, page, num_splits)
+    assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_paged_decode_reads_an_fp8_cache(kv_dtype, num_splits, device, dtype):
-    """`kv_cache_dtype=fp8_*`: the kernel widens the cache's one-byte tiles to the queries' dtype
-    as they arrive; against gather + SDPA over the same cache read back in that dtype, as closely
-    as with a cache in the queries' own dtype (above)."""
-    from rlx.engine.attention import gather_attention
-    from rlx.engine.triton_decode import paged_decode
-
-    g = torch.Generator(device=device).manual_seed(1)
-    heads, kv_heads, dim, page, blocks, table = 16, 8, 128, 16, 64, 20
-    k_cache = torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(kv_dtype)
-    v_cache = torch.randn(blocks, kv_heads, page, dim, device=device, generator=g).to(kv_dtype)
-    lens = torch.tensor([1, 17, 64, 300, 320], device=device, dtype=torch.int32)
-    tables = torch.randint(1, blocks, (5, table), device=device, generator=g, dtype=torch.int32)
-    q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
-    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
-    mask = (torch.arange(table * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
-    ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    assert (out.float() - ref.float()).abs().max().item() < tolerance
+    """`kv_cache_dtype=fp8_*`: the kernel widens the cache's one-byte tiles as they arrive (to
+    fp16 beside bf16 queries); against gather + SDPA over the same cache read back in the queries'
+    dtype, as closely as with a cache in that dtype (above)."""
+    error = decode_error(device, dtype, 16, 8, 128, 16, num_splits, kv_dtype)
+    assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
 @pytest.mark.parametrize("with_residual", [True, False])

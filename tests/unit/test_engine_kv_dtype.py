@@ -74,3 +74,33 @@ def test_a_model_outside_the_engines_families_refuses_an_fp8_cache(tmp_path):
     assert make_engine(path).generic  # auto: served by transformers' Qwen2 model
     with pytest.raises(ValueError, match="kv_cache_dtype=fp8_e4m3 is for the engine's own model families"):
         make_engine(path, kv_cache_dtype="fp8_e4m3")
+
+
+def test_the_families_the_launcher_names_are_the_engines_own():
+    from rlx.engine.config import MODEL_TYPES
+    from rlx.engine.models import FAMILIES
+
+    assert tuple(FAMILIES) == MODEL_TYPES
+
+
+def test_the_driver_refuses_it_before_any_process_starts(tmp_path, monkeypatch):
+    """A run does not wait for its engine to refuse: `rlx.runtime._prepare` (before Ray) asks the
+    launcher (`LocalLauncher.checkpoint_errors`); here the tiny Qwen3 as if the engine had no Qwen3
+    family of its own, then as it is."""
+    import rlx.engine.config as engine_config
+    from rlx.config.compose import compose
+    from rlx.errors import ConfigError
+    from rlx.runtime import _prepare
+
+    cfg = compose(["+rollout.engine_args.kv_cache_dtype=fp8_e4m3", f"run.output_dir={tmp_path}"])
+    own = tuple(t for t in engine_config.MODEL_TYPES if t != "qwen3")
+    monkeypatch.setattr(engine_config, "MODEL_TYPES", own)
+    with pytest.raises(ConfigError) as refused:
+        _prepare(cfg)
+    assert str(refused.value).startswith(
+        "rollout.engine_args.kv_cache_dtype=fp8_e4m3 is for rlx's engine's own model families "
+        "(llama, glm4, qwen3_moe); qwen3 ("
+    )
+    assert str(refused.value).endswith("remove it, or use rollout=sglang")
+    monkeypatch.undo()
+    _prepare(cfg)  # the engine serves Qwen3 itself

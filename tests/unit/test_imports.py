@@ -22,8 +22,9 @@ RLX = Path(__file__).resolve().parents[2] / "rlx"
 MAX_LINES = 450
 JUSTIFIED = re.compile(r"over 450 lines because", re.IGNORECASE)
 # the engine server's public entry point: `start_server` in-process (`rlx.rollout.launchers.LocalLauncher`);
-# `python -m rlx.engine.serve` is started by name, no import
-ENGINE_ENTRY = {"rlx.engine.serve"}
+# `python -m rlx.engine.serve` is started by name, no import; and its arguments' schema (`rlx.engine.config`:
+# torch and the standard library only), whose values LocalLauncher checks before any engine starts
+ENGINE_ENTRY = {"rlx.engine.serve", "rlx.engine.config"}
 
 
 def _module_name(path: Path) -> str:

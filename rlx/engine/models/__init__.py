@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlx.engine.models.dense import CausalLM
 from rlx.engine.models.qwen3_moe import Qwen3MoeLM
 
-FAMILIES: dict[str, type[CausalLM]] = {
+FAMILIES: dict[str, type[CausalLM]] = {  # keyed as `rlx.engine.config.MODEL_TYPES` names them
     "qwen3": CausalLM,
     "llama": CausalLM,
     "glm4": CausalLM,
