@@ -9,11 +9,11 @@ of queries each, causal over the cached prefix plus the chunk). Two implementati
   without a cached prefix: SDPA over their own chunk, padded);
 - a Triton paged decode kernel (CUDA): one program per (row, kv head) streams the row's
   blocks once with an online softmax; all query heads of a GQA group share each K/V load.
+  The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
 
 An fp8 cache (`kv_cache_dtype`) holds the keys and values rounded to one byte; each path reads
 them back into the queries' dtype. Rows without a cached prefix attend to the step's own K/V
 as computed (SGLang's Triton backend likewise), so only keys from earlier steps are rounded.
-  The gather path would read the KV twice (gather, then SDPA) and allocate the padded copy.
 
 On a CUDA GPU in bf16/fp16 (`flash_prefill`) prefill rows take torch's variable-length flash
 attention instead (`varlen_attn`, rows told apart by their cumulative lengths, causal from the

@@ -121,7 +121,7 @@ def _paged_decode_kernel(
         offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        if WIDEN != 0:
+        if WIDEN != 0:  # to the queries' dtype (fp16 already with WIDEN 1)
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
     store_output(
@@ -205,9 +205,11 @@ def paged_decode(
     # an fp8 cache's tiles are widened as they arrive: to fp16 beside 2-byte queries (the GPU
     # converts fp8 to fp16 in one instruction a pair, to bf16 through fp32: 1.2-1.65 -> 1.3-1.9
     # TB/s of one-byte reads), the queries cast to fp16 with them (exact for bf16 magnitudes
-    # within fp16's normal range, 6e-5 to 65,504); to fp32 beside fp32 ones. Still no faster a
-    # token than a bf16 cache (docs/benchmarks.md, Decisions)
-    widen = 0 if k_cache.element_size() != 1 else 2 if q.dtype == torch.float32 else 1
+    # within fp16's normal range, 6e-5 to 65,504); to the queries' dtype otherwise (fp32, or a
+    # bf16 cache beside fp16 queries). Still no faster a token than a bf16 cache (docs/benchmarks.md,
+    # Decisions)
+    fp8_beside_half = k_cache.element_size() == 1 and q.element_size() == 2
+    widen = 0 if k_cache.dtype == q.dtype else 1 if fp8_beside_half else 2
     pdl = pdl_launch(q.device)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
