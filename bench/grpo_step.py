@@ -124,7 +124,7 @@ def choose_micro_batch(args: argparse.Namespace, extra: list[str]) -> tuple[int,
     rc = to_object(compose(["run.output_dir=/tmp/grpo_step_plan", *overrides_for(one), *extra]))
     if no_plan(rc) or gpu_memory(rc)[0] is None:
         return FALLBACK_MICRO_BATCH, "no GPU seen by the memory plan"
-    size, _ = roomier_micro_batch(rc) or (1, None)
+    size = (roomier_micro_batch(rc) or (1,))[0]
     why = "the largest the memory plan fits (the trainer's state where auto puts it)"
     return min(size, MAX_MICRO_BATCH), why
 

@@ -121,14 +121,16 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
     )
 
 
-def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float] | None:
+def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float, bool] | None:
     """The largest `train.micro_batch_size` above the configured one (doubling it while it divides a
     data-parallel rank's share of `train.global_batch_size`) that the plan fits on this run's GPUs
     with the trainer's state where it goes now (kept on the GPU where `auto` keeps it at the
-    configured size), and its planned trainer peak in GiB. Fewer, longer micro-batches spend less
-    host time a step (Qwen3-1.7B on 1×H100: 8 -> 16 took the train phase from 2.37 to 1.63 s,
-    docs/benchmarks.md). None: packing, pipeline parallelism, no plan or GPU size, or none larger
-    fits. Call it before `resolve_offload` (it reads `auto`)."""
+    configured size), its planned trainer peak in GiB, and whether at it `cluster.release_memory=auto`
+    would release what it keeps resident at the configured size (trainer and engines no longer fit
+    together). Fewer, longer micro-batches spend less host time a step (Qwen3-1.7B on 1×H100: 8 ->
+    16 took the train phase from 2.37 to 1.63 s, docs/benchmarks.md). None: packing, pipeline
+    parallelism, no plan or GPU size, or none larger fits. Call it before `resolve_offload` (it
+    reads `auto`)."""
     t, c = rc.train, rc.cluster
     if no_plan(rc) or t.max_tokens_per_micro_batch is not None or c.pipeline_parallel_size > 1:
         return None
@@ -137,6 +139,11 @@ def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float] | None:
         return None
     setup = _setup(rc)
     keep = c.offload_trainer == "auto" and c.colocate and not _decide(setup, rc)[0]
+
+    def released(s: Setup) -> bool:  # what release_memory=auto decides with the state kept
+        return release_decision(replace(s, cluster=replace(s.cluster, offload_trainer=False)), gpu_bytes)[0]
+
+    resident = keep and c.release_memory == "auto" and not released(setup)
     share, best = t.global_batch_size // setup.data_parallel_size, None
     size = t.micro_batch_size * 2
     while size <= share and share % size == 0:
@@ -146,19 +153,26 @@ def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float] | None:
         # kept: `offload_decision` plans it (it would not fit, or would leave the KV cache short)
         if _decide(trial, rc)[0] if keep else memory_errors(trial, plan_memory(trial, gpu_bytes)):
             break
-        best = (size, trainer_peak_allocated(trial) / GIB)
+        best = (size, trainer_peak_allocated(trial) / GIB, resident and released(trial))
         size *= 2
     return best
 
 
-def roomier_line(rc: RlxConfig, roomier: tuple[int, float]) -> str:
+def roomier_line(rc: RlxConfig, roomier: tuple[int, float, bool]) -> str:
     """The run's log line for `roomier_micro_batch`'s answer."""
-    size, peak = roomier
-    return (
+    size, peak, released = roomier
+    line = (
         f"train.micro_batch_size={rc.train.micro_batch_size}: the plan fits {size} as well (trainer peak "
         f"{peak:.3g} GiB); fewer, longer micro-batches spend less host time a step "
         f"(train.micro_batch_size={size})"
     )
+    if released:
+        line += (
+            f", though at {size} trainer and engines no longer fit resident together: "
+            "cluster.release_memory=auto then releases their memory at each hand-over (the 1.7B shape on "
+            "1×H200: 0.10 s a step, docs/benchmarks.md)"
+        )
+    return line
 
 
 def _decide(setup: Setup, rc: RlxConfig) -> tuple[bool, str]:

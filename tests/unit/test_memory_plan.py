@@ -544,9 +544,21 @@ def test_the_plan_names_the_largest_micro_batch_that_fits_as_well():
         args = bench.build_parser().parse_args(["--shape", "1.7b", "--micro-batch", extra[0]])
         return to_object(compose([*bench.overrides_for(args), H100_GIB, *extra[1:]]))
 
-    size, peak = roomier_micro_batch(config("8"))
+    size, peak, released = roomier_micro_batch(config("8"))
     assert size == 32 and peak == trainer_peak_allocated(memory_setup(config("32"))) / GIB
     assert roomier_micro_batch(config("16"))[0] == 32
+    # at 8 and 16 trainer and engines stay resident (release_memory=auto); at 32 they would not fit
+    # together (a 68.5 GiB training peak beside the engine's 3.2 GiB of weights and its step's KV):
+    # the note says so, which `release_decision` itself decides at each size
+    from rlx.memory.plan import release_decision
+
+    assert [release_decision(memory_setup(config(m)), round(79.6 * GIB))[0] for m in ("8", "16", "32")] == [
+        False,
+        False,
+        True,
+    ]
+    assert released is True
+    assert roomier_micro_batch(config("8", "cluster.release_memory=true"))[2] is False
     assert roomier_micro_batch(config("32")) is None
     assert roomier_micro_batch(config("8", "train.max_tokens_per_micro_batch=8192")) is None
 
