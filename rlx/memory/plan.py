@@ -83,7 +83,7 @@ def offload_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
     cache would make the rollout wait for room); else it goes to the host while the engines generate."""
     c = s.cluster
     if not (c.colocate and s.with_trainer and s.with_engines):
-        return True, "not colocated"
+        return True, apart(s)
     if gpu_bytes is None:
         return True, "offloaded: the GPU's memory is unknown here (cluster.gpu_memory_gib sets it)"
     fits, tokens, step = kept_fits(replace(s, cluster=replace(c, offload_trainer=False)), gpu_bytes)
@@ -111,7 +111,7 @@ def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
     peak holds its share of a step's samples at full length, as `offload_decision`'s rule."""
     c = s.cluster
     if not (c.colocate and s.with_trainer and s.with_engines):
-        return True, "not colocated"
+        return True, apart(s)
     if c.offload_trainer is not False:
         return True, "released: the trainer's state is offloaded while the engines generate"
     if gpu_bytes is None:
@@ -129,6 +129,14 @@ def release_decision(s: Setup, gpu_bytes: int | None) -> tuple[bool, str]:
         f"the trainer's training peak each engine's KV cache holds {tokens:,} tokens, its share of a step's "
         f"samples {step:,}"
     )
+
+
+def apart(s: Setup) -> str:
+    """Why trainer and engines never hand a GPU over: not colocated, or one side runs alone."""
+    if not s.cluster.colocate:
+        return "not colocated"
+    alone = "the engines run" if s.with_engines else "the trainer runs"
+    return f"no hand-over: {alone} alone (debug.rollout_only / debug.train_only)"
 
 
 def kept_fits(kept: Setup, gpu_bytes: int) -> tuple[bool, int, int]:

@@ -332,9 +332,10 @@ def test_release_memory_auto_keeps_both_sides_resident_where_a_steps_samples_sti
     """cluster.release_memory=auto (rlx.memory.plan.release_decision), for a trainer whose
     state stays: nothing released exactly while each engine's KV cache, beside the trainer's
     training peak, holds its share of a step's samples at full length; released otherwise, and
-    always when the state itself is offloaded or the GPU's size unknown."""
+    always when the state itself is offloaded or the GPU's size unknown; a colocated debug run of
+    one side has no hand-over, and says so rather than "not colocated"."""
     from rlx.memory.engine import kv_tokens
-    from rlx.memory.plan import release_decision
+    from rlx.memory.plan import offload_decision, release_decision
     from rlx.memory.trainer import resident_while_generating
 
     kept = {"gpus_per_node": 1, "colocate": True, "offload_trainer": False}
@@ -366,6 +367,16 @@ def test_release_memory_auto_keeps_both_sides_resident_where_a_steps_samples_sti
     )
     assert release_decision(s, None)[0] is True
     assert release_decision(setup(), gpu) == (True, "not colocated")
+    for half, alone in (
+        (dict(with_trainer=False), "the engines run"),
+        (dict(with_engines=False), "the trainer runs"),
+    ):
+        why = f"no hand-over: {alone} alone (debug.rollout_only / debug.train_only)"  # colocated halves
+        assert (
+            release_decision(replace(s, **half), gpu)
+            == offload_decision(replace(s, **half), gpu)
+            == (True, why)
+        )
     assert (
         release_decision(s, 2 * 2**20)[1] == "released: trainer and engines would not fit resident together"
     )
