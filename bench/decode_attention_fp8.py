@@ -1,0 +1,164 @@
+"""Decode attention over an fp8 KV cache (`kv_cache_dtype=fp8_e4m3`): the engine's kernel against
+the same kernel on a bf16 cache, and a variant whose V is stored page-transposed; microseconds a
+call, one JSON line per (batch, context), on the GPU.
+
+The engine's kernel reads one-byte tiles at 1.3-1.9 TB/s against a bf16 cache's 3.4-3.9 (1×H200,
+docs/benchmarks.md, Decisions), so a token costs about what it costs in bf16. Compiled for sm90 by
+Triton 3.6 (the device's), both load their tiles into shared memory asynchronously; K goes to
+registers in a layout of its own and is transposed there, but V goes from shared memory straight
+into the tensor cores' B-operand layout (`ttg.local_load ... f8E4M3FN -> dot_op<opIdx = 1, kWidth =
+4>`) from a buffer whose contiguous dimension is the head dimension, not the tokens that P·V sums
+over. For 16-bit elements that read is an `ldmatrix.trans`; there is none for 8-bit ones. The
+contenders here test that reading:
+
+- `engine_bf16`: the engine's kernel on the cache in bf16 (the time a token costs today);
+- `engine_fp8`: the engine's kernel on the fp8 cache, its tile swept up to 128 tokens (a 128-token
+  fp8 tile is a 64-token bf16 tile's bytes);
+- `vpages`: K as the engine reads it; V from a copy stored page-transposed ([blocks, KV heads, D,
+  page]: the tokens of a page contiguous, so the sum of P·V runs along contiguous bytes), loaded as
+  a [pages, D, page] tile and reshaped to V^T [D, tokens]. Checked against `engine_fp8`'s output.
+
+Every call reads another layer's cache (`LAYERS` copies in one CUDA graph), as a decode step does;
+each setting's output is checked against `engine_fp8`'s (`best_of`: one further off than 2e-2 is
+listed under `wrong`). Not yet run on a GPU: written when the session's device time was spent
+(2026-11-29); `vpages` matched the engine's kernel in Triton's CPU interpreter (fp32 queries, 1, 2
+and 4 pages a tile) and compiles for sm90 with Triton 3.6, its V tile loaded to registers (not
+copied ahead into shared memory as the engine's are).
+
+    source .whl/install.sh && python3 bench/decode_attention_fp8.py [--batches 64,256] [--contexts 300,520]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import triton
+import triton.language as tl
+from decode_attention import LAYERS, best_of, caches, time_layers
+
+from rlx.engine.triton_decode import paged_decode
+
+
+@triton.jit
+def _vpages_kernel(
+    Q, K, VT, Out, BT, CL, scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, PAGES: tl.constexpr,
+):  # fmt: skip
+    """One program a (row, KV head), a tile of PAGES whole pages at a time; K [blocks, heads, page,
+    D] as the engine stores it, VT [blocks, heads, D, page]."""
+    BLOCK_N: tl.constexpr = PAGES * PAGE
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    context_len = tl.load(CL + row)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    heads = kv_head * GROUP + g
+    q_mask = (g < GROUP)[:, None]
+    q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q = q.to(tl.float16)
+    pages = tl.arange(0, PAGES)
+    slots = tl.arange(0, PAGE)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for start in range(0, context_len, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        valid = n < context_len
+        page = tl.load(BT + row * stride_bt + n // PAGE, mask=valid, other=0).to(tl.int64)
+        k_at = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
+        k = tl.load(K + k_at[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float16)
+        first = start + pages * PAGE
+        tile_pages = tl.load(BT + row * stride_bt + first // PAGE, mask=first < context_len, other=0).to(
+            tl.int64
+        )
+        v_at = (tile_pages * stride_kb + kv_head * stride_kh)[:, None, None] + (d * PAGE)[None, :, None]
+        v_ok = (first[:, None, None] + slots[None, None, :]) < context_len
+        vt3 = tl.load(VT + v_at + slots[None, None, :], mask=v_ok, other=0.0)  # [PAGES, D, PAGE]
+        vt = tl.reshape(tl.permute(vt3, (1, 0, 2)), (D, BLOCK_N)).to(tl.float16)  # V^T [D, tokens]
+        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.trans(vt))
+        m_i = m_new
+    tl.store(
+        Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
+        (acc / l_i[:, None]).to(Out.dtype.element_ty),
+        mask=q_mask,
+    )
+
+
+def vpages_decode(q, k_cache, vt_cache, block_tables, lens, scale, pages=4, num_warps=4, num_stages=3):
+    """q [rows, heads, D]; k_cache [blocks, kv_heads, page, D]; vt_cache [blocks, kv_heads, D, page]."""
+    rows, heads, dim = q.shape
+    _, kv_heads, page, _ = k_cache.shape
+    out = torch.empty_like(q)
+    group = heads // kv_heads
+    _vpages_kernel[(rows, kv_heads)](
+        q, k_cache, vt_cache, out, block_tables, lens, scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=dim, PAGE=page, PAGES=pages,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=16) -> dict:
+    kv16, tables, lens = caches(batch, context, 0.0, kv_heads, head_dim, page, LAYERS, torch.bfloat16, "cuda")
+    kv8 = [tuple(c.to(torch.float8_e4m3fn) for c in layer) for layer in kv16]
+    vt8 = [layer[1].transpose(-1, -2).contiguous() for layer in kv8]
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    scale = head_dim**-0.5
+    seconds = lambda call: time_layers(call, LAYERS)  # noqa: E731
+    result = {"batch": batch, "context": context, "tokens": int(lens.sum())}
+    result["engine_bf16_us"] = round(
+        seconds(lambda i: paged_decode(q, *kv16[i], tables, lens, scale)) * 1e6, 2
+    )
+    reference = paged_decode(q, *kv8[0], tables, lens, scale).float()
+    wrong = result["wrong"] = []
+    contenders = {
+        "engine_fp8": (
+            [dict(block_n=n, num_stages=s, num_splits=k) for n, s, k in itertools.product((32, 64, 128), (3, 4, 6), (1, 2))],
+            lambda st: lambda i: paged_decode(q, *kv8[i], tables, lens, scale, **st),
+        ),
+        "vpages": (
+            [dict(pages=p, num_warps=w, num_stages=s) for p, w, s in itertools.product((2, 4, 8), (4, 8), (2, 3, 4))],
+            lambda st: lambda i: vpages_decode(q, kv8[i][0], vt8[i], tables, lens, scale, **st),
+        ),
+    }  # fmt: skip
+    for name, (settings, call_for) in contenders.items():
+        best = best_of(settings, call_for, reference, seconds, wrong)
+        if best is not None:
+            result[f"{name}_us"], result[f"{name}_setting"] = round(best[0] * 1e6, 2), best[1]
+            result[f"{name}_TB_s"] = round(2 * result["tokens"] * kv_heads * head_dim / best[0] / 1e12, 3)
+    result["engine_bf16_TB_s"] = round(
+        4 * result["tokens"] * kv_heads * head_dim / result["engine_bf16_us"] / 1e6, 3
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--contexts", default="300,520")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name()
+    for batch, context in itertools.product(
+        (int(b) for b in args.batches.split(",")), (int(c) for c in args.contexts.split(","))
+    ):
+        print(json.dumps({"device": name, **compare(batch, context)}), flush=True)
+    print(json.dumps({"bench": "decode_attention_fp8", "device": name, "date": time.strftime("%Y-%m-%d"),
+                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
