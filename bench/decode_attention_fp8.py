@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from decode_attention import LAYERS, best_of, caches, time_layers
 
-from rlx.engine.triton_decode import paged_decode
+from rlx.engine.triton_decode import attend_tile, paged_decode
 
 
 @triton.jit
@@ -80,14 +80,7 @@ def _vpages_kernel(
         v_ok = (first[:, None, None] + slots[None, None, :]) < context_len
         vt3 = tl.load(VT + v_at + slots[None, None, :], mask=v_ok, other=0.0)  # [PAGES, D, PAGE]
         vt = tl.reshape(tl.permute(vt3, (1, 0, 2)), (D, BLOCK_N)).to(tl.float16)  # V^T [D, tokens]
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.trans(vt))
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, tl.trans(vt), valid, m_i, l_i, acc, scale, False)
     tl.store(
         Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
         (acc / l_i[:, None]).to(Out.dtype.element_ty),
