@@ -1,7 +1,8 @@
 """`kv_cache_dtype` (SGLang's argument): an fp8 KV cache on CPU (the GPU's kernels read it in
 tests/kernels and tests/gpu/test_engine.py). Keys and values are stored rounded to one byte, so
-the same bytes hold four times the fp32 cache's tokens; the attention reads them back in the
-model's dtype, and the logprobs stay near the model's own."""
+the same bytes hold four times the fp32 cache's tokens; the attention reads back exactly what was
+stored. A value the engine lacks is refused when composing, and a model outside its families in
+the driver, before any process starts."""
 
 from __future__ import annotations
 
