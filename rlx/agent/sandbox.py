@@ -51,6 +51,7 @@ NETWORK_MODES = ("auto", "namespace", "python")  # Sandbox(network=...)
 
 FORK_SERVER = str(Path(__file__).with_name("forkserver.py"))
 SERVER_GRACE_S = 10.0  # how much longer than a call's limit its fork server may take to answer
+_SANDBOXES: weakref.WeakSet = weakref.WeakSet()  # every Sandbox of this process (`close_sandboxes`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class Sandbox:
         block = "1" if self.network == "python" else "0"
         self.server_command = [*(prefix or ()), sys.executable, "-I", "-S", FORK_SERVER, block]
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> _ServerPool
+        _SANDBOXES.add(self)
 
     async def run(self, argv: list[str], stdin: str = "") -> ToolResult:
         """Run one tool call; never raises for what the tool does (see `ToolResult`)."""
@@ -177,6 +179,15 @@ class Sandbox:
                 f"killed by {name}" + (f" (at the {hint}?)" if hint else "") + (f": {last}" if last else "")
             )
         return f"exited with code {rc}" + (f": {last}" if last else "")
+
+
+async def close_sandboxes() -> None:
+    """Stop the running event loop's fork servers of every Sandbox. Whoever owns a loop that ran
+    tool calls awaits it before closing the loop (the rollout pool at shutdown, `hf_eval`'s
+    scoring): a server still open when its loop closes is closed by the garbage collector later,
+    which Python 3.12 reports at exit as "Event loop is closed", once a server."""
+    for sandbox in list(_SANDBOXES):
+        await sandbox.aclose()
 
 
 class _ServerPool:

@@ -17,6 +17,7 @@ import threading
 import time
 
 from rlx import ports
+from rlx.agent.sandbox import close_sandboxes
 from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.config import RolloutConfig
@@ -212,6 +213,7 @@ class RolloutPool:
             if self.health is not None:
                 self.run(self.health.stop())
             self.run(self.scorer.aclose())
+            self.run(close_sandboxes())  # the tools' fork servers, before their loop closes
             if self.engines.router:
                 self.engines.router.stop()
             self.run(self.engines.close_clients())

@@ -130,8 +130,11 @@ def recheck(
 
 
 async def _score(scorer, samples: list[Sample]) -> None:
+    from rlx.agent.sandbox import close_sandboxes
+
     await asyncio.gather(*(scorer.score_group([s]) for s in samples))
     await scorer.aclose()
+    await close_sandboxes()  # a reward's tool servers, before asyncio.run closes the loop
 
 
 def main(argv: list[str] | None = None) -> None:

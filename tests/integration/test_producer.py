@@ -196,3 +196,23 @@ def test_a_step_whose_samples_all_fail_stops_the_run_with_the_reason(ray_session
     finally:
         producer.close()
         pool.shutdown()
+
+
+def test_shutdown_stops_the_tools_fork_servers_before_closing_its_loop(
+    ray_session, tiny_qwen3_dir, tokenizer, tmp_path
+):
+    """A generate_fn's tool calls run on the pool's loop; shutdown closes their fork servers on
+    it (`rlx.agent.close_sandboxes`), or Python 3.12 reports each at exit ("Event loop is closed")."""
+    from rlx.agent import Sandbox
+
+    tool = tmp_path / "echo.py"
+    tool.write_text("import sys\nprint(sys.stdin.read())\n")
+    sandbox = Sandbox(max_concurrency=1)
+    pool = _pool(tiny_qwen3_dir, tokenizer)
+    try:
+        assert pool.run(sandbox.run([str(tool)], "hi")).output == "hi\n"
+        servers = list(sandbox._pools[pool._loop].servers)
+        assert len(servers) == 1 and servers[0].returncode is None
+    finally:
+        pool.shutdown()
+    assert servers[0].returncode == 0 and servers[0].stdin.is_closing()

@@ -9,12 +9,13 @@ import asyncio
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from rlx.agent import Sandbox, call_tool
-from rlx.agent.sandbox import namespace_prefix
+from rlx.agent.sandbox import close_sandboxes, namespace_prefix
 from rlx.errors import ConfigError
 from rlx.sample import Sample, Status
 
@@ -178,3 +179,30 @@ def test_the_tool_calc_generate_fn_surfaces_a_sandbox_failure(tools, monkeypatch
     asyncio.run(tool_calc.generate(context(tokenizer, engine), s, {"max_new_tokens": 15}))
     assert s.status is Status.FAILED and s.status_reason == "tool calculator: timed out after 0.5 s (killed)"
     assert s.response_ids == [CALL] and len(engine.requests) == 1  # nothing after the failed call
+
+
+def test_close_sandboxes_stops_every_sandboxs_servers_of_the_loop_before_it_closes(tools):
+    """A loop in a thread of its own, as the rollout pool's: servers left open when it closes are
+    closed by the garbage collector later, which Python 3.12 reports at exit ("Event loop is
+    closed", once a server; seen at the end of a tool_calc_gpu run). After `close_sandboxes`, run
+    on the loop, each server has exited and its stdin pipe is closing: nothing left to collect."""
+    sandboxes = [Sandbox(max_concurrency=2), Sandbox(max_concurrency=1)]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    on_loop = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(60)  # noqa: E731
+    try:
+        async def calls():
+            return await asyncio.gather(*(sb.run([tools["adder.py"]], "1 2") for sb in sandboxes * 2))
+
+        results = on_loop(calls())
+        assert [r.output for r in results] == ["3\n"] * 4
+        servers = [server for sb in sandboxes for server in sb._pools[loop].servers]
+        assert len(servers) == 3 and all(s.returncode is None for s in servers)  # 2 + 1, alive
+        on_loop(close_sandboxes())
+        assert all(s.returncode == 0 and s.stdin.is_closing() for s in servers)
+        assert all(loop not in sb._pools for sb in sandboxes)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
