@@ -192,6 +192,7 @@ def test_close_sandboxes_stops_every_sandboxs_servers_of_the_loop_before_it_clos
     thread.start()
     on_loop = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(60)  # noqa: E731
     try:
+
         async def calls():
             return await asyncio.gather(*(sb.run([tools["adder.py"]], "1 2") for sb in sandboxes * 2))
 
