@@ -1,31 +1,25 @@
-"""Decode attention over an fp8 KV cache (`kv_cache_dtype=fp8_e4m3`): the engine's kernel against
-the same kernel on a bf16 cache, and a variant whose V is stored page-transposed; microseconds a
-call, one JSON line per (batch, context), on the GPU.
+"""Decode attention over an fp8 KV cache (`kv_cache_dtype=fp8_e4m3`): the engine's kernel at its
+own launch settings (`launch_settings`) and at its best of a sweep, against the same kernel on a
+bf16 cache and a variant whose V is stored page-transposed; microseconds a call, one JSON line per
+(batch, context), on the GPU.
 
-The engine's kernel reads one-byte tiles at 1.3-1.9 TB/s against a bf16 cache's 3.4-3.9 (1×H200,
-docs/benchmarks.md, Decisions), so a token costs about what it costs in bf16. Compiled for sm90 by
-Triton 3.6 (the device's), both load their tiles into shared memory asynchronously; K goes to
-registers in a layout of its own and is transposed there, but V goes from shared memory straight
-into the tensor cores' B-operand layout (`ttg.local_load ... f8E4M3FN -> dot_op<opIdx = 1, kWidth =
-4>`) from a buffer whose contiguous dimension is the head dimension, not the tokens that P·V sums
-over. For 16-bit elements that read is an `ldmatrix.trans`; there is none for 8-bit ones. The
-contenders here test that reading:
-
-- `engine_bf16`: the engine's kernel on the cache in bf16 (the time a token costs today);
-- `engine_fp8`: the engine's kernel on the fp8 cache, its tile swept up to 128 tokens (a 128-token
-  fp8 tile is a 64-token bf16 tile's bytes);
+- `engine_bf16`: the engine's kernel on the cache in bf16, its defaults (the time a token costs
+  in bf16);
+- `engine_fp8_default`: the engine's kernel on the fp8 cache at the settings it chooses for
+  one-byte caches (on sm90: 5 stages, 128-token tiles up to four programs an SM, 64 beyond);
+- `engine_fp8`: the best of 24 settings (tile 32-128 tokens, 4-8 stages, 1-2 shares);
 - `vpages`: K as the engine reads it; V from a copy stored page-transposed ([blocks, KV heads, D,
-  page]: the tokens of a page contiguous, so the sum of P·V runs along contiguous bytes), loaded as
-  a [pages, D, page] tile and reshaped to V^T [D, tokens]. Checked against `engine_fp8`'s output.
+  page]: the tokens of a page contiguous, so the sum of P·V runs along contiguous bytes, as
+  8-bit tensor-core operands want: no `ldmatrix.trans` for 8-bit elements), loaded as a [pages,
+  D, page] tile and reshaped to V^T [D, tokens]; its best setting.
 
 Every call reads another layer's cache (`LAYERS` copies in one CUDA graph), as a decode step does;
-each setting's output is checked against `engine_fp8`'s (`best_of`: one further off than 2e-2 is
-listed under `wrong`). Not yet run on a GPU: written when the session's device time was spent
-(2026-11-29); `vpages` matched the engine's kernel in Triton's CPU interpreter (fp32 queries, 1, 2
-and 4 pages a tile) and compiles for sm90 with Triton 3.6, its V tile loaded to registers (not
-copied ahead into shared memory as the engine's are).
+each setting's output is checked against `engine_fp8_default`'s (one further off than 2e-2 is
+listed under `wrong`). Measured (docs/benchmarks.md, Decisions; 1xH200, 2026-11-29): the
+page-transposed V lost everywhere (1.35-1.57 TB/s against 1.50-2.04); the bf16 settings (64-token
+tiles, 4 stages) were 2-28% slower than the one-byte settings the engine now takes.
 
-    source .whl/install.sh && python3 bench/decode_attention_fp8.py [--batches 64,256] [--contexts 300,520]
+    source .whl/install.sh && python3 bench/decode_attention_fp8.py [--batches 32,64,128,256] [--contexts 300,520,1024]
 """
 
 from __future__ import annotations
@@ -115,11 +109,14 @@ def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=1
     result["engine_bf16_us"] = round(
         seconds(lambda i: paged_decode(q, *kv16[i], tables, lens, scale)) * 1e6, 2
     )
+    result["engine_fp8_default_us"] = round(
+        seconds(lambda i: paged_decode(q, *kv8[i], tables, lens, scale)) * 1e6, 2
+    )
     reference = paged_decode(q, *kv8[0], tables, lens, scale).float()
     wrong = result["wrong"] = []
     contenders = {
         "engine_fp8": (
-            [dict(block_n=n, num_stages=s, num_splits=k) for n, s, k in itertools.product((32, 64, 128), (3, 4, 6), (1, 2))],
+            [dict(block_n=n, num_stages=s, num_splits=k) for n, s, k in itertools.product((32, 64, 128), (4, 5, 6, 8), (1, 2))],
             lambda st: lambda i: paged_decode(q, *kv8[i], tables, lens, scale, **st),
         ),
         "vpages": (
@@ -132,6 +129,9 @@ def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=1
         if best is not None:
             result[f"{name}_us"], result[f"{name}_setting"] = round(best[0] * 1e6, 2), best[1]
             result[f"{name}_TB_s"] = round(2 * result["tokens"] * kv_heads * head_dim / best[0] / 1e12, 3)
+    result["engine_fp8_default_TB_s"] = round(
+        2 * result["tokens"] * kv_heads * head_dim / result["engine_fp8_default_us"] / 1e6, 3
+    )
     result["engine_bf16_TB_s"] = round(
         4 * result["tokens"] * kv_heads * head_dim / result["engine_bf16_us"] / 1e6, 3
     )
@@ -140,8 +140,8 @@ def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=1
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batches", default="64,256")
-    parser.add_argument("--contexts", default="300,520")
+    parser.add_argument("--batches", default="32,64,128,256")
+    parser.add_argument("--contexts", default="300,520,1024")
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()

@@ -152,6 +152,11 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def sm_count(device: torch.device) -> int:
     """The streaming multiprocessors of a CUDA device (the Triton kernels size their grids by it);
     1 elsewhere: Triton's CPU interpreter (tests/kernels) runs one program at a time."""
@@ -160,15 +165,37 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def default_splits(rows: int, num_kv_heads: int, device: torch.device) -> int:
-    """Shares per sequence: enough programs for about two per SM, at most 8 (a power of 2).
+def default_splits(rows: int, num_kv_heads: int, device: torch.device, per_sm: int = 2) -> int:
+    """Shares per sequence: enough programs for about `per_sm` per SM, at most 8 (a power of 2).
     Depends on the row count alone (the CUDA graphs capture it per batch size)."""
     programs = rows * num_kv_heads
-    target = 2 * sm_count(device)
+    target = per_sm * sm_count(device)
     splits = 1
     while splits < 8 and programs * splits < target:
         splits *= 2
     return splits
+
+
+def launch_settings(rows: int, num_kv_heads: int, kv_bytes: int, device: torch.device) -> dict:
+    """The decode kernel's tile (`block_n` tokens), pipeline stages and context shares, by the
+    rows alone (a CUDA graph keeps them while the contexts grow) and the cache's element size.
+    2 bytes: 64-token tiles, 4 stages, shares below two programs an SM (fp32: 2 stages, its
+    tiles twice as big). One byte (an fp8 cache), on sm90+: 5 stages; 128-token tiles (a bf16
+    tile's bytes) up to four programs an SM, 64 beyond; shares below one program an SM. 1xH200,
+    2026-11-29 (docs/benchmarks.md, Decisions): at batch 64 the one-byte tiles took 38.2 us a layer
+    at context 520 against the bf16 settings' 48.3 (the bf16 cache 38.3); at 128-256 rows
+    64-token tiles won up to context 520 and lost at 1,024 (228 against 208 us at 256 rows)."""
+    settings = {"block_n": 64, "num_stages": 4 if kv_bytes <= 2 else 2}
+    one_byte = (
+        kv_bytes == 1
+        and device.type == "cuda"
+        and _sm90(device.index if device.index is not None else torch.cuda.current_device())
+    )
+    if one_byte:  # measured on sm90; elsewhere (sm80's smaller shared memory) the 2-byte settings
+        programs = rows * num_kv_heads
+        settings = {"block_n": 128 if programs <= 4 * sm_count(device) else 64, "num_stages": 5}
+    settings["num_splits"] = default_splits(rows, num_kv_heads, device, per_sm=1 if one_byte else 2)
+    return settings
 
 
 def paged_decode(
@@ -178,24 +205,24 @@ def paged_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1.
-    The launch settings are arguments so that bench/engine_step_profile.py can sweep them;
-    `num_splits` None chooses by `default_splits`."""
+    The launch settings are arguments so that the benches can sweep them; None chooses
+    (`launch_settings`)."""
     rows, num_heads, head_dim = q.shape
     _, num_kv_heads, page, _ = k_cache.shape
     group = num_heads // num_kv_heads
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
-    if num_stages is None:  # 4 stages measured best for 2-byte KV (docs/benchmarks.md); fp32 tiles
-        num_stages = 4 if k_cache.element_size() <= 2 else 2  # are twice as big: 4 overflow smem
-    if num_splits is None:
-        num_splits = default_splits(rows, num_kv_heads, q.device)
+    chosen = launch_settings(rows, num_kv_heads, k_cache.element_size(), q.device)
+    block_n = chosen["block_n"] if block_n is None else block_n
+    num_stages = chosen["num_stages"] if num_stages is None else num_stages
+    num_splits = chosen["num_splits"] if num_splits is None else num_splits
     assert num_splits & (num_splits - 1) == 0, f"num_splits={num_splits} must be a power of 2"
     if num_splits > 1:
         part = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -206,8 +233,7 @@ def paged_decode(
     # converts fp8 to fp16 in one instruction a pair, to bf16 through fp32: 1.2-1.65 -> 1.3-1.9
     # TB/s of one-byte reads), the queries cast to fp16 with them (exact for bf16 magnitudes
     # within fp16's normal range, 6e-5 to 65,504); to the queries' dtype otherwise (fp32, or a
-    # bf16 cache beside fp16 queries). Still no faster a token than a bf16 cache (docs/benchmarks.md,
-    # Decisions)
+    # bf16 cache beside fp16 queries)
     fp8_beside_half = k_cache.element_size() == 1 and q.element_size() == 2
     widen = 0 if k_cache.dtype == q.dtype else 1 if fp8_beside_half else 2
     pdl = pdl_launch(q.device)

@@ -47,14 +47,45 @@ def test_paged_decode_matches_gather_attention(num_splits, heads, kv_heads, dim,
     assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
+# None: launch_settings (on an sm90 GPU one-byte tiles of 128 tokens, 5 stages, 4 shares)
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 4, None])
 def test_paged_decode_reads_an_fp8_cache(kv_dtype, num_splits, device, dtype):
     """`kv_cache_dtype=fp8_*`: the kernel widens the cache's one-byte tiles as they arrive (to
     fp16 beside bf16 queries); against gather + SDPA over the same cache read back in the queries'
     dtype, as closely as with a cache in that dtype (above)."""
     error = decode_error(device, dtype, 16, 8, 128, 16, num_splits, kv_dtype)
     assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_the_decode_kernels_launch_settings_follow_the_rows_and_the_caches_element_size(device, monkeypatch):
+    """(tile tokens, pipeline stages, context shares), hand-computed for 8 KV heads (Qwen3's) on a
+    132-SM GPU: 2-byte caches split below two programs an SM (264), one-byte ones (fp8, sm90+)
+    below one (132) and take 128-token tiles up to four programs an SM (528 programs: 66 rows)."""
+    import rlx.engine.triton_decode as td  # (`device`: where Triton imports, as the others)
+
+    monkeypatch.setattr(td, "_sm_count", lambda index: 132)
+    sm90 = True
+    monkeypatch.setattr(td, "_sm90", lambda index: sm90)
+    gpu = torch.device("cuda", 0)
+
+    def settings(rows: int, kv_bytes: int) -> tuple[int, int, int]:
+        return tuple(td.launch_settings(rows, 8, kv_bytes, gpu).values())
+
+    # 16 rows: 128 programs, x2 = 256 < 264, x4 = 512; 32 rows: 256, x2 = 512; 64 rows: 512
+    assert [settings(r, 2) for r in (16, 32, 64, 256)] == [(64, 4, 4), (64, 4, 2), (64, 4, 1), (64, 4, 1)]
+    # 16 rows: 128 < 132, x2; 32 rows: 256 >= 132
+    assert [settings(r, 1) for r in (16, 32, 66, 67, 256)] == [
+        (128, 5, 2), (128, 5, 1), (128, 5, 1), (64, 5, 1), (64, 5, 1)
+    ]  # fmt: skip
+    assert settings(16, 4) == (64, 2, 4)  # fp32: tiles twice a bf16 tile's bytes
+    sm90 = False  # an sm80 GPU (less shared memory, not measured): the 2-byte settings
+    assert [settings(r, 1) for r in (16, 64)] == [(64, 4, 4), (64, 4, 1)]
+    assert td.launch_settings(16, 8, 1, torch.device("cpu")) == {
+        "block_n": 64,
+        "num_stages": 4,
+        "num_splits": 1,
+    }
 
 
 @pytest.mark.parametrize("with_residual", [True, False])
