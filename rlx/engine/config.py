@@ -47,8 +47,8 @@ class EngineArgs:
     admission_group: int | None = None
     page_size: int = 16  # tokens per KV block
     # SGLang's: "auto" stores K/V in the model's dtype; fp8_e4m3 / fp8_e5m2 in one byte an element:
-    # twice a 2-byte cache's tokens in the same memory (rlx's decode reads them no faster a token:
-    # docs/benchmarks.md, Decisions)
+    # twice a 2-byte cache's tokens in the same memory, and a little faster a token on sm90
+    # (rlx's decode kernel has launch settings for one-byte tiles: docs/benchmarks.md, Decisions)
     kv_cache_dtype: str = "auto"
     disable_cuda_graph: bool = False
     # SGLang's: keep the weights in CPU memory while released. Off (SGLang's default), released
