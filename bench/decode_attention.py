@@ -359,9 +359,10 @@ def compare(
     reference = paged_decode(q, *kv[0], tables, lens, scale).float()
     # 3-4 stages hold one K and one V tile (the page-index load takes the other stages), 5-6
     # two, 8 three: compiled for sm90, the tile buffers' count is the memdesc's first dimension
+    tiles = (32, 64, 128) if kv_dtype.itemsize == 1 else (16, 32, 64)  # a one-byte tile: half the bytes
     engine = [
         dict(block_n=n, num_stages=st, num_splits=k)
-        for n, st, k in itertools.product((16, 32, 64), (4, 5, 6, 8), (1, 2))
+        for n, st, k in itertools.product(tiles, (4, 5, 6, 8), (1, 2))
     ]
     wrong = result["wrong"] = []
     if "tma" in kernels:
