@@ -176,7 +176,12 @@ def test_the_tool_calc_generate_fn_surfaces_a_sandbox_failure(tools, monkeypatch
     monkeypatch.setattr(tool_calc, "SANDBOX", Sandbox(time_limit_s=0.5))
     engine = ScriptedEngine(([CALL], [-0.5], "stop"))
     s = prompt(tokenizer)
-    asyncio.run(tool_calc.generate(context(tokenizer, engine), s, {"max_new_tokens": 15}))
+
+    async def generate():  # as the rollout pool does, the fork servers closed before the loop
+        await tool_calc.generate(context(tokenizer, engine), s, {"max_new_tokens": 15})
+        await close_sandboxes()
+
+    asyncio.run(generate())
     assert s.status is Status.FAILED and s.status_reason == "tool calculator: timed out after 0.5 s (killed)"
     assert s.response_ids == [CALL] and len(engine.requests) == 1  # nothing after the failed call
 
