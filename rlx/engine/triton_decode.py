@@ -176,18 +176,22 @@ def default_splits(rows: int, num_kv_heads: int, device: torch.device, per_sm: i
     return splits
 
 
-def launch_settings(rows: int, num_kv_heads: int, kv_bytes: int, device: torch.device) -> dict:
+def launch_settings(
+    rows: int, num_kv_heads: int, kv_bytes: int, device: torch.device, head_dim: int = 128
+) -> dict:
     """The decode kernel's tile (`block_n` tokens), pipeline stages and context shares, by the
     rows alone (a CUDA graph keeps them while the contexts grow) and the cache's element size.
     2 bytes: 64-token tiles, 4 stages, shares below two programs an SM (fp32: 2 stages, its
     tiles twice as big). One byte (an fp8 cache), on sm90+: 5 stages; 128-token tiles (a bf16
-    tile's bytes) up to four programs an SM, 64 beyond; shares below one program an SM. 1xH200,
+    tile's bytes) up to four programs an SM, 64 beyond; shares below one program an SM (heads
+    of more than 128 dimensions: the 2-byte settings, whose shared memory they fill). 1xH200,
     2026-11-29 (docs/benchmarks.md, Decisions): at batch 64 the one-byte tiles took 38.2 us a layer
     at context 520 against the bf16 settings' 48.3 (the bf16 cache 38.3); at 128-256 rows
     64-token tiles won up to context 520 and lost at 1,024 (228 against 208 us at 256 rows)."""
     settings = {"block_n": 64, "num_stages": 4 if kv_bytes <= 2 else 2}
     one_byte = (
         kv_bytes == 1
+        and head_dim <= 128
         and device.type == "cuda"
         and _sm90(device.index if device.index is not None else torch.cuda.current_device())
     )
@@ -219,7 +223,7 @@ def paged_decode(
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
-    chosen = launch_settings(rows, num_kv_heads, k_cache.element_size(), q.device)
+    chosen = launch_settings(rows, num_kv_heads, k_cache.element_size(), q.device, head_dim)
     block_n = chosen["block_n"] if block_n is None else block_n
     num_stages = chosen["num_stages"] if num_stages is None else num_stages
     num_splits = chosen["num_splits"] if num_splits is None else num_splits

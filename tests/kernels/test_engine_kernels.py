@@ -79,6 +79,11 @@ def test_the_decode_kernels_launch_settings_follow_the_rows_and_the_caches_eleme
         (128, 5, 2), (128, 5, 1), (128, 5, 1), (64, 5, 1), (64, 5, 1)
     ]  # fmt: skip
     assert settings(16, 4) == (64, 2, 4)  # fp32: tiles twice a bf16 tile's bytes
+    assert td.launch_settings(16, 8, 1, gpu, head_dim=256) == {
+        "block_n": 64,
+        "num_stages": 4,
+        "num_splits": 4,
+    }
     sm90 = False  # an sm80 GPU (less shared memory, not measured): the 2-byte settings
     assert [settings(r, 1) for r in (16, 64)] == [(64, 4, 4), (64, 4, 1)]
     assert td.launch_settings(16, 8, 1, torch.device("cpu")) == {
