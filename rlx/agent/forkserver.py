@@ -28,6 +28,25 @@ import types
 BLOCK_SOCKETS = len(sys.argv) > 1 and sys.argv[1] == "1"
 CHUNK = 65536
 _compiled: dict[str, tuple[bytes, types.CodeType | None]] = {}  # path -> (source, its code)
+_running: tuple[int, str] | None = None  # the tool call's child and its working directory, while one runs
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL a tool call's child and its process group (its own session: whatever it started)."""
+    for kill in (os.killpg, os.kill):  # the group, and the child should it not have made one yet
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def stop(signum: int, frame) -> None:
+    """SIGTERM: the sandbox discards this server (a call it stopped waiting for, or its loop
+    closing). The running tool goes with it, not left behind (its session outlives the server)."""
+    if _running is not None:
+        kill_group(_running[0])
+        shutil.rmtree(_running[1], ignore_errors=True)
+    os._exit(128 + signum)
 
 
 def compiled(path: str) -> types.CodeType | None:
@@ -113,9 +132,15 @@ def run_call(request: dict) -> dict:
     argv = request["argv"]
     program = compiled(argv[0]) if argv[0].endswith(".py") else None
     start = time.monotonic()
+    global _running
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # no stop() before _running is set
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         run_child(request, (in_r, out_w, err_w), workdir, program)
+    _running = (pid, workdir)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     for fd in (in_r, out_w, err_w):
         os.close(fd)
     data = request["stdin"].encode()
@@ -154,12 +179,9 @@ def run_call(request: dict) -> dict:
         if too_long:
             break
     if timed_out or too_long:
-        for kill in (os.killpg, os.kill):  # the group, and the child should it not have made one yet
-            try:
-                kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_group(pid)
     _, status = os.waitpid(pid, 0)
+    _running = None
     for fd in [*reading, *([] if writing is None else [writing])]:
         os.close(fd)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -189,4 +211,5 @@ def serve() -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the run, which closes our stdin
+    signal.signal(signal.SIGTERM, stop)
     serve()

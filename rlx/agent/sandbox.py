@@ -24,6 +24,10 @@ What is guaranteed, by layer (`Sandbox.network` says which one a sandbox has):
   tool that is not Python, or that uses ctypes, is NOT kept off the network. `network="namespace"`
   refuses to start instead of falling back.
 
+- a call given up (its task cancelled) or a sandbox closed mid-call (`close_sandboxes`, which the
+  rollout pool awaits before its loop closes): the fork server is stopped (SIGTERM, SIGKILL after
+  STOP_GRACE_S) and kills the running tool's process group first; no tool outlives it.
+
 Nothing else is isolated: the tool sees the filesystem with the parent's user's rights.
 Measured here (2026-11-26, root in a 2-core VM, `bench/sandbox_calls.py`): `unshare -n` works; a
 calculator call takes 3.3 ms through a warm fork server, 12-17 ms when each child ran the file
@@ -51,6 +55,7 @@ NETWORK_MODES = ("auto", "namespace", "python")  # Sandbox(network=...)
 
 FORK_SERVER = str(Path(__file__).with_name("forkserver.py"))
 SERVER_GRACE_S = 10.0  # how much longer than a call's limit its fork server may take to answer
+STOP_GRACE_S = 2.0  # how long a fork server told to stop (EOF, then SIGTERM) may take before SIGKILL
 _SANDBOXES: weakref.WeakSet = weakref.WeakSet()  # every Sandbox of this process (`close_sandboxes`)
 
 
@@ -227,13 +232,35 @@ class _ServerPool:
 
     async def _discard(self, server) -> None:
         self.servers.discard(server)
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
+        await _stop(server)
 
     async def close(self) -> None:
-        for server in list(self.servers):
+        """Within about 2 x STOP_GRACE_S: an idle server exits at the end of its stdin, one mid-call
+        is stopped (`_stop`: its tool killed with it)."""
+        servers = list(self.servers)
+        for server in servers:
             server.stdin.close()
-            await server.wait()
+        await asyncio.gather(*(_finish(server) for server in servers))
         self.servers.clear()
         self.idle.clear()
+
+
+async def _finish(server) -> None:
+    """A server whose stdin is closed: its exit, or `_stop` after STOP_GRACE_S."""
+    try:
+        await asyncio.wait_for(server.wait(), STOP_GRACE_S)
+    except TimeoutError:
+        await _stop(server)
+
+
+async def _stop(server) -> None:
+    """SIGTERM (the fork server kills its running tool's group, then exits), SIGKILL after
+    STOP_GRACE_S; its stdin closed, so that nothing of it is left for the garbage collector."""
+    server.stdin.close()
+    if server.returncode is None:
+        server.terminate()
+        try:
+            await asyncio.wait_for(server.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            server.kill()
+            await server.wait()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,7 @@ TOOLS = {
     ),
     "adder.py": "import sys\nprint(sum(int(w) for w in sys.stdin.read().split()))\n",
     "crasher.py": "import sys\nsys.exit('bad input: no numbers')\n",
+    "napper.py": "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(60)\n",
 }
 
 
@@ -212,3 +214,63 @@ def test_close_sandboxes_stops_every_sandboxs_servers_of_the_loop_before_it_clos
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+async def tool_started(pidfile: Path) -> int:
+    """The napper tool's pid, once it has written it."""
+    while not (pidfile.exists() and pidfile.read_text()):
+        await asyncio.sleep(0.02)
+    return int(pidfile.read_text())
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def test_a_call_given_up_mid_tool_takes_its_tool_with_its_fork_server(tools, tmp_path):
+    """A call whose task is cancelled (a rollout's aborted group) discards its fork server; the
+    tool it was running (its own session) is killed with it, not left sleeping for its 60 s."""
+    pidfile, sandbox = tmp_path / "pid", Sandbox(time_limit_s=30)
+
+    async def go() -> int:
+        call = asyncio.create_task(sandbox.run([tools["napper.py"], str(pidfile)]))
+        pid = await tool_started(pidfile)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await sandbox.aclose()
+        return pid
+
+    pid = asyncio.run(go())
+    assert gone_within(pid, 2.0)
+
+
+def test_closing_a_sandbox_mid_call_ends_within_its_grace_and_kills_the_tool(tools, tmp_path):
+    """`close_sandboxes` at a run's end with a call still running (a tool with a long time limit):
+    the busy server gets STOP_GRACE_S to finish, then is stopped with its tool; the call fails."""
+    from rlx.agent.sandbox import STOP_GRACE_S
+
+    pidfile, sandbox = tmp_path / "pid", Sandbox(time_limit_s=30)
+
+    async def go() -> tuple[int, float]:
+        call = asyncio.create_task(sandbox.run([tools["napper.py"], str(pidfile)]))
+        pid = await tool_started(pidfile)
+        start = time.monotonic()
+        await close_sandboxes()
+        with pytest.raises(RuntimeError, match="the sandbox's fork server failed"):
+            await call
+        return pid, time.monotonic() - start
+
+    pid, seconds = asyncio.run(go())
+    assert seconds < 2 * STOP_GRACE_S + 1 and gone_within(pid, 2.0)
