@@ -32,7 +32,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from decode_attention import LAYERS, best_of, caches, time_layers
+from decode_attention import LAYERS, best_of, caches, record, time_layers
 
 from rlx.engine.triton_decode import attend_tile, paged_decode
 
@@ -124,17 +124,18 @@ def compare(batch: int, context: int, heads=16, kv_heads=8, head_dim=128, page=1
             lambda st: lambda i: vpages_decode(q, kv8[i][0], vt8[i], tables, lens, scale, **st),
         ),
     }  # fmt: skip
+    fp8_bytes = 2 * result["tokens"] * kv_heads * head_dim  # K and V, one byte an element
+
+    def tb_s(num_bytes: int, us: float) -> float:
+        return round(num_bytes / us / 1e6, 3)
+
     for name, (settings, call_for) in contenders.items():
         best = best_of(settings, call_for, reference, seconds, wrong)
+        record(result, name, best, fp8_bytes)  # its TB/s and setting
         if best is not None:
-            result[f"{name}_us"], result[f"{name}_setting"] = round(best[0] * 1e6, 2), best[1]
-            result[f"{name}_TB_s"] = round(2 * result["tokens"] * kv_heads * head_dim / best[0] / 1e12, 3)
-    result["engine_fp8_default_TB_s"] = round(
-        2 * result["tokens"] * kv_heads * head_dim / result["engine_fp8_default_us"] / 1e6, 3
-    )
-    result["engine_bf16_TB_s"] = round(
-        4 * result["tokens"] * kv_heads * head_dim / result["engine_bf16_us"] / 1e6, 3
-    )
+            result[f"{name}_us"] = round(best[0] * 1e6, 2)
+    result["engine_fp8_default_TB_s"] = tb_s(fp8_bytes, result["engine_fp8_default_us"])
+    result["engine_bf16_TB_s"] = tb_s(2 * fp8_bytes, result["engine_bf16_us"])
     return result
 
 
