@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rlx.agent import Sandbox, call_tool
@@ -219,8 +220,8 @@ def test_close_sandboxes_stops_every_sandboxs_servers_of_the_loop_before_it_clos
 def alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
 
 
