@@ -166,7 +166,13 @@ def test_bad_limits_are_refused_naming_the_fix():
 
 
 def test_the_tool_calc_generate_fn_surfaces_a_sandbox_failure(tools, monkeypatch):
-    from test_agent_turns import CALL, ScriptedEngine, context, prompt  # tests/unit is on sys.path
+    from test_agent_turns import (  # tests/unit is on sys.path
+        CALL,
+        ScriptedEngine,
+        context,
+        prompt,
+        run_on_a_loop,
+    )
     from transformers import PreTrainedTokenizerFast
 
     from examples.tool_calc import generate as tool_calc
@@ -179,12 +185,7 @@ def test_the_tool_calc_generate_fn_surfaces_a_sandbox_failure(tools, monkeypatch
     monkeypatch.setattr(tool_calc, "SANDBOX", Sandbox(time_limit_s=0.5))
     engine = ScriptedEngine(([CALL], [-0.5], "stop"))
     s = prompt(tokenizer)
-
-    async def generate():  # as the rollout pool does, the fork servers closed before the loop
-        await tool_calc.generate(context(tokenizer, engine), s, {"max_new_tokens": 15})
-        await close_sandboxes()
-
-    asyncio.run(generate())
+    run_on_a_loop(tool_calc.generate(context(tokenizer, engine), s, {"max_new_tokens": 15}))
     assert s.status is Status.FAILED and s.status_reason == "tool calculator: timed out after 0.5 s (killed)"
     assert s.response_ids == [CALL] and len(engine.requests) == 1  # nothing after the failed call
 
