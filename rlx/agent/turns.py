@@ -54,7 +54,7 @@ async def model_turn(
 
     The turn stops at EOS, at one of `stop_token_ids` (kept, as SGLang keeps it), after
     `max_new_tokens`, or when the response budget is spent; `sample.status` is then the turn's
-    (COMPLETED on a stop, TRUNCATED on a length limit). With no budget left it generates nothing,
+    (COMPLETED on a stop, even one on the turn's last allowed token; TRUNCATED on a length limit). With no budget left it generates nothing,
     sets TRUNCATED and returns []. A `sampling_seed` in `params` is varied by the response length,
     so each turn draws fresh randomness yet a seeded run repeats."""
     budget = remaining(sample, params)
@@ -71,7 +71,7 @@ async def model_turn(
         turn["sampling_seed"] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
     out = await generate_in_session(ctx, sample.tokens, turn, session_key(sample))
     before = sample.response_len
-    ctx.append_output(sample, out)
+    ctx.append_output(sample, out, stop_token_ids)
     return sample.response_ids[before:]
 
 

@@ -16,7 +16,8 @@ on or change. The function drives the engines through `ctx` and builds the respo
 
 so what the model produced is never re-tokenised, and only model tokens carry loss. It sets
 `sample.status` when it ends some other way than the last output says (`append_output` sets
-it from the engine's finish reason), and may set `sample.reward` itself (the scorer then leaves
+it from the engine's finish reason: COMPLETED on EOS or a stop token, even the last one the
+limit allows, TRUNCATED when cut by the limit), and may set `sample.reward` itself (the scorer then leaves
 it). It returns the sample, or several (fan-out: each becomes a sample of the group, numbered
 after it). An exception fails that sample (status FAILED with the reason); the run goes on.
 
@@ -28,8 +29,10 @@ its `post` helper, `ctx.tokenizer` the tokenizer.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlx.config.build import load_function
@@ -44,11 +47,20 @@ FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": 
 
 
 class GenerateContext:
-    """What a generate_fn drives the engines with (one per sample call)."""
+    """What a generate_fn drives the engines with (one per sample call). `stop_ids`: the ids that
+    end this run's responses (`stop_ids()`), so that an answer ending on one is COMPLETED."""
 
-    def __init__(self, client: EngineClient, tokenizer, rollout: RolloutConfig, version: int):
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer,
+        rollout: RolloutConfig,
+        version: int,
+        stop_ids: Collection[int] = frozenset(),
+    ):
         self.client, self.tokenizer, self.rollout, self.version = client, tokenizer, rollout, version
         self.url = client.base_url
+        self.stop_ids = frozenset(stop_ids)
 
     async def generate(self, input_ids: list[int], sampling_params: dict, **kwargs: Any) -> dict:
         """POST /generate for one prompt (through the router when there is one); SGLang's answer,
@@ -59,11 +71,12 @@ class GenerateContext:
         """POST any SGLang endpoint (slime's `post(url, payload)`); the JSON answer."""
         return (await self.client._request("POST", path, json=payload)).body
 
-    def append_output(self, sample: Sample, out: dict) -> int:
+    def append_output(self, sample: Sample, out: dict, stop_token_ids: Collection[int] = ()) -> int:
         """Append the model's tokens of one /generate answer to the response (trained, with their
-        logprobs and the version that generated them); set the status from its finish reason.
-        Returns the number of tokens appended."""
-        answer = read_output(out, self.version)
+        logprobs and the version that generated them); set the status from its finish reason
+        (`read_output`; `stop_token_ids`: the request's own besides the run's). Returns the
+        number of tokens appended."""
+        answer = read_output(out, self.version, self.stop_ids | frozenset(stop_token_ids))
         _extend(sample, answer.ids, answer.logprobs, 1, answer.version)
         sample.status = answer.status
         if sample.status is Status.ABORTED:
@@ -94,9 +107,12 @@ class Output:
     message: str  # the finish reason's message ("" when none)
 
 
-def read_output(out: dict, version: int) -> Output:
+def read_output(out: dict, version: int, stop_ids: Collection[int] = ()) -> Output:
     """The tokens, logprobs, weight version (`version` when the engine reports none) and finish
-    status of a /generate answer."""
+    status of a /generate answer. An answer whose last token is one of `stop_ids` (EOS, a stop
+    token) is COMPLETED even when its finish reason is "length": SGLang checks the length limit
+    first, so a response that ends on its last allowed token reports "length", yet it ended (as
+    transformers' `generate` and rlx's hf_eval judge it)."""
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
     # SGLang omits output_ids (and logprobs) for a request aborted before it started
@@ -105,7 +121,28 @@ def read_output(out: dict, version: int) -> Output:
     served = int(weight_version) if weight_version not in (None, "", "default") else version
     finish = meta.get("finish_reason") or {}
     status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
+    if status is Status.TRUNCATED and ids and ids[-1] in stop_ids:
+        status = Status.COMPLETED
     return Output(ids, [float(lp) for lp, *_ in pairs], served, status, str(finish.get("message") or ""))
+
+
+def stop_ids(cfg: RolloutConfig, tokenizer, model_path: str | None = None) -> frozenset[int]:
+    """The ids that end this run's responses as the engines judge them: `rollout.stop_token_ids`
+    and the EOS ids of the checkpoint's config.json, generation_config.json (both read where
+    `model_path` has them) and tokenizer, as SGLang gathers them; none with `rollout.ignore_eos`
+    (the engines then stop on neither)."""
+    if cfg.ignore_eos:
+        return frozenset()
+    values = [getattr(tokenizer, "eos_token_id", None), *cfg.stop_token_ids]
+    for name in ("config.json", "generation_config.json") if model_path else ():
+        try:
+            values.append(json.loads((Path(model_path) / name).read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            pass  # absent or unreadable: the engine's own load names a broken one
+    ids = set()
+    for value in values:
+        ids.update(value if isinstance(value, list | tuple) else [value])
+    return frozenset(int(v) for v in ids if isinstance(v, int) and not isinstance(v, bool))
 
 
 def _extend(sample: Sample, ids: list[int], logprobs: list[float], mask: int, version: int) -> None:

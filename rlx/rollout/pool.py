@@ -22,7 +22,7 @@ from rlx.reward import load_scorer
 from rlx.reward.config import RewardConfig
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.engines import EarlyEngines, EngineSet
-from rlx.rollout.generate import load_generate_fn
+from rlx.rollout.generate import load_generate_fn, stop_ids
 from rlx.rollout.group import expand, rollout_metrics
 from rlx.rollout.health import HealthMonitor
 from rlx.rollout.requests import RequestSender
@@ -73,8 +73,9 @@ class RolloutPool:
             self.run(self.health.start())
         generate_fn = load_generate_fn(cfg.generate_fn) if cfg.generate_fn else None
         self.requests = RequestSender(
-            cfg, self.engines, tokenizer, seed=seed, health=self.health, generate_fn=generate_fn
-        )
+            cfg, self.engines, tokenizer, seed=seed, health=self.health, generate_fn=generate_fn,
+            stop_ids=stop_ids(cfg, tokenizer, model_path),
+        )  # fmt: skip
         # who brings the engines to new weights: the monitor with fault tolerance (an engine that
         # fails to answer is restarted with them), else the engine set itself
         self._weights = self.health or self.engines

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Collection
 
 from rlx.rollout.client import is_engine_failure
 from rlx.rollout.config import RolloutConfig
@@ -32,8 +33,10 @@ class RequestSender:
         seed: int,
         health: HealthMonitor | None,
         generate_fn=None,
+        stop_ids: Collection[int] = frozenset(),
     ):
         self.cfg, self.engines, self.tokenizer, self.seed = cfg, engines, tokenizer, seed
+        self.stop_ids = frozenset(stop_ids)  # what ends a response (`rlx.rollout.generate.stop_ids`)
         self.health = health  # None without rollout.fault_tolerance: a failed request fails its group
         self.generate_fn = generate_fn
         self._semaphore: asyncio.Semaphore | None = None  # made on the loop it guards
@@ -62,7 +65,9 @@ class RequestSender:
             async with self._semaphore:
                 for attempt in itertools.count():
                     saved = snapshot(s) if self.health else None
-                    ctx = GenerateContext(self.engines.client, self.tokenizer, self.cfg, version)
+                    ctx = GenerateContext(
+                        self.engines.client, self.tokenizer, self.cfg, version, self.stop_ids
+                    )
                     try:
                         out = await self.generate_fn(ctx, s, params)
                         break
@@ -110,7 +115,7 @@ class RequestSender:
                     if not await self._retry(e, attempt, rids, f"{type(e).__name__}: {e}", todo):
                         return
         for s, out in zip(todo, outs, strict=True):
-            append_answer(s, out, version, self.tokenizer)
+            append_answer(s, out, version, self.tokenizer, self.stop_ids)
 
     async def _send(self, todo: list[Sample], params: dict | list[dict], rids: list[str]) -> list[dict]:
         if isinstance(params, list) and self.engines.router is not None:  # the router takes one params

@@ -216,3 +216,27 @@ def test_shutdown_stops_the_tools_fork_servers_before_closing_its_loop(
     finally:
         pool.shutdown()
     assert servers[0].returncode == 0 and servers[0].stdin.is_closing()
+
+
+def test_a_response_ending_on_a_stop_token_at_its_length_limit_is_completed(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    """Every word a stop token and one token allowed: the engine, checking the length limit first
+    as SGLang does, answers "length" for each; each response ended all the same, so COMPLETED.
+    Two tokens allowed and no stop token: cut short, TRUNCATED."""
+    every_word = list(range(len(tokenizer)))
+    pool = _pool(tiny_qwen3_dir, tokenizer, max_response_len=1, ignore_eos=False, stop_token_ids=every_word)
+    try:
+        samples, metrics = pool.generate(_Prompts(tokenizer).take(4), version=0)
+        assert [s.response_len for s in samples] == [1] * 8
+        assert {s.status for s in samples} == {Status.COMPLETED} and metrics["rollout/truncated_frac"] == 0
+        raw = pool.run(pool.engines.client.generate(samples[0].prompt_ids, pool.sampling_params))
+        assert raw["meta_info"]["finish_reason"]["type"] == "length"  # what the engine itself says
+    finally:
+        pool.shutdown()
+    pool = _pool(tiny_qwen3_dir, tokenizer, max_response_len=2)  # ignore_eos: nothing stops
+    try:
+        samples, metrics = pool.generate(_Prompts(tokenizer).take(2), version=0)
+        assert {s.status for s in samples} == {Status.TRUNCATED} and metrics["rollout/truncated_frac"] == 1
+    finally:
+        pool.shutdown()

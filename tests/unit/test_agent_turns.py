@@ -17,7 +17,7 @@ from rlx.agent.sandbox import close_sandboxes
 from rlx.models.tiny import write_word_tokenizer
 from rlx.rollout.client import Reply
 from rlx.rollout.config import RolloutConfig
-from rlx.rollout.generate import GenerateContext
+from rlx.rollout.generate import GenerateContext, read_output, stop_ids
 from rlx.sample import Sample, Status
 
 # ids in the tiny vocabulary: <pad> 0, <eos> 1, digit d is d + 2, "=" 12, "+" 13, "-" 14, "?" 15
@@ -30,7 +30,9 @@ def d(*digits: int) -> list[int]:
 
 class ScriptedEngine:
     """The engine side of `ctx.client`: answers each POST /generate with the next scripted turn
-    (token ids, their logprobs, finish reason) and records what it was asked."""
+    (token ids, their logprobs, finish reason) and records what it was asked. A turn that fills
+    the request's max_new_tokens finishes "length" whatever its last token, as SGLang (and rlx's
+    engine) check the length limit first."""
 
     base_url = "http://scripted"
 
@@ -47,6 +49,8 @@ class ScriptedEngine:
             {"input_ids": json["input_ids"], "params": json["sampling_params"], "headers": headers}
         )
         ids, logprobs, finish = self.turns.pop(0)
+        if len(ids) >= json["sampling_params"]["max_new_tokens"] and finish != "abort":
+            finish = "length"
         pairs = [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]
         meta = {"output_token_logprobs": pairs, "finish_reason": {"type": finish}}
         return Reply(200, {"output_ids": ids, "meta_info": meta})
@@ -60,7 +64,8 @@ def tokenizer(tmp_path_factory):
 
 
 def context(tokenizer, engine) -> GenerateContext:
-    return GenerateContext(engine, tokenizer, RolloutConfig(max_response_len=15), version=3)
+    cfg = RolloutConfig(max_response_len=15)
+    return GenerateContext(engine, tokenizer, cfg, version=3, stop_ids=stop_ids(cfg, tokenizer))
 
 
 def prompt(tokenizer, text="4 2 7 + 9 3 1 =", label="1 3 5 8") -> Sample:
@@ -91,6 +96,9 @@ def test_call_calculator_answer_builds_the_hand_written_sample(tokenizer):
     s = prompt(tokenizer)
     run_on_a_loop(tool_calc.generate(context(tokenizer, engine), s, dict(PARAMS)))
 
+    # the answer's EOS is its turn's 5th and last allowed token: the engine says "length", and
+    # the sample is COMPLETED all the same (it ended), so the answer earns the end's share
+    assert engine.requests[1]["params"]["max_new_tokens"] == 5
     tool = [*d(1, 3, 5, 8), EQ]  # the calculator's 1358, written "1 3 5 8 ="
     assert s.response_ids == [CALL, *tool, *d(1, 3, 5, 8), EOS]
     assert s.loss_mask == [1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
@@ -168,3 +176,35 @@ def test_helpers_alternate_model_and_tool_turns(tokenizer, tmp_path):
     assert s.rollout_logprobs == [-1.0, -2.0, 0, 0, -3.0, 0, 0, -4.0, -0.5]
     assert [r["params"]["max_new_tokens"] for r in engine.requests] == [2, 2, 15 - 7]
     assert last_model_turn(s) == [8, EOS] and s.status is Status.COMPLETED
+
+
+def answer(ids: list[int], finish: str) -> dict:
+    pairs = [[-0.5, t, None] for t in ids]
+    return {
+        "output_ids": ids,
+        "meta_info": {"output_token_logprobs": pairs, "finish_reason": {"type": finish}},
+    }
+
+
+def test_an_answer_ending_on_a_stop_token_at_its_length_limit_is_completed():
+    stops = {EOS, CALL}
+    assert read_output(answer([5, EOS], "length"), 0, stops).status is Status.COMPLETED
+    assert read_output(answer([5, CALL], "length"), 0, stops).status is Status.COMPLETED
+    assert read_output(answer([5, 6], "length"), 0, stops).status is Status.TRUNCATED  # cut short
+    assert read_output(answer([5, EOS], "length"), 0).status is Status.TRUNCATED  # no stop ids known
+    assert read_output(answer([5, 6], "stop"), 0, stops).status is Status.COMPLETED  # a stop string
+    assert read_output(answer([], "length"), 0, stops).status is Status.TRUNCATED
+    assert read_output(answer([EOS], "abort"), 0, stops).status is Status.ABORTED
+
+
+def test_stop_ids_gather_the_checkpoints_eos_as_the_engine_does(tokenizer, tmp_path):
+    import json
+
+    cfg = RolloutConfig(stop_token_ids=[CALL])
+    assert stop_ids(cfg, tokenizer) == {EOS, CALL}  # the tokenizer's EOS and the run's stop ids
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 7}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [8, 9]}))
+    assert stop_ids(cfg, tokenizer, str(tmp_path)) == {EOS, CALL, 7, 8, 9}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert stop_ids(cfg, tokenizer, str(tmp_path)) == {EOS, CALL, 7}  # the engine names a broken file
+    assert stop_ids(RolloutConfig(ignore_eos=True, stop_token_ids=[CALL]), tokenizer, str(tmp_path)) == set()
