@@ -9,6 +9,7 @@ rollout time. The run's model, data and rollout settings come from the same over
     python bench/short_rollout.py                                   # CPU or GPU, whichever the engine picks
     python bench/short_rollout.py --rounds 5 +rollout.engine_args.max_running_requests=1024
     python bench/short_rollout.py --paths engine --timeline --profile gpu.txt --cprofile host.txt
+    python bench/short_rollout.py --paths http --turns 5,5,5 +experiment=tool_calc_gpu   # multi-turn requests
 
 Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
 out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
@@ -16,6 +17,9 @@ out): wall seconds, engine steps, seconds inside `Engine.step`, and output token
   once through `EngineClient`, as `RolloutPool` sends them (no reward, no sample bookkeeping),
   from another process, as a run's driver is (a client in the engine's process would contend
   with its scheduler thread for the GIL);
+- `turns` (`--turns A,T,B`): each sample's conversation as a `rollout.generate_fn` sends it, one
+  request per sample and model turn: A tokens, T tool tokens appended, B tokens (the `http` path
+  then asks A + B tokens a sample, the same output in one request a group);
 - `scheduler`: the same requests submitted to the server's scheduler thread directly;
 - `engine`: `Engine.add` for every sample, then `Engine.step` until done, on this thread.
 """
@@ -86,6 +90,32 @@ async def _http_round(url: str, groups) -> int:
 
 def _http_round_in_process(url: str, groups) -> int:
     return asyncio.run(_http_round(url, groups))
+
+
+async def _turns_round(url: str, groups, turns: tuple[int, int, int]) -> int:
+    """Each sample's conversation as a generate_fn sends it: one request per sample and model
+    turn (`turns`: tokens of the first turn, tool tokens appended, tokens of the second)."""
+    from rlx.rollout.client import EngineClient
+
+    first, tool, second = turns
+
+    async def conversation(client, ids: list[int], params: dict) -> int:
+        out = await client.generate(ids, params | {"max_new_tokens": first})
+        ids = ids + out["output_ids"] + [ids[-1]] * tool  # the tool's tokens: any ids will do
+        out2 = await client.generate(
+            ids, params | {"max_new_tokens": second, "sampling_seed": params["sampling_seed"] + 1}
+        )
+        return len(out["output_ids"]) + len(out2["output_ids"])
+
+    async with EngineClient(url, timeout=600.0) as client:
+        counts = await asyncio.gather(
+            *(conversation(client, i, p) for ids, params in groups for i, p in zip(ids, params, strict=True))
+        )
+    return sum(counts)
+
+
+def _turns_round_in_process(url: str, groups, turns) -> int:
+    return asyncio.run(_turns_round(url, groups, turns))
 
 
 def _scheduler_round(server, groups) -> int:
@@ -167,6 +197,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paths", default="http,scheduler,engine")
+    parser.add_argument(
+        "--turns", help="A,T,B: the turns path's model, tool and model tokens (adds the path)"
+    )
     parser.add_argument("--timeline", action="store_true", help="the engine path's last round, step by step")
     parser.add_argument("--profile", help="a torch.profiler table of one engine round to this file")
     parser.add_argument("--cprofile", help="the host's functions (cProfile) in one engine round to this file")
@@ -186,6 +219,9 @@ def main() -> None:
     prompts = data.take(rc.rollout.batch_size)
     n = rc.rollout.n_samples_per_prompt
     params = rc.rollout.sampling_params()  # as RolloutPool sends them
+    turns = tuple(int(t) for t in args.turns.split(",")) if args.turns else None
+    if turns:  # fixed lengths, so that both paths generate the same tokens
+        params |= {"max_new_tokens": turns[0] + turns[2], "ignore_eos": True}
     gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
     rollout = LocalLauncher.for_run(
         rc.rollout,
@@ -204,13 +240,18 @@ def main() -> None:
         "groups": len(prompts), "samples_per_group": n, "max_new_tokens": rc.rollout.max_response_len,
         "max_running_requests": engine.args.max_running_requests, "dtype": str(engine.torch_dtype),
     }  # fmt: skip
-    paths = args.paths.split(",")
+    paths = args.paths.split(",") + (["turns"] if turns else [])
     try:
-        if "http" in paths:  # the client in a process of its own, started once (round 0 warms it)
+        if "http" in paths or "turns" in paths:  # the client in a process of its own, started once
             spawn = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as client:
-                result["http"] = _measure("http", lambda r: client.submit(_http_round_in_process, server.url, _requests(prompts, n, params, r)).result(),
-                                          args.rounds, timer)  # fmt: skip
+                if "http" in paths:  # round 0 warms it
+                    result["http"] = _measure("http", lambda r: client.submit(_http_round_in_process, server.url, _requests(prompts, n, params, r)).result(),
+                                              args.rounds, timer)  # fmt: skip
+                if turns:
+                    result["turns"] = _measure("turns", lambda r: client.submit(_turns_round_in_process, server.url, _requests(prompts, n, params, r), turns).result(),
+                                               args.rounds, timer)  # fmt: skip
+                    result["turns"]["requests"] = 2 * len(prompts) * n
         if "scheduler" in paths:
             result["scheduler"] = _measure("scheduler", lambda r: _scheduler_round(server, _requests(prompts, n, params, r)),
                                            args.rounds, timer)  # fmt: skip
