@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -113,6 +114,26 @@ def test_bad_requests_answer_400_with_sglang_error_body(server):
     )
     fits = post(server, "/generate", {"input_ids": [2] * 60, "sampling_params": {"max_new_tokens": 3}})
     assert fits.status_code == 200 and len(fits.json()["output_ids"]) <= 3
+
+
+def test_generate_takes_put_streams_one_event_and_refuses_a_body_that_is_no_json_object(server):
+    body = {"input_ids": [PROMPT, PROMPT[:2]], "sampling_params": GREEDY}
+    posted = post(server, "/generate", body).json()
+    put = httpx.put(server.url + "/generate", json=body, timeout=60)
+    assert put.status_code == 200 and [o["output_ids"] for o in put.json()] == [
+        o["output_ids"] for o in posted
+    ]
+    # stream: SGLang's server-sent events, here the whole answer in one event per prompt, then [DONE]
+    stream = post(server, "/generate", body | {"stream": True})
+    assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in stream.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]" and len(events) == 3
+    for index, (event, want) in enumerate(zip(events[:2], posted, strict=True)):
+        got = json.loads(event)
+        assert got["index"] == index and got["output_ids"] == want["output_ids"]
+    for raw, message in ((b"{not json", "invalid JSON body"), (b"[1, 2]", "the JSON body must be an object")):
+        reply = httpx.post(server.url + "/generate", content=raw, timeout=60)
+        assert reply.status_code == 400 and message in reply.json()["error"]["message"]
 
 
 def test_info_and_health_endpoints(server):

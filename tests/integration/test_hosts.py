@@ -21,6 +21,7 @@ from rlx.config.compose import compose
 from rlx.engine.local import LocalEngine
 from rlx.engine.serve import EngineServer
 from rlx.engine.serve.app import ROUTERS
+from rlx.engine.serve.generate_routes import GenerateEndpoint
 from rlx.errors import ConfigError
 from rlx.placement import plan
 from rlx.rollout.client import EngineClient, EngineError
@@ -68,6 +69,7 @@ def test_engine_server_requires_the_key_on_every_route_but_health(keyed_server):
     # SGLang's native API, the weight routes and FastAPI's own (/docs, /openapi.json)
     every = [*(route for router in ROUTERS for route in router.routes), *keyed_server.app.routes]
     routes = [(m, r.path) for r in every if isinstance(r, Route) for m in r.methods]
+    routes += [(m, "/generate") for m in GenerateEndpoint.METHODS]  # plain ASGI, ahead of the routes
     assert len({path for _, path in routes}) >= 20 and ("POST", "/update_weights_from_tensor") in routes
     with httpx.Client(timeout=30) as http:
         for method, path in routes:

@@ -7,7 +7,7 @@ One job per module:
 
 - `server`: `EngineServer`, the scheduler thread and uvicorn's on one bound socket;
 - `scheduler_thread`: the thread that owns the engine and runs its continuous-batching loop;
-- `app`: the FastAPI app, its routes and the API key it requires;
+- `app`: what uvicorn serves: the FastAPI app of SGLang's routes, /generate ahead of it, the API key;
 - `protocol`: SGLang's /generate JSON to the engine's requests and back, its other bodies;
 - `generate_routes`, `info_routes`, `memory_routes`, `weight_routes`: the endpoints, by what they do;
 - `route_helpers`: what the routes share (the server, the JSON body, SGLang's error reply);

@@ -22,14 +22,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rlx.engine.serve.generate_routes import generate_routes
+from rlx.engine.serve.generate_routes import GenerateEndpoint, generate_routes
 from rlx.engine.serve.info_routes import info_routes
 from rlx.engine.serve.memory_routes import memory_routes
 from rlx.engine.serve.protocol import error_body
 from rlx.engine.serve.route_helpers import error_response
 from rlx.engine.serve.weight_routes import weight_routes
 
-# every route of SGLang's API the server has (`app.routes` lists an included router as one entry)
+# every route of SGLang's API the server has but /generate (`GenerateEndpoint`, plain ASGI; `app.routes`
+# lists an included router as one entry)
 ROUTERS = (generate_routes, info_routes, memory_routes, weight_routes)
 
 
@@ -57,14 +58,20 @@ class RequireApiKey:
         await self.app(scope, receive, send)
 
 
-def build_app(server: Any, api_key: str | None = None) -> FastAPI:
-    """A FastAPI app with SGLang's native endpoints, serving `server` (an `EngineServer`);
-    `api_key`: see the module doc."""
+def build_app(server: Any) -> FastAPI:
+    """A FastAPI app with SGLang's native endpoints but /generate, serving `server` (an
+    `EngineServer`)."""
     app = FastAPI()
     app.state.server = server
     for routes in ROUTERS:
         app.include_router(routes)
     app.add_exception_handler(ValueError, _bad_request)
-    if api_key:
-        app.add_middleware(RequireApiKey, api_key=api_key)
     return app
+
+
+def serve_app(app: FastAPI, server: Any, api_key: str | None = None):
+    """What uvicorn serves: /generate in plain ASGI (`GenerateEndpoint`) ahead of `app`, whose
+    middleware and routing it skips, and with `api_key` the key's check around both (see the
+    module doc)."""
+    outer = GenerateEndpoint(app, server)
+    return RequireApiKey(outer, api_key) if api_key else outer

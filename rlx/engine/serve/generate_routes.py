@@ -2,6 +2,8 @@
 
 Requests go to the scheduler thread (`rlx.engine.serve.scheduler_thread`); each HTTP request waits
 for all of its prompts with one wake-up, and aborts them if its client goes away, as SGLang does.
+`/generate` is plain ASGI (`GenerateEndpoint`, ahead of FastAPI's routing); the others are FastAPI
+routes.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from rlx.engine.sequence import GenerateRequest, SamplingParams
-from rlx.engine.serve.protocol import build_response, parse_generate
-from rlx.engine.serve.route_helpers import error_response, json_body, server_of
+from rlx.engine.serve.protocol import build_response, error_body, parse_generate
+from rlx.engine.serve.route_helpers import json_body, server_of
 from rlx.engine.serve.scheduler_thread import Pending
 
 generate_routes = APIRouter()
 
 
-async def _await_results(pendings: list[Pending], request: Request) -> list:
+async def _await_results(
+    pendings: list[Pending], client_gone: Callable[[], Awaitable[bool]], scheduler
+) -> list:
     """Every pending's result, in order; all aborted if the client goes away (as SGLang does).
 
     One loop future for the whole request, set by the scheduler thread when its last item
@@ -50,35 +55,84 @@ async def _await_results(pendings: list[Pending], request: Request) -> list:
         done, _ = await asyncio.wait({all_done}, timeout=1.0)
         if done:
             return [p.future.result() for p in pendings]  # an engine error is raised here
-        if await request.is_disconnected():
-            server_of(request).scheduler.cancel(pendings)
+        if await client_gone():
+            scheduler.cancel(pendings)
 
 
-@generate_routes.api_route("/generate", methods=["POST", "PUT"])
-async def generate(request: Request):
-    """SGLang's /generate: single or batch, input_ids or text; SSE with one event if `stream`."""
-    body, server = await json_body(request), server_of(request)
-    engine, scheduler = server.engine, server.scheduler
+class GenerateEndpoint:
+    """SGLang's /generate (POST or PUT) in plain ASGI, ahead of FastAPI's routing, which passes
+    everything else on to `app`: single or batch, input_ids or text; SSE with one event if
+    `stream`. A multi-turn rollout sends a request per sample and turn, and FastAPI's routing,
+    middleware and request objects took a fifth of such a rollout's time
+    (`bench/short_rollout.py --turns`, docs/benchmarks.md)."""
+
+    METHODS = ("POST", "PUT")
+
+    def __init__(self, app, server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/generate" or scope["method"] not in self.METHODS:
+            await self.app(scope, receive, send)
+            return
+        status, media_type, payload = await self.answer(receive)
+        headers = [(b"content-type", media_type), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def answer(self, receive) -> tuple[int, bytes, bytes]:
+        """(status, media type, body) of one /generate request."""
+        try:
+            body = json.loads(await _read_body(receive))
+        except ValueError as exc:
+            return _error(f"invalid JSON body: {exc}")
+        if not isinstance(body, dict):
+            return _error("the JSON body must be an object")
+        engine, scheduler = self.server.engine, self.server.scheduler
+        try:
+            items, single = parse_generate(body, engine)
+        except (ValueError, TypeError) as exc:
+            return _error(str(exc))
+        start = time.perf_counter()
+        pendings = scheduler.submit([item["request"] for item in items])
+        try:
+            results = await _await_results(pendings, lambda: _client_gone(receive), scheduler)
+        except Exception as exc:
+            return _error(f"generation failed: {exc}", 500)
+        latency = time.perf_counter() - start
+        text_in_logprobs = bool(body.get("return_text_in_logprobs"))
+        outs = [
+            build_response(engine, item, output, version, latency, text_in_logprobs)
+            for item, (output, version) in zip(items, results, strict=True)
+        ]
+        if body.get("stream"):  # the whole result as one event: a client reading SSE still works
+            events = [
+                f"data: {json.dumps(o if single else {**o, 'index': i})}\n\n" for i, o in enumerate(outs)
+            ]
+            return 200, b"text/event-stream", "".join([*events, "data: [DONE]\n\n"]).encode()
+        return 200, b"application/json", json.dumps(outs[0] if single else outs).encode()
+
+
+async def _read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _client_gone(receive) -> bool:
+    """Whether the client has disconnected (a message waiting that says so); asked once a second."""
     try:
-        items, single = parse_generate(body, engine)
-    except (ValueError, TypeError) as exc:
-        return error_response(str(exc))
-    start = time.perf_counter()
-    pendings = scheduler.submit([item["request"] for item in items])
-    try:
-        results = await _await_results(pendings, request)
-    except Exception as exc:
-        return error_response(f"generation failed: {exc}", 500)
-    latency = time.perf_counter() - start
-    text_in_logprobs = bool(body.get("return_text_in_logprobs"))
-    outs = [
-        build_response(engine, item, output, version, latency, text_in_logprobs)
-        for item, (output, version) in zip(items, results, strict=True)
-    ]
-    if body.get("stream"):  # the whole result as one event: a client reading SSE still works
-        events = [f"data: {json.dumps(o if single else {**o, 'index': i})}\n\n" for i, o in enumerate(outs)]
-        return StreamingResponse(iter([*events, "data: [DONE]\n\n"]), media_type="text/event-stream")
-    return JSONResponse(outs[0] if single else outs)
+        message = await asyncio.wait_for(receive(), timeout=0.01)
+    except TimeoutError:
+        return False
+    return message.get("type") == "http.disconnect"
+
+
+def _error(message: str, status: int = 400) -> tuple[int, bytes, bytes]:
+    return status, b"application/json", json.dumps(error_body(message)).encode()
 
 
 @generate_routes.get("/health_generate")

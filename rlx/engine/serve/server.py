@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from rlx.engine.local import LocalEngine
-from rlx.engine.serve.app import build_app
+from rlx.engine.serve.app import build_app, serve_app
 from rlx.engine.serve.scheduler_thread import SchedulerThread
 
 
@@ -39,7 +39,8 @@ class EngineServer:
         self.host = host
         self.port = port
         self.scheduler = SchedulerThread(engine, max_batch_size or engine.max_batch_size, batch_wait_s)
-        self.app = build_app(self, api_key)
+        self.app = build_app(self)  # FastAPI: SGLang's routes but /generate
+        self.asgi = serve_app(self.app, self, api_key)  # what uvicorn serves
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -56,9 +57,11 @@ class EngineServer:
         self.port = sock.getsockname()[1]
         self.scheduler.start()
         # "error": sglang-router's start-up probe for a gRPC worker makes uvicorn warn about HTTP/2.
+        # No proxy headers: nothing reads the client's address, and each request skipped a layer.
         config = uvicorn.Config(
-            self.app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=5
-        )
+            self.asgi, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+            proxy_headers=False,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name=f"rlx-http-{self.port}", daemon=True
