@@ -14,7 +14,7 @@ rollout time. The run's model, data and rollout settings come from the same over
 Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
 out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
 - `http`: one /generate request per group with n prompts and per-sample seeds, all groups at
-  once through `EngineClient`, as `RolloutPool` sends them (no reward, no sample bookkeeping),
+  once through one `EngineClient` kept across rounds, as `RolloutPool` sends them (no reward, no sample bookkeeping),
   from another process, as a run's driver is (a client in the engine's process would contend
   with its scheduler thread for the GIL);
 - `turns` (`--turns A,T,B`): each sample's conversation as a `rollout.generate_fn` sends it, one
@@ -80,26 +80,35 @@ def _requests(prompts, n: int, params: dict, round_: int) -> list[tuple[list[lis
     return out
 
 
-async def _http_round(url: str, groups) -> int:
+_CLIENT: dict = {}  # in the client process: one loop and one EngineClient for every round
+
+
+def _client(url: str):
+    """The client process's loop and EngineClient, kept across rounds as the run's rollout pool
+    keeps its own (a client a round would connect anew each round)."""
     from rlx.rollout.client import EngineClient
 
-    async with EngineClient(url, timeout=600.0) as client:
-        outs = await asyncio.gather(*(client.generate_batch(ids, params) for ids, params in groups))
+    if url not in _CLIENT:
+        _CLIENT[url] = (asyncio.new_event_loop(), EngineClient(url, timeout=600.0))
+    return _CLIENT[url]
+
+
+async def _http_round(client, groups) -> int:
+    outs = await asyncio.gather(*(client.generate_batch(ids, params) for ids, params in groups))
     return sum(len(o["output_ids"]) for group in outs for o in group)
 
 
 def _http_round_in_process(url: str, groups) -> int:
-    return asyncio.run(_http_round(url, groups))
+    loop, client = _client(url)
+    return loop.run_until_complete(_http_round(client, groups))
 
 
-async def _turns_round(url: str, groups, turns: tuple[int, int, int]) -> int:
+async def _turns_round(client, groups, turns: tuple[int, int, int]) -> int:
     """Each sample's conversation as a generate_fn sends it: one request per sample and model
     turn (`turns`: tokens of the first turn, tool tokens appended, tokens of the second)."""
-    from rlx.rollout.client import EngineClient
-
     first, tool, second = turns
 
-    async def conversation(client, ids: list[int], params: dict) -> int:
+    async def conversation(ids: list[int], params: dict) -> int:
         out = await client.generate(ids, params | {"max_new_tokens": first})
         ids = ids + out["output_ids"] + [ids[-1]] * tool  # the tool's tokens: any ids will do
         out2 = await client.generate(
@@ -107,15 +116,13 @@ async def _turns_round(url: str, groups, turns: tuple[int, int, int]) -> int:
         )
         return len(out["output_ids"]) + len(out2["output_ids"])
 
-    async with EngineClient(url, timeout=600.0) as client:
-        counts = await asyncio.gather(
-            *(conversation(client, i, p) for ids, params in groups for i, p in zip(ids, params, strict=True))
-        )
-    return sum(counts)
+    pairs = [(i, p) for ids, params in groups for i, p in zip(ids, params, strict=True)]
+    return sum(await asyncio.gather(*(conversation(i, p) for i, p in pairs)))
 
 
 def _turns_round_in_process(url: str, groups, turns) -> int:
-    return asyncio.run(_turns_round(url, groups, turns))
+    loop, client = _client(url)
+    return loop.run_until_complete(_turns_round(client, groups, turns))
 
 
 def _scheduler_round(server, groups) -> int:
