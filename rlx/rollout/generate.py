@@ -16,10 +16,11 @@ on or change. The function drives the engines through `ctx` and builds the respo
 
 so what the model produced is never re-tokenised, and only model tokens carry loss. It sets
 `sample.status` when it ends some other way than the last output says (`append_output` sets
-it from the engine's finish reason: COMPLETED on EOS or a stop token, even the last one the
-limit allows, TRUNCATED when cut by the limit), and may set `sample.reward` itself (the scorer then leaves
-it). It returns the sample, or several (fan-out: each becomes a sample of the group, numbered
-after it). An exception fails that sample (status FAILED with the reason); the run goes on.
+it from the engine's finish reason: COMPLETED on EOS or a stop token, even on the last token
+the limit allows, TRUNCATED when cut by the limit), and may set `sample.reward` itself (the
+scorer then leaves it). It returns the sample, or several (fan-out: each becomes a sample of the
+group, numbered after it). An exception fails that sample (status FAILED with the reason); the
+run goes on.
 
 slime's `async def generate(args, sample, sampling_params)` ports by taking `ctx` for `args`:
 `ctx.url` is the router's address (slime's `args.sglang_router_ip/port`), `ctx.post(path, json)`
