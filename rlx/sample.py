@@ -11,8 +11,8 @@ class Status(enum.StrEnum):
     """How a sample's generation ended."""
 
     PENDING = "pending"
-    COMPLETED = "completed"  # stopped on EOS or a stop token
-    TRUNCATED = "truncated"  # hit max_new_tokens / the response length limit
+    COMPLETED = "completed"  # stopped on EOS or a stop token (even the last one the limit allows)
+    TRUNCATED = "truncated"  # cut by max_new_tokens / the response length limit
     ABORTED = "aborted"  # cancelled (abort_request, weight update, shutdown)
     FAILED = "failed"  # the engine or the reward function raised; see `status_reason`
 
