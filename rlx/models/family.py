@@ -13,7 +13,6 @@ combination fails before any process starts). megatron is imported lazily, so HF
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import pkgutil
 import sys
@@ -27,6 +26,7 @@ import torch
 from rlx.errors import ConfigError
 from rlx.models.bridge import WeightBridge
 from rlx.models.config import ModelConfig
+from rlx.models.hf_checkpoint import read_config
 from rlx.models.hf_config import MISSING, HFField, rope_type
 
 __all__ = ["HFField", "ModelFamily"]
@@ -98,7 +98,7 @@ class ModelFamily:
     def check_hf_config(self, hf_dir: str | Path) -> None:
         """Raise ConfigError listing every key where config.json disagrees with `model.*`: the
         `hf_fields`, the family's `hf_constants`, and whether RoPE has llama3 scaling."""
-        hf = json.loads((Path(hf_dir) / "config.json").read_text())
+        hf = read_config(Path(hf_dir))  # ConfigError naming the line if it is not JSON
         problems = []
         if self.hf_model_type and hf.get("model_type") != self.hf_model_type:
             theirs = family_for(hf.get("model_type"))

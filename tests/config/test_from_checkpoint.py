@@ -170,6 +170,10 @@ def test_other_rope_scaling_a_missing_key_and_bad_json_are_refused(tmp_path):
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "llama",\n "num_hidden_layers": }')
     _fails([f"model.hf_checkpoint={broken}"], f"{broken}/config.json: not valid JSON (line 2")
+    for option in ("tiny_llama3", "tiny_deepseek_v3"):  # a family's own check of the file names it too
+        family = build(to_object(compose([f"model={option}"])).model)
+        with pytest.raises(ConfigError, match=r"config.json: not valid JSON \(line 2"):
+            family.check_hf_config(broken)
 
 
 def test_a_gguf_file_or_directory_says_how_to_convert_it(tmp_path):

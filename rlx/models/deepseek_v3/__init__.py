@@ -3,7 +3,6 @@ with shared experts, a per-expert selection bias and group-limited top-k."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 
 from rlx.errors import ConfigError
 from rlx.models.deepseek_v3 import bridge
+from rlx.models.hf_checkpoint import read_config
 from rlx.models.moe_family import MoEFamily
 
 
@@ -43,7 +43,7 @@ class DeepseekV3(MoEFamily):
 
     def check_hf_config(self, hf_dir: str | Path) -> None:
         """The shape keys, after refusing fp8 weights (the released checkpoints' format)."""
-        hf = json.loads((Path(hf_dir) / "config.json").read_text())
+        hf = read_config(Path(hf_dir))
         quantization = hf.get("quantization_config")
         if quantization:
             raise ConfigError(
