@@ -280,6 +280,23 @@ def test_client_that_goes_away_has_its_batch_aborted(fresh_server):
     assert len(steps) < 45  # aborted well before the 59 steps of a finished batch
 
 
+def test_an_engine_step_that_raises_fails_its_requests_with_500_and_the_server_goes_on(fresh_server):
+    engine = fresh_server.engine
+    step = engine.step
+
+    def broken_step():
+        engine.step = step  # once
+        raise RuntimeError("a kernel fell over")
+
+    engine.step = broken_step
+    body = {"input_ids": [PROMPT, PROMPT], "sampling_params": GREEDY}
+    failed = post(fresh_server, "/generate", body)
+    assert failed.status_code == 500
+    assert failed.json() == {"error": {"message": "generation failed: a kernel fell over"}}
+    again = post(fresh_server, "/generate", body)
+    assert again.status_code == 200 and [len(o["output_ids"]) for o in again.json()] == [6, 6]
+
+
 def test_client_against_server(server, tiny_qwen3_dir):
     async def drive():
         async with EngineClient(server.url) as client:
