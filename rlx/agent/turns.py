@@ -71,7 +71,7 @@ async def model_turn(
         turn["sampling_seed"] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
     out = await generate_in_session(ctx, sample.tokens, turn, session_key(sample))
     before = sample.response_len
-    ctx.append_output(sample, out, stop_token_ids)
+    ctx.append_output(sample, out, stop_token_ids, ignore_eos=bool(turn.get("ignore_eos")))
     return sample.response_ids[before:]
 
 

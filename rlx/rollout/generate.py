@@ -72,12 +72,15 @@ class GenerateContext:
         """POST any SGLang endpoint (slime's `post(url, payload)`); the JSON answer."""
         return (await self.client._request("POST", path, json=payload)).body
 
-    def append_output(self, sample: Sample, out: dict, stop_token_ids: Collection[int] = ()) -> int:
+    def append_output(
+        self, sample: Sample, out: dict, stop_token_ids: Collection[int] = (), *, ignore_eos: bool = False
+    ) -> int:
         """Append the model's tokens of one /generate answer to the response (trained, with their
         logprobs and the version that generated them); set the status from its finish reason
-        (`read_output`; `stop_token_ids`: the request's own besides the run's). Returns the
-        number of tokens appended."""
-        answer = read_output(out, self.version, self.stop_ids | frozenset(stop_token_ids))
+        (`read_output`; `stop_token_ids`: the request's own besides the run's; `ignore_eos`: the
+        request's, which stops it on none of them). Returns the number of tokens appended."""
+        stops = frozenset() if ignore_eos else self.stop_ids | frozenset(stop_token_ids)
+        answer = read_output(out, self.version, stops)
         _extend(sample, answer.ids, answer.logprobs, 1, answer.version)
         sample.status = answer.status
         if sample.status is Status.ABORTED:

@@ -197,6 +197,19 @@ def test_an_answer_ending_on_a_stop_token_at_its_length_limit_is_completed():
     assert read_output(answer([EOS], "abort"), 0, stops).status is Status.ABORTED
 
 
+def test_a_turn_that_ignores_eos_ends_truncated_on_any_token(tokenizer):
+    """With ignore_eos the engine stops on neither EOS nor stop tokens: one as the last allowed
+    token is chance, and the turn was cut by its limit."""
+    for ignore in (False, True):
+        engine = ScriptedEngine(([5, 6, CALL], [-0.1] * 3, "length"))
+        s = prompt(tokenizer)
+        params = dict(PARAMS, ignore_eos=ignore)
+        run_on_a_loop(
+            model_turn(context(tokenizer, engine), s, params, max_new_tokens=3, stop_token_ids=[CALL])
+        )
+        assert s.status is (Status.TRUNCATED if ignore else Status.COMPLETED)
+
+
 def test_stop_ids_gather_the_checkpoints_eos_as_the_engine_does(tokenizer, tmp_path):
     import json
 
