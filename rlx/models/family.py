@@ -26,8 +26,7 @@ import torch
 from rlx.errors import ConfigError
 from rlx.models.bridge import WeightBridge
 from rlx.models.config import ModelConfig
-from rlx.models.hf_checkpoint import read_config
-from rlx.models.hf_config import MISSING, HFField, rope_type
+from rlx.models.hf_config import MISSING, HFField, read_config, rope_type
 
 __all__ = ["HFField", "ModelFamily"]
 

@@ -15,7 +15,6 @@ read. Everything here runs in the driver at compose time: config.json is read, n
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from rlx.cache import writer_hint
 from rlx.errors import ConfigError
 from rlx.models.config import ModelConfig
+from rlx.models.hf_config import read_config
 
 # ModelConfig keys that say how to train the model or where it lives, not what it is.
 NOT_SHAPE = (
@@ -112,20 +112,6 @@ def _from_hub(repo_id: str, local: Path) -> Path:
         raise ConfigError(
             f"{where}, and the Hub did not serve it ({type(e).__name__}: {str(e).splitlines()[0]}); {fix}"
         ) from e
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """config.json of the checkpoint at `path`, as a dict (ConfigError naming the line if it is not JSON)."""
-    file = path / "config.json"
-    try:
-        hf = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{file}: not valid JSON (line {e.lineno}: {e.msg}); download or copy it again"
-        ) from e
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{file}: not a JSON object; download or copy it again")
-    return hf
 
 
 def supported() -> str:

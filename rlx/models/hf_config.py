@@ -1,4 +1,5 @@
-"""The config.json side shared by model families: where `ModelConfig` keys live, RoPE, token ids.
+"""The config.json side shared by model families: reading it, where `ModelConfig` keys live, RoPE,
+token ids.
 
 config.json files come in two generations: transformers 5 writes RoPE settings under
 `rope_parameters`; older files (most published checkpoints) keep `rope_theta`,
@@ -7,12 +8,30 @@ config.json files come in two generations: transformers 5 writes RoPE settings u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from rlx.errors import ConfigError
 from rlx.models.config import ModelConfig
 from rlx.models.tiny import EOS, PAD, VOCAB
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json of the checkpoint at `path`, as a dict (ConfigError naming the line if it is not JSON)."""
+    file = path / "config.json"
+    try:
+        hf = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{file}: not valid JSON (line {e.lineno}: {e.msg}); download or copy it again"
+        ) from e
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{file}: not a JSON object; download or copy it again")
+    return hf
+
 
 MISSING = object()  # a config.json key that is absent (and has no default)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from rlx.errors import ConfigError
 from rlx.models.deepseek_v3 import bridge
-from rlx.models.hf_checkpoint import read_config
+from rlx.models.hf_config import read_config
 from rlx.models.moe_family import MoEFamily
 
 
