@@ -55,8 +55,9 @@ async def model_turn(
     The turn stops at EOS, at one of `stop_token_ids` (kept, as SGLang keeps it), after
     `max_new_tokens`, or when the response budget is spent; `sample.status` is then the turn's
     (COMPLETED on a stop, even on the turn's last allowed token; TRUNCATED on a length limit).
-    With no budget left it generates nothing, sets TRUNCATED and returns []. A `sampling_seed` in `params` is varied by the response length,
-    so each turn draws fresh randomness yet a seeded run repeats."""
+    With no budget left it generates nothing, sets TRUNCATED and returns []. A `sampling_seed` in
+    `params` is varied by the response length, so each turn draws fresh randomness yet a seeded
+    run repeats."""
     budget = remaining(sample, params)
     if budget <= 0:
         sample.status = Status.TRUNCATED
