@@ -34,7 +34,10 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 def session_key(sample: Sample) -> str:
     """The routing key of the sample's conversation: made on first use, kept in
     `sample.metadata["session"]` (so a partial rollout continued later keeps its engine)."""
-    return sample.metadata.setdefault("session", uuid.uuid4().hex)
+    key = sample.metadata.get("session")
+    if key is None:
+        key = sample.metadata["session"] = uuid.uuid4().hex
+    return key
 
 
 def remaining(sample: Sample, params: dict) -> int:
@@ -49,12 +52,14 @@ async def model_turn(
     *,
     max_new_tokens: int | None = None,
     stop_token_ids: Sequence[int] = (),
+    stop: Sequence[str] = (),
 ) -> list[int]:
     """Generate one model turn continuing `sample.tokens` and append it (trained); the new ids.
 
-    The turn stops at EOS, at one of `stop_token_ids` (kept, as SGLang keeps it), after
-    `max_new_tokens`, or when the response budget is spent; `sample.status` is then the turn's
-    (COMPLETED on a stop, even on the turn's last allowed token; TRUNCATED on a length limit).
+    The turn stops at EOS, at one of `stop_token_ids` or of the strings `stop` (their tokens kept,
+    as SGLang keeps them), after `max_new_tokens`, or when the response budget is spent;
+    `sample.status` is then the turn's (COMPLETED on a stop, even on the turn's last allowed
+    token; TRUNCATED on a length limit).
     With no budget left it generates nothing, sets TRUNCATED and returns []. A `sampling_seed` in
     `params` is varied by the response length, so each turn draws fresh randomness yet a seeded
     run repeats."""
@@ -67,12 +72,14 @@ async def model_turn(
     }
     if stop_token_ids:
         turn["stop_token_ids"] = [*params.get("stop_token_ids", []), *stop_token_ids]
+    if stop:
+        turn["stop"] = [*params.get("stop", []), *stop]
     if turn.get("sampling_seed") is not None and sample.response_len:
         key = f"{turn['sampling_seed']}/{sample.response_len}".encode()
         turn["sampling_seed"] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
     out = await generate_in_session(ctx, sample.tokens, turn, session_key(sample))
     before = sample.response_len
-    ctx.append_output(sample, out, stop_token_ids, ignore_eos=bool(turn.get("ignore_eos")))
+    ctx.append_output(sample, out, stop_token_ids, ignore_eos=bool(turn.get("ignore_eos")), stop=stop)
     return sample.response_ids[before:]
 
 

@@ -20,6 +20,7 @@ class Rule:
     text: str
     check: Callable[[Any], bool]
     example: Any = None  # a value that satisfies the rule, offered in the fix (choices only)
+    fix: str | None = None  # the fix, where "set KEY to a value TEXT" would not read
 
     def error(self, key: str, value: Any) -> str | None:
         """None when `value` satisfies the rule (None values are allowed where the schema allows
@@ -28,7 +29,7 @@ class Rule:
             return None
         if self.example is not None:
             return f"{key}={value!r} is not one of {self.text}; set {key}={self.example}, say"
-        return f"{key}={value!r} must be {self.text}; set {key} to a value {self.text}"
+        return f"{key}={value!r} must be {self.text}; {self.fix or f'set {key} to a value {self.text}'}"
 
 
 POSITIVE = Rule("> 0", lambda v: v > 0)

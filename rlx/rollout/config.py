@@ -10,6 +10,11 @@ from rlx.config.rules import AT_LEAST_1, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_OPE
 WEIGHT_SYNC_METHODS = ("auto", "tensor", "distributed", "disk")  # rollout.weight_sync
 MODES = ("sync", "async")  # rollout.mode
 STALENESS_POLICIES = ("pace", "drop")  # rollout.staleness_policy
+STOP_STRINGS = Rule(  # rollout.stop
+    "a list of non-empty strings (an empty one would end every response at its first token)",
+    lambda v: all(isinstance(s, str) and s for s in v),
+    fix="remove the empty string",
+)
 
 
 @dataclass
@@ -28,6 +33,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # besides the tokenizer's EOS
+    # strings that end a response (SGLang's `stop`, slime's --rollout-stop), kept in it as generated
+    stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # generate max_response_len tokens whatever is sampled (benchmarks)
     # _target_ path of an async (ctx, sample, sampling_params) -> Sample | list[Sample] that generates
     # each sample itself (multi-turn, tools; rlx.rollout.generate); null: one request per group
@@ -95,7 +102,7 @@ class RolloutConfig:
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang's sampling parameters of every rollout request (before per-sample seeds and budgets)."""
-        return {
+        params = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -104,11 +111,15 @@ class RolloutConfig:
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": True,
         }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        return params
 
     RULES: ClassVar[dict[str, Rule]] = {
         "temperature": NON_NEGATIVE,
         "top_p": UNIT_OPEN_LOW,
         "top_k": TOP_K,
+        "stop": STOP_STRINGS,
         "batch_size": AT_LEAST_1,
         "max_response_len": AT_LEAST_1,
         "num_engines": AT_LEAST_1,

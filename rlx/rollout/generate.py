@@ -7,7 +7,7 @@ The contract of `rollout.generate_fn` (the dotted path of an async function):
 It is called once per sample to generate (each of a group's `n_samples_per_prompt` copies of a
 prompt, concurrently), instead of rlx's one request per group. `sample` holds the prompt
 (`prompt`, `prompt_ids`, `label`, `metadata`) and an empty response; `sampling_params` is the
-run's (SGLang's names: temperature, top_p, top_k, max_new_tokens, stop_token_ids, ...), to pass
+run's (SGLang's names: temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop, ...), to pass
 on or change. The function drives the engines through `ctx` and builds the response as token ids:
 
     out = await ctx.generate(sample.tokens, params)   # SGLang's /generate answer
@@ -73,14 +73,21 @@ class GenerateContext:
         return (await self.client._request("POST", path, json=payload)).body
 
     def append_output(
-        self, sample: Sample, out: dict, stop_token_ids: Collection[int] = (), *, ignore_eos: bool = False
+        self,
+        sample: Sample,
+        out: dict,
+        stop_token_ids: Collection[int] = (),
+        *,
+        ignore_eos: bool = False,
+        stop: Collection[str] = (),
     ) -> int:
         """Append the model's tokens of one /generate answer to the response (trained, with their
         logprobs and the version that generated them); set the status from its finish reason
-        (`read_output`; `stop_token_ids`: the request's own besides the run's; `ignore_eos`: the
-        request's, which stops it on none of them). Returns the number of tokens appended."""
+        (`read_output`; `stop_token_ids` and `stop` (strings): the request's own besides the run's;
+        `ignore_eos`: the request's, which stops it on no token, yet on its strings, as SGLang
+        does). Returns the number of tokens appended."""
         stops = frozenset() if ignore_eos else self.stop_ids | frozenset(stop_token_ids)
-        answer = read_output(out, self.version, stops)
+        answer = read_output(out, self.version, stops, [*self.rollout.stop, *stop])
         _extend(sample, answer.ids, answer.logprobs, 1, answer.version)
         sample.status = answer.status
         if sample.status is Status.ABORTED:
@@ -111,12 +118,16 @@ class Output:
     message: str  # the finish reason's message ("" when none)
 
 
-def read_output(out: dict, version: int, stop_ids: Collection[int] = ()) -> Output:
+def read_output(
+    out: dict, version: int, stop_ids: Collection[int] = (), stop_strings: Collection[str] = ()
+) -> Output:
     """The tokens, logprobs, weight version (`version` when the engine reports none) and finish
     status of a /generate answer. An answer whose last token is one of `stop_ids` (EOS, a stop
-    token) is COMPLETED even when its finish reason is "length": SGLang checks the length limit
-    first, so a response that ends on its last allowed token reports "length", yet it ended (as
-    transformers' `generate` and rlx's hf_eval judge it)."""
+    token), or whose text holds one of `stop_strings`, is COMPLETED even when its finish reason is
+    "length": SGLang checks the length limit first, so a response that ends on its last allowed
+    token reports "length", yet it ended (as transformers' `generate` and rlx's hf_eval judge it).
+    A stop string in the text can only have come with the last token: an earlier one would have
+    stopped the request there."""
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
     # SGLang omits output_ids (and logprobs) for a request aborted before it started
@@ -125,9 +136,13 @@ def read_output(out: dict, version: int, stop_ids: Collection[int] = ()) -> Outp
     served = int(weight_version) if weight_version not in (None, "", "default") else version
     finish = meta.get("finish_reason") or {}
     status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
-    if status is Status.TRUNCATED and ids and ids[-1] in stop_ids:
+    if status is Status.TRUNCATED and ids and (ids[-1] in stop_ids or _holds(out.get("text"), stop_strings)):
         status = Status.COMPLETED
     return Output(ids, [float(lp) for lp, *_ in pairs], served, status, str(finish.get("message") or ""))
+
+
+def _holds(text: Any, strings: Collection[str]) -> bool:
+    return isinstance(text, str) and any(s and s in text for s in strings)
 
 
 def stop_ids(cfg: RolloutConfig, tokenizer, model_path: str | None = None) -> frozenset[int]:

@@ -44,11 +44,19 @@ def sampling_seed(run_seed: int, step: int, s: Sample) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def append_answer(s: Sample, out: dict, version: int, tokenizer, stop_ids: Collection[int] = ()) -> None:
+def append_answer(
+    s: Sample,
+    out: dict,
+    version: int,
+    tokenizer,
+    stop_ids: Collection[int] = (),
+    stop_strings: Collection[str] = (),
+) -> None:
     """Append one SGLang /generate answer to the sample (a continuation extends what it has);
-    `version`: the policy version if the engine reports none; `stop_ids`: the run's
-    (`rlx.rollout.generate.stop_ids`), so that an answer ending on one is COMPLETED."""
-    answer = read_output(out, version, stop_ids)
+    `version`: the policy version if the engine reports none; `stop_ids` and `stop_strings`: the
+    run's (`rlx.rollout.generate.stop_ids`, `rollout.stop`), so that an answer ending on one is
+    COMPLETED."""
+    answer = read_output(out, version, stop_ids, stop_strings)
     new = len(answer.ids)
     s.response_ids = s.response_ids + answer.ids
     s.rollout_logprobs = s.rollout_logprobs + answer.logprobs

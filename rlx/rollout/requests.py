@@ -115,7 +115,7 @@ class RequestSender:
                     if not await self._retry(e, attempt, rids, f"{type(e).__name__}: {e}", todo):
                         return
         for s, out in zip(todo, outs, strict=True):
-            append_answer(s, out, version, self.tokenizer, self.stop_ids)
+            append_answer(s, out, version, self.tokenizer, self.stop_ids, self.cfg.stop)
 
     async def _send(self, todo: list[Sample], params: dict | list[dict], rids: list[str]) -> list[dict]:
         if isinstance(params, list) and self.engines.router is not None:  # the router takes one params

@@ -55,6 +55,10 @@ CONFIG_CASES = {
         ["rollout.stop_token_ids=[1,eos]"],
         ["rollout.stop_token_ids[1] is not an integer", "set rollout.stop_token_ids to a list of integers"],
     ),
+    "an empty stop string": (
+        ['rollout.stop=["</answer>",""]'],
+        ["rollout.stop=['</answer>', ''] must be a list of non-empty strings", "remove the empty string"],
+    ),
     "unknown option": (["model=tiny_qwen"], ["model=tiny_qwen: no option tiny_qwen in model", "did you mean model=tiny_qwen3?"]),
     "MoE key on a dense model": (
         ["model.moe_router_topk=4"],

@@ -240,3 +240,30 @@ def test_a_response_ending_on_a_stop_token_at_its_length_limit_is_completed(
         assert {s.status for s in samples} == {Status.TRUNCATED} and metrics["rollout/truncated_frac"] == 1
     finally:
         pool.shutdown()
+
+
+def test_a_response_ending_on_a_stop_string_at_its_length_limit_is_completed(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    """`rollout.stop` reaches the engine as SGLang's `stop`; every word a stop string and one token
+    allowed: the engine answers "length", and a response whose word is one ended all the same
+    (COMPLETED); one whose token has no text (a special token) matched none (TRUNCATED)."""
+    words = [w for w in tokenizer.get_vocab() if w not in tokenizer.all_special_tokens]
+    pool = _pool(tiny_qwen3_dir, tokenizer, max_response_len=1, stop=words, n_samples_per_prompt=4)
+    try:
+        samples, _ = pool.generate(_Prompts(tokenizer).take(4), version=0)
+        texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        expected = [Status.COMPLETED if t in words else Status.TRUNCATED for t in texts]
+        assert [s.status for s in samples] == expected and Status.COMPLETED in expected, texts
+        assert pool.sampling_params["stop"] == words
+        raw = pool.run(pool.engines.client.generate(samples[0].prompt_ids, pool.sampling_params))
+        assert raw["meta_info"]["finish_reason"]["type"] == "length"  # what the engine itself says
+        # two tokens allowed: a first token that is a stop word ends the request with "stop"
+        params = pool.sampling_params | {"max_new_tokens": 2}
+        two = pool.run(pool.engines.client.generate(samples[0].prompt_ids, params))
+        first = tokenizer.decode(two["output_ids"][:1], skip_special_tokens=True)
+        if first in words:
+            assert two["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+            assert len(two["output_ids"]) == 1
+    finally:
+        pool.shutdown()

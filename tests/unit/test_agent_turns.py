@@ -48,12 +48,12 @@ class ScriptedEngine:
         self.requests.append(
             {"input_ids": json["input_ids"], "params": json["sampling_params"], "headers": headers}
         )
-        ids, logprobs, finish = self.turns.pop(0)
+        ids, logprobs, finish, *text = self.turns.pop(0)  # a turn may script its text
         if len(ids) >= json["sampling_params"]["max_new_tokens"] and finish != "abort":
             finish = "length"
         pairs = [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]
         meta = {"output_token_logprobs": pairs, "finish_reason": {"type": finish}}
-        return Reply(200, {"output_ids": ids, "meta_info": meta})
+        return Reply(200, {"output_ids": ids, "meta_info": meta} | ({"text": text[0]} if text else {}))
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +195,35 @@ def test_an_answer_ending_on_a_stop_token_at_its_length_limit_is_completed():
     assert read_output(answer([5, 6], "stop"), 0, stops).status is Status.COMPLETED  # a stop string
     assert read_output(answer([], "length"), 0, stops).status is Status.TRUNCATED
     assert read_output(answer([EOS], "abort"), 0, stops).status is Status.ABORTED
+
+
+def test_an_answer_whose_text_holds_a_stop_string_at_its_length_limit_is_completed():
+    """SGLang matches stop strings after the length limit too: text holding one, with "length",
+    ended on its last allowed token (an earlier match would have stopped it earlier)."""
+    cut = answer([5, 6], "length") | {"text": "4 </call>"}
+    assert read_output(cut, 0, stop_strings=["</call>"]).status is Status.COMPLETED
+    assert read_output(cut, 0, stop_strings=["</answer>", "call>"]).status is Status.COMPLETED
+    assert read_output(cut, 0, stop_strings=["</answer>"]).status is Status.TRUNCATED
+    assert read_output(cut, 0).status is Status.TRUNCATED  # no stop strings known
+    assert (
+        read_output(answer([5, 6], "length"), 0, stop_strings=["</call>"]).status is Status.TRUNCATED
+    )  # no text
+
+
+def test_a_turn_with_stop_strings_sends_them_and_judges_its_end_by_them(tokenizer):
+    """model_turn's `stop` joins the run's `stop` in the request; a turn cut at its limit whose
+    text holds one of either (the run's from `rollout.stop`) is COMPLETED, else TRUNCATED."""
+    for text, status in (("1 ?", Status.COMPLETED), ("1 =", Status.COMPLETED), ("1 2", Status.TRUNCATED)):
+        engine = ScriptedEngine(([5, 6], [-0.1, -0.2], "stop", text))
+        cfg = RolloutConfig(max_response_len=15, stop=["="])
+        ctx = GenerateContext(engine, tokenizer, cfg, version=3, stop_ids=stop_ids(cfg, tokenizer))
+        s = prompt(tokenizer)
+        params = dict(PARAMS, stop=["="])  # the run's sampling parameters carry rollout.stop
+        ids = run_on_a_loop(model_turn(ctx, s, params, max_new_tokens=2, stop=["?"]))
+        assert ids == [5, 6] and s.status is status, (text, s.status)
+        assert engine.requests[0]["params"]["stop"] == ["=", "?"]
+    assert RolloutConfig(stop=["</a>"]).sampling_params()["stop"] == ["</a>"]
+    assert "stop" not in RolloutConfig().sampling_params()  # none: requests as before
 
 
 def test_a_turn_that_ignores_eos_ends_truncated_on_any_token(tokenizer):
