@@ -31,10 +31,17 @@ from rlx.sample import Sample, Status
 
 
 def generate_greedy(
-    model: Any, tokenizer: Any, samples: list[Sample], max_new_tokens: int, batch_size: int, stop_ids=()
+    model: Any,
+    tokenizer: Any,
+    samples: list[Sample],
+    max_new_tokens: int,
+    batch_size: int,
+    stop_ids=(),
+    stop_strings=(),
 ) -> None:
     """Fill each sample's response (ids, text, status) with transformers' greedy decoding, ended by
-    EOS or one of `stop_ids` (the run's rollout.stop_token_ids), as the engines end it."""
+    EOS, one of `stop_ids` (the run's rollout.stop_token_ids) or the first token whose text
+    completes one of `stop_strings` (rollout.stop), as the engines end it."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -50,16 +57,31 @@ def generate_greedy(
         mask = torch.tensor(
             [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch], device=device
         )
+        # a row past a stop string is cut below (greedy tokens never look ahead; transformers'
+        # stop_strings cannot read every tokenizer's vocabulary: a word-level one fails)
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                 eos_token_id=sorted(eos_ids), pad_token_id=pad,
             )  # fmt: skip
         for sample, row in zip(batch, out[:, width:].tolist(), strict=True):
-            end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+            end = _end(tokenizer, row, eos_ids, stop_strings)
             sample.response_ids = row if end is None else row[: end + 1]
             sample.response_text = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
             sample.status = Status.TRUNCATED if end is None else Status.COMPLETED
+
+
+def _end(tokenizer: Any, row: list[int], eos_ids: set[int], stop_strings) -> int | None:
+    """The index of the token that ends `row`: the first EOS or stop token, or the first whose text
+    so far holds a stop string (as the engines match one: the whole output, special tokens
+    skipped); None when nothing ends it."""
+    for i, token in enumerate(row):
+        if token in eos_ids:
+            return i
+        text = tokenizer.decode(row[: i + 1], skip_special_tokens=True) if stop_strings else ""
+        if any(s in text for s in stop_strings):
+            return i
+    return None
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -116,7 +138,9 @@ def recheck(
     results = {}
     for name in chosen:
         samples = eval_sets[name]
-        generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size, rc.rollout.stop_token_ids)
+        generate_greedy(
+            model, tokenizer, samples, max_new_tokens, batch_size, rc.rollout.stop_token_ids, rc.rollout.stop
+        )
         asyncio.run(_score(scorer, samples))
         ours, results[name] = summarise(name, samples), {"num_prompts": len(samples)}
         for metric in ("pass@1", "reward_mean"):
