@@ -2,7 +2,7 @@
 its answer (two 3-digit numbers added or subtracted), with GRPO on CPU.
 
     python launch.py +experiment=tool_calc          # tiny Qwen3, CPU, a few minutes
-    python launch.py +experiment=tool_calc_gpu      # a 0.6B-shaped Qwen3 on one GPU
+    python launch.py +experiment=tool_calc_gpu      # a 0.2B Qwen3 (16 x 1024) on one GPU, bf16
 
 data.py: the prompts (`CalcSource`); generate.py: the generate_fn (model turn, calculator in
 rlx.agent.Sandbox, model turn); calculator.py: the tool; reward.py: the reward. docs/tasks.md,
