@@ -40,6 +40,9 @@ class RolloutConfig:
     # each sample itself (multi-turn, tools; rlx.rollout.generate); null: one request per group
     generate_fn: str | None = None
     max_concurrency: int = 512  # in-flight HTTP requests from the driver
+    # the longest one sample's generate_fn may take (its turns, tools, retries); past it the sample
+    # is cancelled and fails, and the run goes on (one that blocks the loop instead ends the run)
+    generate_timeout_s: float = 1800.0
     # the longest one request to an engine or the router may take (a hung engine then fails it,
     # naming the engine, instead of stalling the run)
     request_timeout_s: float = 600.0
@@ -138,6 +141,7 @@ class RolloutConfig:
         "staleness_policy": one_of(STALENESS_POLICIES),
         "over_sampling_batch_size": AT_LEAST_1,
         "request_timeout_s": POSITIVE,
+        "generate_timeout_s": POSITIVE,
         "engine_start_timeout_s": POSITIVE,
         "health_check_interval_s": POSITIVE,
         "health_check_timeout_s": POSITIVE,

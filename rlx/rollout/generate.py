@@ -20,7 +20,10 @@ it from the engine's finish reason: COMPLETED on EOS or a stop token, even on th
 the limit allows, TRUNCATED when cut by the limit), and may set `sample.reward` itself (the
 scorer then leaves it). It returns the sample, or several (fan-out: each becomes a sample of the
 group, numbered after it). An exception fails that sample (status FAILED with the reason); the
-run goes on.
+run goes on. So does a call that outlasts `rollout.generate_timeout_s` (it is cancelled). It must
+await, never block: every sample shares one event loop, and a call that holds it for a minute
+(`time.sleep`, a blocking HTTP client) ends the run, naming its line (`rlx.rollout.loop_watch`);
+run blocking work with `await asyncio.to_thread(f, ...)`.
 
 slime's `async def generate(args, sample, sampling_params)` ports by taking `ctx` for `args`:
 `ctx.url` is the router's address (slime's `args.sglang_router_ip/port`), `ctx.post(path, json)`

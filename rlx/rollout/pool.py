@@ -25,6 +25,7 @@ from rlx.rollout.engines import EarlyEngines, EngineSet
 from rlx.rollout.generate import load_generate_fn, stop_ids
 from rlx.rollout.group import expand, rollout_metrics
 from rlx.rollout.health import HealthMonitor
+from rlx.rollout.loop_watch import LoopWatch
 from rlx.rollout.requests import RequestSender
 from rlx.sample import Sample, Status
 
@@ -62,6 +63,7 @@ class RolloutPool:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlx-rollout", daemon=True)
         self._thread.start()
+        self.watch = LoopWatch(self._loop, self._thread)  # a callback that never yields ends the run
         self.engines = EngineSet(
             cfg, model_path, seed=seed, api_key=ports.api_key(),  # the run's (`rlx.placement.plan`)
             actor_options=actor_options or [{"num_cpus": 0}] * cfg.num_engines, early=early,
@@ -97,8 +99,13 @@ class RolloutPool:
         return self.run(take())
 
     def run(self, coro):
-        """Run `coro` on the pool's loop and return its result (call from any other thread)."""
-        return self.submit(coro).result()
+        """Run `coro` on the pool's loop and return its result (call from any other thread);
+        RolloutLoopBlocked, naming where, once the loop has been stuck in one callback too long."""
+        return self.watch.wait(self.submit(coro))
+
+    def wait(self, future: concurrent.futures.Future):
+        """The result of a coroutine `submit` started, as `run` waits for it."""
+        return self.watch.wait(future)
 
     def submit(self, coro) -> concurrent.futures.Future:
         """Start `coro` on the pool's loop; its future."""
@@ -210,17 +217,21 @@ class RolloutPool:
         """Stop the engines and end their processes (inside `rlx.actor_reuse.keep_actors`, hand them back
         when every server stopped cleanly and none was ever replaced: no fault tolerance)."""
         stopped = False
+        stuck = self.watch.stuck() is not None  # nothing more runs on the loop: what needs none still stops
         try:
-            if self.health is not None:
+            if self.health is not None and not stuck:
                 self.run(self.health.stop())
-            self.run(self.scorer.aclose())
-            self.run(close_sandboxes())  # the tools' fork servers, before their loop closes
+            if not stuck:
+                self.run(self.scorer.aclose())
+                self.run(close_sandboxes())  # the tools' fork servers, before their loop closes
             if self.engines.router:
                 self.engines.router.stop()
-            self.run(self.engines.close_clients())
+            if not stuck:
+                self.run(self.engines.close_clients())
             stopped = self.engines.stop_servers()
         finally:
             self.engines.end_actors(stopped)
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+            self._thread.join(timeout=0 if stuck else 10)
+            if not self._thread.is_alive():  # a stuck loop's thread is a daemon: it ends with the process
+                self._loop.close()

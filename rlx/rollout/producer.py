@@ -32,6 +32,7 @@ from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.filters import load_filter
 from rlx.rollout.group import expand, rollout_metrics
+from rlx.rollout.loop_watch import RolloutLoopBlocked
 from rlx.rollout.pool import RolloutPool
 from rlx.sample import Sample, Status
 
@@ -102,10 +103,13 @@ class Producer:
         wait until nothing is in flight, so the buffer and data position can be saved exactly."""
         if self._ahead is None:
             return
+        if self.pool.watch.stuck() is not None:  # nothing on the loop can end now: the run is ending
+            self._ahead = None
+            return
         self._stop.set()
         if self._interrupt is not None:
             self.pool._loop.call_soon_threadsafe(self._interrupt.set)
-        self._ahead.result()
+        self.pool.wait(self._ahead)
         self._ahead = None
 
     def resume(self) -> None:
@@ -134,6 +138,8 @@ class Producer:
                 if self._ahead is not None and self._ahead.done():
                     self._ahead.result()  # the run-ahead loop died: its error is the run's
                     raise RuntimeError("async rollout stopped before the batch was full") from None
+                if (stuck := self.pool.watch.stuck()) is not None:
+                    raise RolloutLoopBlocked(stuck) from None
 
     async def _run_ahead(self) -> None:
         """Make batches until the last step's (pace) or until stopped (drop)."""

@@ -68,10 +68,19 @@ class RequestSender:
                     ctx = GenerateContext(
                         self.engines.client, self.tokenizer, self.cfg, version, self.stop_ids
                     )
+                    limit = self.cfg.generate_timeout_s
                     try:
-                        out = await self.generate_fn(ctx, s, params)
+                        async with asyncio.timeout(limit) as deadline:
+                            out = await self.generate_fn(ctx, s, params)
                         break
                     except Exception as e:  # a failed sample, not a failed run
+                        if isinstance(e, TimeoutError) and deadline.expired():  # not retried
+                            s.status = Status.FAILED
+                            s.status_reason = (
+                                f"generate_fn did not finish within rollout.generate_timeout_s={limit:g} s "
+                                "(cancelled)"
+                            )
+                            return [s]
                         reason = f"generate_fn raised {type(e).__name__}: {e}"
                         if not await self._retry(e, attempt, [request_id(s)], reason, [s]):
                             return [s]

@@ -3,6 +3,10 @@ stopped, over-sampled groups are aborted and carried over, the dynamic filter ke
 
 from __future__ import annotations
 
+import asyncio
+import time
+import urllib.request
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -10,6 +14,7 @@ from rlx.reward.config import RewardConfig
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.group import append_answer, expand
+from rlx.rollout.loop_watch import RolloutLoopBlocked
 from rlx.rollout.pool import RolloutPool
 from rlx.rollout.producer import Producer, _mask_old_tokens
 from rlx.sample import Sample, Status
@@ -267,3 +272,78 @@ def test_a_response_ending_on_a_stop_string_at_its_length_limit_is_completed(
             assert len(two["output_ids"]) == 1
     finally:
         pool.shutdown()
+
+
+async def one_hangs(ctx, sample, params):
+    """Sample 0 waits for what never comes, sample 1 raises its own TimeoutError, the rest answer."""
+    if sample.index == 0:
+        await asyncio.Event().wait()
+    if sample.index == 1:
+        raise TimeoutError("the search service did not answer")
+    ctx.append_output(sample, await ctx.generate(sample.tokens, params))
+    return sample
+
+
+def test_a_generate_fn_past_its_time_limit_fails_its_sample_and_the_rest_go_on(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.one_hangs", generate_timeout_s=1.5,
+        n_samples_per_prompt=3, max_response_len=2,
+    )  # fmt: skip
+    try:
+        group = expand(_Prompts(tokenizer).take(1)[0], 0, 3)
+        start = time.monotonic()
+        pool.run(pool.generate_group(group, step=0, version=0))
+        assert time.monotonic() - start < 10
+        assert [s.status for s in group] == [Status.FAILED, Status.FAILED, Status.TRUNCATED]
+        assert group[0].status_reason == (
+            "generate_fn did not finish within rollout.generate_timeout_s=1.5 s (cancelled)"
+        )
+        assert group[1].status_reason == "generate_fn raised TimeoutError: the search service did not answer"
+        assert group[2].response_len == 2
+    finally:
+        pool.shutdown()
+
+
+async def blocks_the_loop(ctx, sample, params):
+    time.sleep(6)  # the mistake: blocking instead of awaiting (every sample and timeout waits)
+    return sample
+
+
+def test_a_generate_fn_that_blocks_the_loop_ends_the_wait_naming_its_line(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(tiny_qwen3_dir, tokenizer, generate_fn="test_producer.blocks_the_loop")
+    pool.watch.blocked_s = 1.0  # BLOCKED_S (60 s) in a run
+    start = time.monotonic()
+    try:
+        group = expand(_Prompts(tokenizer).take(1)[0], 0, 2)
+        with pytest.raises(RolloutLoopBlocked, match=r"test_producer.py:\d+ in blocks_the_loop"):
+            pool.run(pool.generate_group(group, step=0, version=0))
+        assert time.monotonic() - start < 4
+    finally:
+        pool.shutdown()  # what needs no loop: the engines stop, their actors end
+    assert time.monotonic() - start < 6  # without waiting for the blocked call
+    for url in pool.engines.urls:  # nothing serves there any more
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{url}/health", timeout=5)
+
+
+def test_an_async_producer_whose_loop_is_blocked_ends_the_batch_naming_the_line(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.blocks_the_loop", mode="async", batch_size=1
+    )
+    pool.watch.blocked_s = 1.0
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), RolloutBuffer(), version=0, last_step=3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RolloutLoopBlocked, match=r"in blocks_the_loop"):
+            producer.batch(0, train_version=0)  # the run-ahead loop's batch never fills
+        assert time.monotonic() - start < 4
+    finally:
+        producer.close()  # no wait for the run-ahead loop, which cannot end
+        pool.shutdown()
+    assert time.monotonic() - start < 6

@@ -1,0 +1,58 @@
+"""`rlx.rollout.loop_watch`: a wait on the rollout loop gives up, naming the frame, once one
+callback has held the loop past the limit; results and the coroutine's own errors pass through."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from rlx.rollout.loop_watch import LoopWatch, RolloutLoopBlocked
+
+
+@pytest.fixture
+def loop_and_watch():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop, LoopWatch(loop, thread, blocked_s=0.5, beat_s=0.1)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+async def answer() -> int:
+    await asyncio.sleep(0.01)
+    return 42
+
+
+async def own_timeout() -> None:
+    raise TimeoutError("the tool service did not answer")
+
+
+async def blocks(seconds: float) -> None:
+    time.sleep(seconds)  # the mistake: a blocking call on the loop
+
+
+def test_results_and_errors_pass_through(loop_and_watch):
+    loop, watch = loop_and_watch
+    assert watch.wait(asyncio.run_coroutine_threadsafe(answer(), loop)) == 42
+    with pytest.raises(TimeoutError, match="did not answer"):  # the coroutine's own, not the watch's
+        watch.wait(asyncio.run_coroutine_threadsafe(own_timeout(), loop))
+    time.sleep(1.0)  # an idle loop keeps its heartbeat
+    assert watch.stuck() is None
+
+
+def test_a_blocked_loop_is_named_within_the_limit(loop_and_watch):
+    loop, watch = loop_and_watch
+    start = time.monotonic()
+    with pytest.raises(RolloutLoopBlocked) as e:
+        watch.wait(asyncio.run_coroutine_threadsafe(blocks(2.0), loop))
+    assert 0.5 <= time.monotonic() - start < 1.5  # the limit, the heartbeat's period, a look
+    assert "test_loop_watch.py:" in str(e.value) and "in blocks" in str(e.value)
+    assert "asyncio.to_thread" in str(e.value)  # the fix
+    assert watch.stuck() is not None
+    time.sleep(2.0 - (time.monotonic() - start) + 0.5)  # the call returned: the heartbeat again
+    assert watch.stuck() is None
