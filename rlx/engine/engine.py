@@ -298,9 +298,10 @@ class Engine:
             return {"type": "length", "length": seq.max_new}
         if not sampling.ignore_eos and (token in sampling.stop_token_ids or token in self.eos_token_ids):
             return {"type": "stop", "matched": token}
-        if sampling.stop:
-            output_ids = seq.token_ids[seq.num_prompt : seq.num_prompt + num_output]
-            text = self.decode(output_ids, sampling.skip_special_tokens)
+        if sampling.stop:  # the newest tokens' text only (`stop_window`)
+            end = seq.num_prompt + num_output
+            newest = seq.token_ids[max(seq.num_prompt, end - sampling.stop_window) : end]
+            text = self.decode(newest, sampling.skip_special_tokens)
             for stop in sampling.stop:
                 if stop in text:
                     return {"type": "stop", "matched": stop}

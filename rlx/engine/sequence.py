@@ -49,6 +49,15 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
 
     @property
+    def stop_window(self) -> int:
+        """The output tokens a stop-string check decodes, the newest last: room for the longest stop
+        string at one character a token, twice over, and a token before it (SGLang decodes the
+        string's own token count plus one). Decoding the whole output instead took 0.22 ms a
+        sequence at 1,024 tokens (SmolLM2's tokenizer): 57 ms of a step at 256 running; a window
+        of 26 tokens (a 12-character string), 8 us. An earlier match would have ended the output."""
+        return 2 * max(map(len, self.stop), default=0) + 2
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 

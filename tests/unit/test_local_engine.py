@@ -171,6 +171,25 @@ def test_stop_string_finishes_with_matched_string(engine):
     assert out.output_ids == free.output_ids[: len(out.output_ids)] and len(out.output_ids) <= 3
 
 
+def test_a_stop_string_late_in_a_long_output_ends_it_where_the_whole_text_first_holds_it(engine):
+    """The check decodes the newest tokens only (`SamplingParams.stop_window`); it stops where the
+    whole output's text first holds the string, for strings of two and three words met late."""
+    sampling = {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3}
+    (free,) = engine.generate(requests(sampling, [[4, 5]]))  # seeded: a stop changes nothing before it
+    ids = free.output_ids
+    late = []
+    for start, words in ((24, 2), (30, 2), (36, 2), (20, 3), (33, 3), (44, 3)):
+        stop = engine.decode(ids[start : start + words])
+        first = next(i for i in range(len(ids)) if stop in engine.decode(ids[: i + 1]))
+        if first > SamplingParams(stop=[stop]).stop_window:  # out of the window's reach from the start
+            late.append((stop, first))
+    assert len(late) >= 3, late
+    for stop, first in late:
+        (out,) = engine.generate(requests(sampling | {"stop": [stop]}, [[4, 5]]))
+        assert out.finish_reason == {"type": "stop", "matched": stop}, (stop, first)
+        assert out.output_ids == ids[: first + 1]
+
+
 def test_abort_finishes_with_partial_output(engine):
     calls = {"n": 0}
 
