@@ -73,12 +73,19 @@ def generate_greedy(
 
 def _end(tokenizer: Any, row: list[int], eos_ids: set[int], stop_strings) -> int | None:
     """The index of the token that ends `row`: the first EOS or stop token, or the first whose text
-    so far holds a stop string (as the engines match one: the whole output, special tokens
-    skipped); None when nothing ends it."""
+    holds a stop string, as rlx's engine matches one (the newest `stop_window` tokens' text, special
+    tokens skipped); None when nothing ends it."""
+    from rlx.engine.sequence import SamplingParams
+
+    window = SamplingParams(stop=list(stop_strings)).stop_window
     for i, token in enumerate(row):
         if token in eos_ids:
             return i
-        text = tokenizer.decode(row[: i + 1], skip_special_tokens=True) if stop_strings else ""
+        text = (
+            tokenizer.decode(row[max(0, i + 1 - window) : i + 1], skip_special_tokens=True)
+            if stop_strings
+            else ""
+        )
         if any(s in text for s in stop_strings):
             return i
     return None
