@@ -40,13 +40,13 @@ def generate_greedy(
     stop_strings=(),
 ) -> None:
     """Fill each sample's response (ids, text, status) with transformers' greedy decoding, ended by
-    EOS, one of `stop_ids` (the run's rollout.stop_token_ids) or the first token whose text
-    completes one of `stop_strings` (rollout.stop), as the engines end it."""
+    one of `stop_ids` (what ends the run's responses as its engines judge them, the checkpoint's EOS
+    ids among them: `rlx.rollout.generate.stop_ids`; none: the length limit alone) or the first
+    token whose text completes one of `stop_strings` (rollout.stop), as the engines end it."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(stop_ids)
+    eos_ids = set(stop_ids)  # [] to transformers: its generation_config's EOS does not stop a row
     device = next(model.parameters()).device
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
@@ -123,6 +123,7 @@ def recheck(
     from rlx.eval import build_eval_sets, summarise
     from rlx.eval.runner import eval_sampling
     from rlx.reward import load_scorer
+    from rlx.rollout.generate import stop_ids
 
     rc = to_object(compose([], config_dir=run_dir, config_name="config"))
     greedy = [
@@ -141,13 +142,12 @@ def recheck(
     eval_sets = build_eval_sets(rc.data, tokenizer, run_max_prompt_len(rc))
     scorer = load_scorer(rc.reward, rollout=rc.rollout, tokenizer=tokenizer)
     max_new_tokens = rc.rollout.eval_max_response_len or rc.rollout.max_response_len
+    ends = stop_ids(rc.rollout, tokenizer, str(model_dir))  # the EOS and stop ids the engines stopped on
     run_metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     results = {}
     for name in chosen:
         samples = eval_sets[name]
-        generate_greedy(
-            model, tokenizer, samples, max_new_tokens, batch_size, rc.rollout.stop_token_ids, rc.rollout.stop
-        )
+        generate_greedy(model, tokenizer, samples, max_new_tokens, batch_size, ends, rc.rollout.stop)
         asyncio.run(_score(scorer, samples))
         ours, results[name] = summarise(name, samples), {"num_prompts": len(samples)}
         for metric in ("pass@1", "reward_mean"):

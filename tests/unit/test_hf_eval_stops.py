@@ -40,3 +40,20 @@ def test_a_stop_string_or_token_ends_the_response_at_its_first_match(model_and_t
     generate_greedy(model, tokenizer, by_id, max_new_tokens=8, batch_size=2, stop_ids=[token])
     assert by_id[1].response_ids == free[1].response_ids[: free[1].response_ids.index(token) + 1]
     assert by_id[1].status is Status.COMPLETED
+
+
+def test_only_the_given_ids_end_a_row_not_the_checkpoints_generation_config(model_and_tokenizer):
+    """The recheck passes the ids the engines stop on (`rlx.rollout.generate.stop_ids`: EOS
+    included); transformers' own generation_config EOS must not end a row besides them."""
+    model, tokenizer = model_and_tokenizer
+    free = _samples(tokenizer)
+    generate_greedy(model, tokenizer, free, max_new_tokens=8, batch_size=2)
+    assert {len(s.response_ids) for s in free} == {8} and {s.status for s in free} == {Status.TRUNCATED}
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = free[0].response_ids[1]
+    try:
+        again = _samples(tokenizer)
+        generate_greedy(model, tokenizer, again, max_new_tokens=8, batch_size=2)
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert [s.response_ids for s in again] == [s.response_ids for s in free]
