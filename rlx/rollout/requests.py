@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import reprlib
 from collections.abc import Collection
 
 from rlx.rollout.client import is_engine_failure
@@ -85,7 +86,12 @@ class RequestSender:
                         if not await self._retry(e, attempt, [request_id(s)], reason, [s]):
                             return [s]
                         restore(s, saved)  # the engine failed: start the sample over
-            return out if isinstance(out, list) else [out]
+            outs = out if isinstance(out, list) else [out]
+            if not outs or not all(isinstance(o, Sample) for o in outs):
+                s.status = Status.FAILED
+                s.status_reason = f"generate_fn returned {_shown(out)}, not the sample or a list of samples"
+                return [s]
+            return outs
 
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
@@ -193,3 +199,8 @@ class RequestSender:
             return
         sent = rids - self._queued - self._retrying
         await asyncio.gather(*(c.abort(r) for r in sent for c in clients), return_exceptions=tolerant)
+
+
+def _shown(value) -> str:
+    """A returned value named for a message: its type and a short repr."""
+    return "an empty list" if value == [] else f"{type(value).__name__} {reprlib.repr(value)}"

@@ -306,6 +306,30 @@ def test_a_generate_fn_past_its_time_limit_fails_its_sample_and_the_rest_go_on(
         pool.shutdown()
 
 
+async def returns_garbage(ctx, sample, params):
+    """Sample 0 returns nothing, sample 1 an empty list, sample 2 a list holding a string."""
+    return [None, [], ["not a sample"]][sample.index]
+
+
+def test_a_generate_fn_that_returns_no_sample_fails_it_naming_what_came_back(
+    ray_session, tiny_qwen3_dir, tokenizer
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.returns_garbage", n_samples_per_prompt=3
+    )
+    try:
+        group = expand(_Prompts(tokenizer).take(1)[0], 0, 3)
+        pool.run(pool.generate_group(group, step=0, version=0))
+        assert [s.status for s in group] == [Status.FAILED] * 3
+        assert [s.status_reason for s in group] == [
+            "generate_fn returned NoneType None, not the sample or a list of samples",
+            "generate_fn returned an empty list, not the sample or a list of samples",
+            "generate_fn returned list ['not a sample'], not the sample or a list of samples",
+        ]
+    finally:
+        pool.shutdown()
+
+
 async def blocks_the_loop(ctx, sample, params):
     time.sleep(6)  # the mistake: blocking instead of awaiting (every sample and timeout waits)
     return sample
