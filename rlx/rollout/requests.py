@@ -91,6 +91,9 @@ class RequestSender:
                 s.status = Status.FAILED
                 s.status_reason = f"generate_fn returned {_shown(out)}, not the sample or a list of samples"
                 return [s]
+            for o in outs:
+                if (reason := _misaligned(o)) is not None:
+                    o.status, o.status_reason = Status.FAILED, reason
             return outs
 
         if self._semaphore is None:
@@ -199,6 +202,18 @@ class RequestSender:
             return
         sent = rids - self._queued - self._retrying
         await asyncio.gather(*(c.abort(r) for r in sent for c in clients), return_exceptions=tolerant)
+
+
+def _misaligned(s: Sample) -> str | None:
+    """Why a generate_fn's sample cannot be trained as it is: a per-token list (loss mask, logprobs,
+    versions) that is set but not one entry a response token; None when none is."""
+    for name in ("loss_mask", "rollout_logprobs", "token_versions"):
+        if (values := getattr(s, name)) and len(values) != s.response_len:
+            return (
+                f"generate_fn left sample.{name} with {len(values)} entries for {s.response_len} response "
+                "tokens; append tokens with ctx.append_output / ctx.append_tokens, which keep them aligned"
+            )
+    return None
 
 
 def _shown(value) -> str:

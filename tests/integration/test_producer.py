@@ -307,7 +307,11 @@ def test_a_generate_fn_past_its_time_limit_fails_its_sample_and_the_rest_go_on(
 
 
 async def returns_garbage(ctx, sample, params):
-    """Sample 0 returns nothing, sample 1 an empty list, sample 2 a list holding a string."""
+    """Sample 0 returns nothing, sample 1 an empty list, sample 2 a list holding a string, sample 3
+    tokens set by hand beside a loss mask of another length."""
+    if sample.index == 3:
+        sample.response_ids, sample.loss_mask = [5, 6, 7], [1, 1]
+        return sample
     return [None, [], ["not a sample"]][sample.index]
 
 
@@ -315,16 +319,18 @@ def test_a_generate_fn_that_returns_no_sample_fails_it_naming_what_came_back(
     ray_session, tiny_qwen3_dir, tokenizer
 ):
     pool = _pool(
-        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.returns_garbage", n_samples_per_prompt=3
+        tiny_qwen3_dir, tokenizer, generate_fn="test_producer.returns_garbage", n_samples_per_prompt=4
     )
     try:
-        group = expand(_Prompts(tokenizer).take(1)[0], 0, 3)
+        group = expand(_Prompts(tokenizer).take(1)[0], 0, 4)
         pool.run(pool.generate_group(group, step=0, version=0))
-        assert [s.status for s in group] == [Status.FAILED] * 3
+        assert [s.status for s in group] == [Status.FAILED] * 4
         assert [s.status_reason for s in group] == [
             "generate_fn returned NoneType None, not the sample or a list of samples",
             "generate_fn returned an empty list, not the sample or a list of samples",
             "generate_fn returned list ['not a sample'], not the sample or a list of samples",
+            "generate_fn left sample.loss_mask with 2 entries for 3 response tokens; append tokens with "
+            "ctx.append_output / ctx.append_tokens, which keep them aligned",
         ]
     finally:
         pool.shutdown()
