@@ -246,10 +246,27 @@ class Producer:
             self._leave(group)  # aborted by someone else, or finished after the batch was full
         elif all(s.status is Status.FAILED for s in group):
             self._count("rollout/failed_groups")
-        elif self.filter is not None and not self.filter(group):
+        elif self.filter is not None and not self._keeps(group):
             self._count("rollout/filter_dropped")
         else:
             kept.append(group)
+
+    def _keeps(self, group: list[Sample]) -> bool:
+        """`rollout.filter_fn` on a finished group; RuntimeError naming it where it raises or
+        answers anything but true or false."""
+        try:
+            kept = self.filter(group)
+        except Exception as e:
+            raise RuntimeError(
+                f"rollout.filter_fn={self.cfg.filter_fn!r} raised {type(e).__name__}: {e} (on group "
+                f"{group[0].group}, prompt {str(group[0].prompt)[:80]!r})"
+            ) from e
+        if kept not in (True, False):
+            raise RuntimeError(
+                f"rollout.filter_fn={self.cfg.filter_fn!r} returned {type(kept).__name__} {kept!r:.80}, "
+                "not True (keep the group) or False (drop it)"
+            )
+        return bool(kept)
 
     def _leave(self, group: list[Sample]) -> None:
         """An unfinished group: carried over with its tokens, or restarted from its prompt."""

@@ -147,6 +147,36 @@ def test_the_dynamic_filter_keeps_every_batch_full_of_groups_whose_rewards_diffe
         pool.shutdown()
 
 
+def filter_raises(group: list[Sample]) -> bool:
+    raise KeyError("score")
+
+
+def filter_answers_none(group: list[Sample]):
+    return None
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("filter_raises", r"rollout.filter_fn='test_producer.filter_raises' raised KeyError: 'score' \(on group 0, prompt '0 0 ='\)"),
+        ("filter_answers_none", r"rollout.filter_fn='test_producer.filter_answers_none' returned NoneType None, not True"),
+    ],
+)  # fmt: skip
+def test_a_filter_that_raises_or_answers_neither_true_nor_false_is_named(
+    ray_session, tiny_qwen3_dir, tokenizer, name, message
+):
+    pool = _pool(
+        tiny_qwen3_dir, tokenizer, batch_size=1, max_response_len=2, filter_fn=f"test_producer.{name}"
+    )
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), RolloutBuffer(), version=0, last_step=0)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            producer.batch(0, train_version=0)
+    finally:
+        producer.close()
+        pool.shutdown()
+
+
 async def two_turns(ctx, sample, params):
     """Model turn (3 tokens), a tool answer ("7 ="), model turn (3 tokens); fanned out to two."""
     out = await ctx.generate(sample.tokens, params | {"max_new_tokens": 3})
