@@ -47,6 +47,12 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        # beyond SGLang's checks: a bad one would fail inside a step, beside every other request
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {ids!r}.")
 
     @property
     def stop_window(self) -> int:

@@ -227,7 +227,10 @@ def test_sampling_params_from_sglang_dict():
         }
     )
     assert sp.max_new_tokens == 3 and sp.stop == ["x"] and sp.top_k == -1 and not sp.skip_special_tokens
-    for bad in ({"n": 2}, {"no_such_param": 1}, {"top_k": 0}, {"temperature": -1.0}, {"top_p": 0.0}):
+    for bad in (
+        {"n": 2}, {"no_such_param": 1}, {"top_k": 0}, {"temperature": -1.0}, {"top_p": 0.0},
+        {"stop": ["</a>", 1]}, {"stop": {"x": 1}}, {"stop_token_ids": [2, "3"]}, {"stop_token_ids": 2},
+    ):  # fmt: skip
         with pytest.raises(ValueError):
             parse_sampling_params(bad)
 
