@@ -229,3 +229,27 @@ def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings:
     fp32 reduction-order noise (fp32): the Triton kernels' tests (tests/kernels)."""
     step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
     assert (got.float() - exact.float()).abs().max().item() <= roundings * step * exact.abs().max().item()
+
+
+def chat_built_and_rendered(
+    tokenizer, question: str, turns: list[tuple[str, str | None]], end_id: int, ends_turn: bool
+) -> tuple[list[int], list[int]]:
+    """A conversation built turn by turn as a generate_fn builds it (each model answer's ids, its
+    end-of-turn `end_id` when `ends_turn`, then `rlx.agent.chat.chat_message_ids` of the tool's
+    message where a turn has one), and the chat template's rendering of the whole, as ids."""
+    from rlx.agent.chat import chat_message_ids
+
+    def render(messages, prompt: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    messages = [{"role": "user", "content": question}]
+    tokens = render(messages, prompt=True)
+    for answer, tool in turns:
+        model = tokenizer(answer, add_special_tokens=False)["input_ids"] + [end_id] * ends_turn
+        tokens += model
+        messages.append({"role": "assistant", "content": answer})
+        if tool is not None:
+            tokens += chat_message_ids(tokenizer, "tool", tool, last_token=model[-1])
+            messages.append({"role": "tool", "content": tool})
+    return tokens, render(messages, prompt=False)

@@ -43,3 +43,15 @@ def load_function(key: str, path: str, fix: str) -> Any:
     if not callable(fn):
         raise ConfigError(f"{key}={path!r} is a {type(fn).__name__}, not a function\nfix: {fix}")
     return fn
+
+
+def verdict(fn: Any, arg: Any, what: str, error: type[Exception], fix: str) -> bool:
+    """A user's predicate `fn(arg)` (a row filter, a group filter) as a bool; `error` naming `what`
+    where it raises or answers anything but True or False, its message ended by `fix`."""
+    try:
+        answer = fn(arg)
+    except Exception as e:  # a user's function can raise anything
+        raise error(f"{what} raised {type(e).__name__}: {e}{fix}") from e
+    if answer not in (True, False):
+        raise error(f"{what} returned {type(answer).__name__} {answer!r:.80}, not True or False{fix}")
+    return bool(answer)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlx.config.build import locate
+from rlx.config.build import locate, verdict
 from rlx.data.checks import eval_set_errors, format_errors, json_problem, prompt_problem
 from rlx.data.config import ON_BAD_SAMPLE, DataConfig, key_name
 from rlx.data.readers import BadRow, columns, path_errors, read_rows
@@ -223,19 +223,9 @@ class PromptSource:
         self._add(where, row[self.cfg.input_key], label, metadata)
 
     def _keeps(self, where: str, row: dict[str, Any]) -> bool:
-        try:
-            keep = self._filter(row)
-        except Exception as e:  # a user's filter can raise anything
-            raise DataError(
-                f"{where}: the row filter {self._key('filter')}={self.cfg.filter!r} raised "
-                f"{type(e).__name__}: {e}\nfix: make the filter return True or False for every row"
-            ) from e
-        if keep not in (True, False):
-            raise DataError(
-                f"{where}: the row filter {self._key('filter')}={self.cfg.filter!r} returned {keep!r}, "
-                "not a bool\nfix: make the filter return True (keep the row) or False (leave it out)"
-            )
-        return bool(keep)
+        what = f"{where}: the row filter {self._key('filter')}={self.cfg.filter!r}"
+        fix = "\nfix: make the filter return True (keep the row) or False (leave it out) for every row"
+        return verdict(self._filter, row, what, DataError, fix)
 
     def _add(self, where: str, prompt: Any, label: Any, metadata: dict[str, Any] | None = None) -> None:
         """Queue one prompt (text or chat messages) after checking its shape and its label's."""

@@ -28,6 +28,7 @@ import threading
 import time
 from collections import Counter
 
+from rlx.config.build import verdict
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.config import RolloutConfig
 from rlx.rollout.filters import load_filter
@@ -252,21 +253,10 @@ class Producer:
             kept.append(group)
 
     def _keeps(self, group: list[Sample]) -> bool:
-        """`rollout.filter_fn` on a finished group; RuntimeError naming it where it raises or
-        answers anything but true or false."""
-        try:
-            kept = self.filter(group)
-        except Exception as e:
-            raise RuntimeError(
-                f"rollout.filter_fn={self.cfg.filter_fn!r} raised {type(e).__name__}: {e} (on group "
-                f"{group[0].group}, prompt {str(group[0].prompt)[:80]!r})"
-            ) from e
-        if kept not in (True, False):
-            raise RuntimeError(
-                f"rollout.filter_fn={self.cfg.filter_fn!r} returned {type(kept).__name__} {kept!r:.80}, "
-                "not True (keep the group) or False (drop it)"
-            )
-        return bool(kept)
+        """`rollout.filter_fn` on a finished group; RuntimeError naming it, the group and its prompt
+        where it raises or answers anything but True or False."""
+        what = f"rollout.filter_fn={self.cfg.filter_fn!r} (on group {group[0].group}, prompt {str(group[0].prompt)[:80]!r})"
+        return verdict(self.filter, group, what, RuntimeError, " (True keeps the group, False drops it)")
 
     def _leave(self, group: list[Sample]) -> None:
         """An unfinished group: carried over with its tokens, or restarted from its prompt."""

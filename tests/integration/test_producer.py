@@ -158,8 +158,8 @@ def filter_answers_none(group: list[Sample]):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("filter_raises", r"rollout.filter_fn='test_producer.filter_raises' raised KeyError: 'score' \(on group 0, prompt '0 0 ='\)"),
-        ("filter_answers_none", r"rollout.filter_fn='test_producer.filter_answers_none' returned NoneType None, not True"),
+        ("filter_raises", r"rollout.filter_fn='test_producer.filter_raises' \(on group 0, prompt '0 0 ='\) raised KeyError: 'score'"),
+        ("filter_answers_none", r"rollout.filter_fn='test_producer.filter_answers_none' \(on group 0, prompt '0 0 ='\) returned NoneType None, not True or False \(True keeps"),
     ],
 )  # fmt: skip
 def test_a_filter_that_raises_or_answers_neither_true_nor_false_is_named(

@@ -145,30 +145,15 @@ def test_tool_messages_appended_in_smollm2s_template_are_its_rendering(smollm2_d
     turn (model tokens as generated, each tool message's ids appended) is the template's rendering
     of it, token for token, up to the closing the last turn has not written (its end of turn, if
     cut, and the newline)."""
+    from helpers import chat_built_and_rendered
     from transformers import AutoTokenizer
 
-    from rlx.agent.chat import chat_message_ids
-
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-
-    def render(messages, prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    messages = [{"role": "user", "content": "What is 17 + 25? Use the calculator."}]
-    tokens = render(messages, prompt=True)
-    for answer, tool in (("<tool_call>17 + 25</tool_call>", " 42\n"), ("The sum is 42.", None)):
-        model = (
-            tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] * ends_turn
-        )
-        tokens += model
-        messages.append({"role": "assistant", "content": answer})
-        if tool is not None:
-            tokens += chat_message_ids(tokenizer, "tool", tool, last_token=model[-1])
-            messages.append({"role": "tool", "content": tool})
-    whole = render(messages, prompt=False)
-    assert tokens == whole[: len(tokens)]
-    assert tokenizer.decode(whole[len(tokens) :]) == ("\n" if ends_turn else "<|im_end|>\n")
+    turns = [("<tool_call>17 + 25</tool_call>", " 42\n"), ("The sum is 42.", None)]
+    question = "What is 17 + 25? Use the calculator."
+    built, whole = chat_built_and_rendered(tokenizer, question, turns, tokenizer.eos_token_id, ends_turn)
+    assert built == whole[: len(built)]
+    assert tokenizer.decode(whole[len(built) :]) == ("\n" if ends_turn else "<|im_end|>\n")
 
 
 def test_second_call_is_a_no_op(smollm2_dir, monkeypatch, capsys):

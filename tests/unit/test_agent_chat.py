@@ -5,6 +5,7 @@ token for token, to the template's rendering of the whole."""
 from __future__ import annotations
 
 import pytest
+from helpers import chat_built_and_rendered
 from transformers import PreTrainedTokenizerFast
 
 from rlx.agent.chat import append_chat_message, chat_message_ids
@@ -59,21 +60,9 @@ def test_the_message_after_a_turn_ended_or_cut(tokenizer):
 
 @pytest.mark.parametrize("ends_turn", [True, False])
 def test_a_conversation_built_turn_by_turn_is_the_templates_rendering(tokenizer, ends_turn):
-    def render(messages, prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    messages = [{"role": "user", "content": "1 + 2 ="}]
-    tokens = render(messages, prompt=True)
-    for answer, tool in (("?", "3"), ("3 ?", "4 5"), ("9", None)):
-        model = tokenizer(answer, add_special_tokens=False)["input_ids"] + ids(tokenizer, END) * ends_turn
-        tokens += model
-        messages.append({"role": "assistant", "content": answer})
-        if tool is not None:
-            tokens += chat_message_ids(tokenizer, "tool", tool, last_token=model[-1])
-            messages.append({"role": "tool", "content": tool})
-    whole = render(messages, prompt=False)
-    assert tokens == (whole if ends_turn else whole[:-1])  # a cut last turn has no end of turn
+    turns = [("?", "3"), ("3 ?", "4 5"), ("9", None)]
+    built, whole = chat_built_and_rendered(tokenizer, "1 + 2 =", turns, ids(tokenizer, END)[0], ends_turn)
+    assert built == (whole if ends_turn else whole[:-1])  # a cut last turn has no end of turn
 
 
 class _Client:

@@ -274,7 +274,7 @@ def test_filter_that_raises_or_returns_a_non_bool_is_named(tmp_path, tokenizer):
         path,
         [{"prompt": "1 =", "label": "", "answer": True}, {"prompt": "2 =", "label": "", "answer": "yes"}],
     )
-    with pytest.raises(DataError, match=r":2: the row filter .* returned 'yes', not a bool"):
+    with pytest.raises(DataError, match=r":2: the row filter .* returned str 'yes', not True or False"):
         source(path, tokenizer, filter=f"{__name__}.answer_of")
 
 
