@@ -59,10 +59,9 @@ async def model_turn(
     The turn stops at EOS, at one of `stop_token_ids` or of the strings `stop` (their tokens kept,
     as SGLang keeps them), after `max_new_tokens`, or when the response budget is spent;
     `sample.status` is then the turn's (COMPLETED on a stop, even on the turn's last allowed
-    token; TRUNCATED on a length limit).
-    With no budget left it generates nothing, sets TRUNCATED and returns []. A `sampling_seed` in
-    `params` is varied by the response length, so each turn draws fresh randomness yet a seeded
-    run repeats."""
+    token; TRUNCATED on a length limit). With no budget left it generates nothing, sets
+    TRUNCATED and returns []. A `sampling_seed` in `params` is varied by the response length, so
+    each turn draws fresh randomness yet a seeded run repeats."""
     budget = remaining(sample, params)
     if budget <= 0:
         sample.status = Status.TRUNCATED
@@ -72,8 +71,10 @@ async def model_turn(
     }
     if stop_token_ids:
         turn["stop_token_ids"] = [*params.get("stop_token_ids", []), *stop_token_ids]
-    if stop:
-        turn["stop"] = [*params.get("stop", []), *stop]
+    if stop:  # SGLang's `stop` is one string or several
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        prior = params.get("stop") or []
+        turn["stop"] = [*([prior] if isinstance(prior, str) else prior), *stop]
     if turn.get("sampling_seed") is not None and sample.response_len:
         key = f"{turn['sampling_seed']}/{sample.response_len}".encode()
         turn["sampling_seed"] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

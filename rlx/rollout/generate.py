@@ -90,7 +90,7 @@ class GenerateContext:
         `ignore_eos`: the request's, which stops it on no token, yet on its strings, as SGLang
         does). Returns the number of tokens appended."""
         stops = frozenset() if ignore_eos else self.stop_ids | frozenset(stop_token_ids)
-        answer = read_output(out, self.version, stops, [*self.rollout.stop, *stop])
+        answer = read_output(out, self.version, stops, [*self.rollout.stop, *strings(stop)])
         _extend(sample, answer.ids, answer.logprobs, 1, answer.version)
         sample.status = answer.status
         if sample.status is Status.ABORTED:
@@ -144,8 +144,13 @@ def read_output(
     return Output(ids, [float(lp) for lp, *_ in pairs], served, status, str(finish.get("message") or ""))
 
 
-def _holds(text: Any, strings: Collection[str]) -> bool:
-    return isinstance(text, str) and any(s and s in text for s in strings)
+def _holds(text: Any, stops: Collection[str]) -> bool:
+    return isinstance(text, str) and any(s and s in text for s in stops)
+
+
+def strings(stop: str | Collection[str] | None) -> list[str]:
+    """SGLang's `stop` as a list: one string, several, or none."""
+    return [stop] if isinstance(stop, str) else list(stop or ())
 
 
 def stop_ids(cfg: RolloutConfig, tokenizer, model_path: str | None = None) -> frozenset[int]:

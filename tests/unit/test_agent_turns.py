@@ -222,6 +222,12 @@ def test_a_turn_with_stop_strings_sends_them_and_judges_its_end_by_them(tokenize
         ids = run_on_a_loop(model_turn(ctx, s, params, max_new_tokens=2, stop=["?"]))
         assert ids == [5, 6] and s.status is status, (text, s.status)
         assert engine.requests[0]["params"]["stop"] == ["=", "?"]
+    for text, status in (("1 </a>", Status.COMPLETED), ("1 </", Status.TRUNCATED)):  # one string each
+        engine = ScriptedEngine(([5, 6], [-0.1, -0.2], "stop", text))
+        ctx = GenerateContext(engine, tokenizer, RolloutConfig(max_response_len=15), version=3)
+        s = prompt(tokenizer)
+        run_on_a_loop(model_turn(ctx, s, dict(PARAMS, stop="</b>"), max_new_tokens=2, stop="</a>"))
+        assert s.status is status and engine.requests[0]["params"]["stop"] == ["</b>", "</a>"]
     assert RolloutConfig(stop=["</a>"]).sampling_params()["stop"] == ["</a>"]
     assert "stop" not in RolloutConfig().sampling_params()  # none: requests as before
 
