@@ -236,7 +236,8 @@ def chat_built_and_rendered(
 ) -> tuple[list[int], list[int]]:
     """A conversation built turn by turn as a generate_fn builds it (each model answer's ids, its
     end-of-turn `end_id` when `ends_turn`, then `rlx.agent.chat.chat_message_ids` of the tool's
-    message where a turn has one), and the chat template's rendering of the whole, as ids."""
+    message where a turn has one), and the chat template's rendering of the whole with the
+    generation prompt (what the next model turn continues), as ids."""
     from rlx.agent.chat import chat_message_ids
 
     def render(messages, prompt: bool) -> list[int]:
@@ -252,4 +253,4 @@ def chat_built_and_rendered(
         if tool is not None:
             tokens += chat_message_ids(tokenizer, "tool", tool, last_token=model[-1])
             messages.append({"role": "tool", "content": tool})
-    return tokens, render(messages, prompt=False)
+    return tokens, render(messages, prompt=True)

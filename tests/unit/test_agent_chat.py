@@ -1,6 +1,7 @@
 """`rlx.agent.chat`: a tool or user message appended after a model turn in the chat template's own
 form: the ids hand-written for a ChatML-like template, and a conversation built turn by turn equal,
-token for token, to the template's rendering of the whole."""
+token for token, to the template's rendering of it, on ChatML and on a Qwen3-like template (whose
+last assistant message alone is wrapped in a think block)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rlx.rollout.generate import GenerateContext
 from rlx.sample import Sample, Status
 
 START, END = "<|im_start|>", "<|im_end|>"
+TAGS = ["<think>", "</think>", "<tool_response>", "</tool_response>"]
 VOCAB = [
     PAD,
     EOS,
@@ -28,20 +30,33 @@ VOCAB = [
     "user",
     "assistant",
     "tool",
+    *TAGS,
 ]
 # ChatML with spaces for newlines (the word-level tokenizer splits on whitespace)
 CHATML = (
     "{% for m in messages %}" + START + " {{ m['role'] }} {{ m['content'] }} " + END + " {% endfor %}"
     "{% if add_generation_prompt %}" + START + " assistant {% endif %}"
 )
+# Qwen3's shape: tool results in a user turn, the last assistant message in an (empty) think block
+QWEN3_LIKE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}" + START + " assistant {% if loop.last %}<think> </think> {% endif %}"
+    "{{ m['content'] }} " + END + " "
+    "{% elif m['role'] == 'tool' %}" + START + " user <tool_response> {{ m['content'] }} </tool_response> " + END + " "
+    "{% else %}" + START + " {{ m['role'] }} {{ m['content'] }} " + END + " {% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}" + START + " assistant {% endif %}"
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("chat_tok")
+    return _tokenizer(tmp_path_factory.mktemp("chat_tok"), CHATML)
+
+
+def _tokenizer(path, template):
     write_word_tokenizer(path, VOCAB)
     tok = PreTrainedTokenizerFast.from_pretrained(str(path))
-    tok.chat_template = CHATML
+    tok.chat_template = template
     return tok
 
 
@@ -58,11 +73,21 @@ def test_the_message_after_a_turn_ended_or_cut(tokenizer):
     assert user == ids(tokenizer, START, "user", "1", "+", "1", "=", END, START, "assistant")
 
 
+@pytest.mark.parametrize("template", ["chatml", "qwen3_like"])
 @pytest.mark.parametrize("ends_turn", [True, False])
-def test_a_conversation_built_turn_by_turn_is_the_templates_rendering(tokenizer, ends_turn):
-    turns = [("?", "3"), ("3 ?", "4 5"), ("9", None)]
-    built, whole = chat_built_and_rendered(tokenizer, "1 + 2 =", turns, ids(tokenizer, END)[0], ends_turn)
-    assert built == (whole if ends_turn else whole[:-1])  # a cut last turn has no end of turn
+def test_a_conversation_built_turn_by_turn_is_the_templates_rendering(tmp_path, template, ends_turn):
+    tok = _tokenizer(tmp_path, {"chatml": CHATML, "qwen3_like": QWEN3_LIKE}[template])
+    turns = [("?", "3"), ("3 ?", "4 5")]
+    built, rendered = chat_built_and_rendered(tok, "1 + 2 =", turns, ids(tok, END)[0], ends_turn)
+    assert built == rendered
+
+
+def test_a_qwen3_like_tool_turn_is_the_users_with_the_response_tags(tmp_path):
+    tok = _tokenizer(tmp_path, QWEN3_LIKE)
+    got = chat_message_ids(tok, "tool", "4 2", last_token=ids(tok, END)[0])
+    assert got == ids(
+        tok, START, "user", "<tool_response>", "4", "2", "</tool_response>", END, START, "assistant"
+    )
 
 
 class _Client:
@@ -82,13 +107,11 @@ def test_append_chat_message_keeps_the_message_out_of_the_loss_within_the_budget
 
 
 def test_what_cannot_be_appended_is_refused_with_the_fix(tokenizer, tmp_path):
-    strips = "{% for m in messages %}{% if loop.last or m['role'] != 'assistant' %}{{ m['content'] }} {% endif %}{% endfor %}"
-    other = PreTrainedTokenizerFast.from_pretrained(str(_write(tmp_path)))
-    other.chat_template = (
-        strips  # drops an assistant message once another follows (as reasoning strippers do)
-    )
+    # a template that drops an assistant message once another message follows
+    drops = "{% for m in messages %}{% if loop.last or m['role'] != 'assistant' %}{{ m['content'] }} {% endif %}{% endfor %}"
+    other = _tokenizer(tmp_path, drops)
     with pytest.raises(
-        ValueError, match="renders a conversation's earlier messages differently.*append_tool_text"
+        ValueError, match="does not write an assistant message followed by a 'tool'.*append_tool_text"
     ):
         chat_message_ids(other, "tool", "3")
     other.chat_template = None
@@ -97,8 +120,3 @@ def test_what_cannot_be_appended_is_refused_with_the_fix(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="follows a model turn"):
         ctx = GenerateContext(_Client(), tokenizer, RolloutConfig(), version=0)
         append_chat_message(ctx, Sample(prompt="1", prompt_ids=[2]), "3", {"max_new_tokens": 4})
-
-
-def _write(tmp_path):
-    write_word_tokenizer(tmp_path, VOCAB)
-    return tmp_path
