@@ -298,10 +298,10 @@ class Engine:
             return {"type": "length", "length": seq.max_new}
         if not sampling.ignore_eos and (token in sampling.stop_token_ids or token in self.eos_token_ids):
             return {"type": "stop", "matched": token}
-        if sampling.stop:  # the newest tokens' text only (`stop_window`)
+        if sampling.stop:  # the newest tokens' text (`stop_window`), special tokens in it, as SGLang's
             end = seq.num_prompt + num_output
             newest = seq.token_ids[max(seq.num_prompt, end - sampling.stop_window) : end]
-            text = self.decode(newest, sampling.skip_special_tokens)
+            text = self.decode(newest, skip_special_tokens=False)
             for stop in sampling.stop:
                 if stop in text:
                     return {"type": "stop", "matched": stop}

@@ -130,7 +130,8 @@ def read_output(
     "length": SGLang checks the length limit first, so a response that ends on its last allowed
     token reports "length", yet it ended (as transformers' `generate` and rlx's hf_eval judge it).
     A stop string in the text can only have come with the last token: an earlier one would have
-    stopped the request there."""
+    stopped the request there. (The text skips special tokens: a stop string that is one is
+    seen at the limit only as a stop token id.)"""
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
     # SGLang omits output_ids (and logprobs) for a request aborted before it started

@@ -73,8 +73,8 @@ def generate_greedy(
 
 def _end(tokenizer: Any, row: list[int], eos_ids: set[int], stop_strings) -> int | None:
     """The index of the token that ends `row`: the first EOS or stop token, or the first whose text
-    holds a stop string, as rlx's engine matches one (the newest `stop_window` tokens' text, special
-    tokens skipped); None when nothing ends it."""
+    holds a stop string, as rlx's engine and SGLang match one (the newest `stop_window` tokens' text,
+    special tokens in it); None when nothing ends it."""
     from rlx.engine.sequence import SamplingParams
 
     window = SamplingParams(stop=list(stop_strings)).stop_window
@@ -82,7 +82,7 @@ def _end(tokenizer: Any, row: list[int], eos_ids: set[int], stop_strings) -> int
         if token in eos_ids:
             return i
         text = (
-            tokenizer.decode(row[max(0, i + 1 - window) : i + 1], skip_special_tokens=True)
+            tokenizer.decode(row[max(0, i + 1 - window) : i + 1], skip_special_tokens=False)
             if stop_strings
             else ""
         )

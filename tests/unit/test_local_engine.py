@@ -190,6 +190,18 @@ def test_a_stop_string_late_in_a_long_output_ends_it_where_the_whole_text_first_
         assert out.output_ids == ids[: first + 1]
 
 
+def test_a_stop_string_matches_special_tokens_text_as_sglang_decodes_it(engine):
+    """SGLang matches stop strings in the tail decoded with its special tokens: "<eos>" as a stop
+    string ends a response that goes on past EOS (ignore_eos) at its first EOS."""
+    sampling = {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3}
+    (free,) = engine.generate(requests(sampling, [[4, 5]]))
+    text = engine.decode([EOS], skip_special_tokens=False)  # "<eos>"
+    assert EOS in free.output_ids[:-1]  # the seed's output holds one before its end
+    (out,) = engine.generate(requests(sampling | {"stop": [text]}, [[4, 5]]))
+    assert out.finish_reason == {"type": "stop", "matched": text}
+    assert out.output_ids == free.output_ids[: free.output_ids.index(EOS) + 1]
+
+
 def test_abort_finishes_with_partial_output(engine):
     calls = {"n": 0}
 
