@@ -77,7 +77,7 @@ def rollout_metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
     n = max(len(samples), 1)
     num_tokens = sum(s.response_len for s in samples)
     count = {st: sum(s.status == st for s in samples) for st in Status}
-    return {
+    metrics = {
         "rollout/reward_mean": sum(s.reward or 0.0 for s in samples) / n,
         "rollout/response_len_mean": num_tokens / n,
         "rollout/truncated_frac": count[Status.TRUNCATED] / n,
@@ -87,3 +87,10 @@ def rollout_metrics(samples: list[Sample], elapsed: float) -> dict[str, float]:
         "time/rollout_s": elapsed,
         "perf/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
     }
+    # a tool-using generate_fn's batch: `rlx.agent.call_tool` records each call in the sample
+    calls = [c for s in samples for c in (s.metadata or {}).get("tool_calls", ())]
+    if calls:
+        metrics["rollout/tool_calls_mean"] = len(calls) / n
+        metrics["rollout/tool_failed_frac"] = sum(not c.get("ok", True) for c in calls) / len(calls)
+        metrics["rollout/tool_seconds_mean"] = sum(c.get("seconds", 0.0) for c in calls) / len(calls)
+    return metrics

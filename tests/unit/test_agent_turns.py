@@ -256,3 +256,21 @@ def test_stop_ids_gather_the_checkpoints_eos_as_the_engine_does(tokenizer, tmp_p
     (tmp_path / "generation_config.json").write_text("{not json")
     assert stop_ids(cfg, tokenizer, str(tmp_path)) == {EOS, CALL, 7}  # the engine names a broken file
     assert stop_ids(RolloutConfig(ignore_eos=True, stop_token_ids=[CALL]), tokenizer, str(tmp_path)) == set()
+
+
+def test_a_batchs_tool_calls_are_counted_in_its_rollout_metrics(tokenizer):
+    """`call_tool`'s records become rollout/tool_calls_mean, tool_failed_frac and tool_seconds_mean;
+    a batch without tool calls has none of them."""
+    from rlx.rollout.group import rollout_metrics
+
+    calls = [
+        [{"ok": True, "seconds": 0.01}],
+        [{"ok": True, "seconds": 0.03}, {"ok": False, "seconds": 5.0}],
+        [],
+    ]
+    samples = [Sample(prompt="1", prompt_ids=[2], metadata={"tool_calls": c}) for c in calls]
+    metrics = rollout_metrics(samples, elapsed=1.0)
+    assert metrics["rollout/tool_calls_mean"] == 3 / 3
+    assert metrics["rollout/tool_failed_frac"] == 1 / 3
+    assert metrics["rollout/tool_seconds_mean"] == pytest.approx(5.04 / 3)
+    assert not any("tool" in k for k in rollout_metrics([Sample(prompt="1", prompt_ids=[2])], 1.0))
