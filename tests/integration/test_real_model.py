@@ -219,3 +219,65 @@ def test_the_real_model_by_path_alone_trains_exports_and_reloads(smollm2_dir, tm
     # the same greedy answers as the engines' final evaluation, one prompt's worth of near-ties allowed
     assert abs(result["reward_mean"] - result["reward_mean_run"]) <= 1 / 16, result
     assert abs(result["pass@1"] - result["pass@1_run"]) <= 1 / 16, result
+
+
+async def chat_tool_turns(ctx, sample, params):
+    """A chat model's two turns around a tool's answer: the first stops at "=" (a stop string; SmolLM2
+    answers the prompt below with "17 + 25 = 32."), the tool's "42" follows in its template, then
+    the second turn."""
+    from rlx.agent import append_chat_message, finish, model_turn
+
+    first = await model_turn(ctx, sample, params, max_new_tokens=24, stop=["="])
+    sample.metadata.update(first=first, first_status=sample.status.value)
+    if append_chat_message(ctx, sample, "42", params, role="tool"):
+        await model_turn(ctx, sample, params, max_new_tokens=12)
+    return finish(ctx, sample)
+
+
+def constant_reward(sample) -> float:
+    return 0.0
+
+
+def test_a_chat_models_tool_turns_through_the_engine(ray_session, smollm2_dir):
+    """SmolLM2 (real weights, tokenizer and chat template) through rlx's engine over HTTP, greedy:
+    the first turn ends on the stop string's token (completed, its text ending with it), the tool
+    message is the template's own text out of the loss (the assistant's closing first: the turn
+    ended on a stop string, not on <|im_end|>), and both model turns are trained with their
+    logprobs."""
+    from transformers import AutoTokenizer
+
+    from rlx.reward.config import RewardConfig
+    from rlx.rollout.config import RolloutConfig
+    from rlx.rollout.group import expand
+    from rlx.rollout.pool import RolloutPool
+    from rlx.sample import Sample, Status
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    question = "Call the calculator for 17 + 25: reply with exactly <tool_call>17 + 25</tool_call>"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+    prompt = Sample(prompt=text, prompt_ids=tokenizer(text, add_special_tokens=False)["input_ids"])
+    cfg = RolloutConfig(
+        n_samples_per_prompt=1, max_response_len=64, temperature=0.0,
+        generate_fn="test_real_model.chat_tool_turns",
+    )  # fmt: skip
+    pool = RolloutPool(
+        cfg, str(smollm2_dir), tokenizer, seed=0, reward=RewardConfig(fn="test_real_model.constant_reward")
+    )
+    try:
+        group = expand(prompt, 0, 1)
+        pool.run(pool.generate_group(group, step=0, version=0))
+    finally:
+        pool.shutdown()
+    (s,) = group
+    first = s.metadata["first"]
+    first_text = tokenizer.decode(first, skip_special_tokens=False)
+    assert first_text == "17 + 25 =" and s.metadata["first_status"] == Status.COMPLETED.value
+    k = len(first)
+    tool = s.response_ids[k : s.loss_mask.index(1, k)]
+    assert tokenizer.decode(tool) == "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    second = s.response_ids[k + len(tool) :]
+    assert s.loss_mask == [1] * k + [0] * len(tool) + [1] * len(second) and second
+    assert all(lp < 0 for lp in s.rollout_logprobs[:k] + s.rollout_logprobs[k + len(tool) :])
+    assert s.rollout_logprobs[k : k + len(tool)] == [0.0] * len(tool)
