@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Sequence
 
 from rlx.agent.sandbox import Sandbox, ToolResult
+from rlx.rollout.generate import strings
 from rlx.sample import Sample, Status
 
 # sglang-router (0.3.2 here) reads this header under `--policy manual`: a key's first request
@@ -72,9 +73,7 @@ async def model_turn(
     if stop_token_ids:
         turn["stop_token_ids"] = [*params.get("stop_token_ids", []), *stop_token_ids]
     if stop:  # SGLang's `stop` is one string or several
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        prior = params.get("stop") or []
-        turn["stop"] = [*([prior] if isinstance(prior, str) else prior), *stop]
+        turn["stop"] = [*strings(params.get("stop")), *strings(stop)]
     if turn.get("sampling_seed") is not None and sample.response_len:
         key = f"{turn['sampling_seed']}/{sample.response_len}".encode()
         turn["sampling_seed"] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
