@@ -11,7 +11,7 @@ class Status(enum.StrEnum):
     """How a sample's generation ended."""
 
     PENDING = "pending"
-    COMPLETED = "completed"  # stopped on EOS or a stop token (even the last one the limit allows)
+    COMPLETED = "completed"  # stopped on EOS, a stop token or a stop string (even on the last token allowed)
     TRUNCATED = "truncated"  # cut by max_new_tokens / the response length limit
     ABORTED = "aborted"  # cancelled (abort_request, weight update, shutdown)
     FAILED = "failed"  # the engine or the reward function raised; see `status_reason`

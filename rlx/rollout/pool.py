@@ -219,9 +219,9 @@ class RolloutPool:
         stopped = False
         stuck = self.watch.stuck() is not None  # nothing more runs on the loop: what needs none still stops
         try:
-            if self.health is not None and not stuck:
-                self.run(self.health.stop())
             if not stuck:
+                if self.health is not None:
+                    self.run(self.health.stop())
                 self.run(self.scorer.aclose())
                 self.run(close_sandboxes())  # the tools' fork servers, before their loop closes
             if self.engines.router:

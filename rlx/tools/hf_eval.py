@@ -81,13 +81,10 @@ def _end(tokenizer: Any, row: list[int], eos_ids: set[int], stop_strings) -> int
     for i, token in enumerate(row):
         if token in eos_ids:
             return i
-        text = (
-            tokenizer.decode(row[max(0, i + 1 - window) : i + 1], skip_special_tokens=False)
-            if stop_strings
-            else ""
-        )
-        if any(s in text for s in stop_strings):
-            return i
+        if stop_strings:
+            text = tokenizer.decode(row[max(0, i + 1 - window) : i + 1], skip_special_tokens=False)
+            if any(s in text for s in stop_strings):
+                return i
     return None
 
 
