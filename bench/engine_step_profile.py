@@ -124,7 +124,7 @@ def _bookkeeping(engine, batch, values) -> None:
 # kernel-name fragments of each part of a decode step (`kernel_groups`); the first match wins
 KERNEL_GROUPS = (
     ("attention", ("_paged_decode", "_merge_splits")),
-    ("sampler", ("_sample_kernel", "_merge_kernel")),
+    ("sampler", ("_sample_", "_merge_kernel")),  # today's _sample_blocks/_select; an older tree's two
     ("norms", ("_add_rms_norm",)),
     ("qk_norm_rope_store", ("_qk_norm_rope",)),
     ("swiglu", ("_silu_mul",)),

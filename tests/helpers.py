@@ -224,6 +224,34 @@ def all_ones_draws(vocab: int, count: int) -> list[tuple[int, int, int]]:
     return found[:count]
 
 
+def fused_uniform(seed_R: torch.Tensor, step_R: torch.Tensor) -> torch.Tensor:
+    """The fused sampler's uniform u (rlx.engine.triton_sample): (b + 0.5) / 2^23 for the top 23
+    bits b of the row's hash (`rlx.engine.sampler.row_hash`), exact in fp32, in [2^-24, 1 - 2^-24]."""
+    from rlx.engine.sampler import row_hash
+
+    return (((row_hash(seed_R, step_R) >> 41) & ((1 << 23) - 1)).float() + 0.5) * (1.0 / (1 << 23))
+
+
+def inverse_cdf(probs_RV: torch.Tensor, uniform_R: torch.Tensor) -> torch.Tensor:
+    """The fused sampler's draw, in fp64: the first token, in id order, whose cumulative
+    probability passes u times the row's total (probabilities need not be normalised)."""
+    cum_RV = probs_RV.double().cumsum(-1)
+    target_R = uniform_R.double().to(cum_RV.device) * cum_RV[:, -1]
+    return torch.searchsorted(cum_RV, target_R[:, None], right=True)[:, 0].clamp_(max=probs_RV.shape[-1] - 1)
+
+
+# Seeds whose fused-sampler uniform at output index 5 (`fused_uniform`) is its largest,
+# 1 - 2^-24, or its smallest, 2^-24 (23 hash bits all ones or all zeros): found by a search over
+# seeds 7919 * i + 1 (about 2^23 hashes a find, 10 s on the CPU: too slow for each run);
+# tests/unit/test_fused_draw_rule.py checks that they still hit the extremes.
+EXTREME_UNIFORM_SEEDS = [
+    (39808828839, 1 - 2.0**-24),
+    (72185573230, 2.0**-24),
+    (222803195212, 1 - 2.0**-24),
+    (681235593984, 2.0**-24),
+]
+
+
 def close(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, roundings: float = 2.0) -> None:
     """`got` within `roundings` of `dtype`'s rounding of `exact`'s largest value (bf16), or within
     fp32 reduction-order noise (fp32): the Triton kernels' tests (tests/kernels)."""

@@ -8,10 +8,13 @@ exponential race argmax(p / E) with E ~ Exp(1), as vLLM and SGLang draw.
 Randomness: a row with `sampling_seed` takes E from a counter-based hash of (seed, output
 index, token id), so its stream is its own: the same draws alone or in any batch, and after a
 preemption recomputes it. On CPU, rows without a seed take E from the engine's generator, one
-kernel for the whole batch. On CUDA, rows without top-k/top-p/min-p go through one fused
-Triton pass (`triton_sample`, also captured in the decode CUDA graphs) that draws from the
-same hash, keyed by the request's own seed for rows without `sampling_seed` (drawn from the
-engine's seed when the request arrived); only truncating rows take the torch path below.
+kernel for the whole batch. On CUDA every row is seeded (the request's own seed where it set
+none, drawn from the engine's seed when the request arrived), and rows without
+top-k/top-p/min-p go through the fused Triton sampler (`triton_sample`, also captured in the
+decode CUDA graphs), which draws the same distribution by another rule, cheaper a token: the
+first token, in id order, whose cumulative probability passes one uniform from the row's hash
+(`row_hash`). Only truncating rows take the torch path below, which keeps the exponential race
+(the CPU's recorded runs, tests/golden, drew so).
 Nothing here reads a tensor back to the host or waits for the GPU (`upload`).
 
 Legend: N rows, V vocabulary.
@@ -218,6 +221,11 @@ def seeded_exponential(seed_R: torch.Tensor, step_R: torch.Tensor, vocab: int) -
 
 def seeded_bits(seed_R: torch.Tensor, step_R: torch.Tensor, vocab: int) -> torch.Tensor:
     """The 24 hash bits [R, V] (int64) of each (seed, step, token id) that its noise comes from."""
-    row_R = _mix(seed_R * _GOLDEN + _mix(step_R + 1))
     token_V = torch.arange(vocab, device=seed_R.device, dtype=torch.int64)
-    return (_mix(row_R[:, None] + token_V[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)
+    return (_mix(row_hash(seed_R, step_R)[:, None] + token_V[None, :] * _GOLDEN) >> 40) & ((1 << 24) - 1)
+
+
+def row_hash(seed_R: torch.Tensor, step_R: torch.Tensor) -> torch.Tensor:
+    """The hash (int64) of each row's (seed, step) that its draws come from: the key of the
+    per-token hash above; the fused sampler's uniform is its top 23 bits (`triton_sample`)."""
+    return _mix(seed_R * _GOLDEN + _mix(step_R + 1))

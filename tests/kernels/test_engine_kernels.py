@@ -3,12 +3,18 @@ torch code they replace: bf16 on a GPU, fp32 in Triton's CPU interpreter (confte
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import all_ones_draws, close  # tests/ is on sys.path (conftest)
+from helpers import (
+    EXTREME_UNIFORM_SEEDS,
+    close,
+    fused_uniform,
+    inverse_cdf,
+)  # tests/ is on sys.path (conftest)
 
 
 def decode_error(device, dtype, heads, kv_heads, dim, page, num_splits, kv_dtype=None) -> float:
@@ -212,15 +218,14 @@ def fused_draw(logits, greedy, seed, step, temperature, splits):
     return tokens, logprobs, inv_t
 
 
-# None: default_splits (16 for 64 rows on 132 SMs, 1 interpreted)
+# None: default_splits (33 for 64 rows on 132 SMs, 1 interpreted)
 @pytest.mark.parametrize("splits", [1, 4, None])
 def test_fused_sampler_matches_torch_sampler(splits, device, dtype):
-    """The graph's one-pass Triton sampler draws what the torch path draws from the same
-    (seed, step) hash: same tokens, logprobs within fp32 noise; greedy rows take the argmax, a
-    tie between two vocabulary shares going to the lower id, as torch.argmax's does. (Qwen's
-    vocabulary on a GPU; a fifth of it in the interpreter, which takes 14 s a run of the whole.)"""
-    from rlx.engine.sampler import seeded_exponential
-
+    """The graph's Triton sampler draws by its rule, stated in fp64 torch (tests/helpers.py,
+    `inverse_cdf` at `fused_uniform`): same tokens at any share count, logprobs within fp32 noise
+    of log_softmax; greedy rows take the argmax, a tie between two vocabulary shares going to the
+    lower id, as torch.argmax's does. (Qwen's vocabulary on a GPU; a fifth of it in the
+    interpreter, which takes 14 s a run of the whole.)"""
     g = torch.Generator(device=device).manual_seed(0)
     rows, vocab = 64, 151936 if device.type == "cuda" else 32768
     tie = (vocab * 3 // 8, vocab * 7 // 8)  # in different shares at 4 shares
@@ -233,24 +238,61 @@ def test_fused_sampler_matches_torch_sampler(splits, device, dtype):
     tokens, logprobs, inv_t = fused_draw(logits, greedy, seed, step, temperature, splits)
     x = logits.float() * inv_t[:, None]
     logp = x.log_softmax(-1)
-    race = (logp.exp() / seeded_exponential(seed, step, vocab)).argmax(-1)
-    expected = torch.where(greedy.bool(), logits.float().argmax(-1), race)
+    drawn = inverse_cdf(logp.exp(), fused_uniform(seed, step))
+    expected = torch.where(greedy.bool(), logits.float().argmax(-1), drawn)
     assert torch.equal(tokens, expected) and tokens[0].item() == tie[0]
     assert (logprobs - logp.gather(-1, expected[:, None])[:, 0]).abs().max().item() < 1e-4
 
 
-def test_fused_sampler_draws_a_near_certain_token_whatever_the_others_hash_to(device, dtype):
-    """Rows whose (seed, step) give another token all-ones hash bits, whose uniform once rounded
-    to 1 and made it win (tests/unit/test_seeded_noise.py): the near-certain token is drawn."""
+def test_fused_sampler_draws_by_hand_at_block_edges(device, dtype):
+    """Mass only on ids 2,047 | 2,048, 2,049 (the first two blocks' edge) and 6,000 (the third
+    block), a quarter each (logits 0, the rest -200, whose exp underflows to 0 in fp32): u below
+    1/4 draws 2,047, below 1/2 2,048, below 3/4 2,049, above 6,000, at any share count; logprob
+    log 1/4."""
+    vocab, rows, chosen = 8192, 64, torch.tensor([2047, 2048, 2049, 6000])
+    logits = torch.full((rows, vocab), -200.0, device=device)
+    logits[:, chosen.tolist()] = 0.0
+    seed = torch.arange(rows, device=device) * 7919 + 1
+    step = torch.full_like(seed, 5)
+    expected = chosen[(fused_uniform(seed.cpu(), step.cpu()) * 4).long()]
+    assert set(expected.tolist()) == set(chosen.tolist())
+    greedy = torch.zeros(rows, dtype=torch.int32, device=device)
+    for splits in (1, 2):
+        tokens, logprobs, _ = fused_draw(
+            logits.to(dtype), greedy, seed, step, torch.ones(rows, device=device), splits
+        )
+        assert tokens.cpu().tolist() == expected.tolist()
+        assert (logprobs.cpu() - math.log(0.25)).abs().max().item() < 1e-6
+
+
+def test_fused_sampler_draws_follow_the_distribution(device, dtype):
+    """Rows of one distribution with their own seeds (20,000 on a GPU, 600 interpreted): each
+    token's frequency within 5 standard deviations of softmax(logits / 2) computed by hand."""
+    rows = 20_000 if device.type == "cuda" else 600
+    logits = [0.0, 1.0, 2.0, -1.0, 0.5, 3.0]
+    weights = [math.exp(x / 2) for x in logits]
+    expected = [w / sum(weights) for w in weights]
+    seed = torch.arange(rows, device=device) * 7919 + 1
+    step = torch.full_like(seed, 7)
+    greedy = torch.zeros(rows, dtype=torch.int32, device=device)
+    batch = torch.tensor([logits], device=device).expand(rows, 6).contiguous().to(dtype)
+    tokens, _, _ = fused_draw(batch, greedy, seed, step, torch.full((rows,), 2.0, device=device), None)
+    counts = torch.bincount(tokens.cpu(), minlength=6).tolist()
+    for count, p in zip(counts, expected, strict=True):
+        assert abs(count / rows - p) <= 5 * math.sqrt(p * (1 - p) / rows), (counts, expected)
+
+
+def test_fused_sampler_draws_a_near_certain_token_at_the_uniforms_extremes(device, dtype):
+    """u = 2^-24 and 1 - 2^-24 (tests/unit/test_fused_draw_rule.py) with one token at probability
+    1 - 3e-9, 11 tokens before it: each row draws that token."""
     vocab, certain = 32768, 11
-    draws = all_ones_draws(vocab, 4)
-    seed = torch.tensor([s for s, _, _ in draws], device=device)
-    step = torch.tensor([t for _, t, _ in draws], device=device)
-    logits = torch.zeros(len(draws), vocab, device=device)
+    seed = torch.tensor([s for s, _ in EXTREME_UNIFORM_SEEDS], device=device)
+    step = torch.full_like(seed, 5)
+    logits = torch.zeros(len(seed), vocab, device=device)
     logits[:, certain] = 30.0
-    greedy = torch.zeros(len(draws), dtype=torch.int32, device=device)
-    tokens, _, _ = fused_draw(logits.to(dtype), greedy, seed, step, torch.ones(len(draws), device=device), 1)
-    assert tokens.tolist() == [certain] * len(draws)
+    greedy = torch.zeros(len(seed), dtype=torch.int32, device=device)
+    tokens, _, _ = fused_draw(logits.to(dtype), greedy, seed, step, torch.ones(len(seed), device=device), 1)
+    assert tokens.tolist() == [certain] * len(seed)
 
 
 def test_pdl_mode_reads_its_setting(device, monkeypatch):

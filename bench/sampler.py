@@ -1,0 +1,59 @@
+"""The engine's fused sampler (`rlx.engine.triton_sample.fused_sample`) alone, in CUDA graphs as
+the decode graphs run it: microseconds a call by rows, over Qwen3's 151,936-word vocabulary in
+bf16 (logits randn * 4, temperature 1, no greedy rows). Successive calls read different logits
+buffers, 256 MB of them in all, so that the L2 does not hold a call's logits from the last.
+Prints one JSON line. Run it with `PYTHONPATH=<an older rlx tree>` to measure that tree's.
+
+    source .whl/install.sh && python3 bench/sampler.py [--rows 32,64,128,256] [--splits 4,16,75]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+from engine_step_profile import time_cuda
+
+
+def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None = None) -> dict:
+    from rlx.engine.triton_sample import fused_sample
+
+    g = torch.Generator(device=device).manual_seed(rows)
+    copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
+    logits = [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+    inv_t = torch.ones(rows, device=device)
+    greedy = torch.zeros(rows, dtype=torch.int32, device=device)
+    seed = torch.randint(0, 1 << 62, (rows,), device=device, generator=g)
+    step = torch.zeros(rows, dtype=torch.int64, device=device)
+    tokens = torch.empty(rows, dtype=torch.int64, device=device)
+    logprobs = torch.empty(rows, device=device)
+    turn = iter(range(1 << 30))
+
+    def call():
+        fused_sample(logits[next(turn) % copies], inv_t, greedy, seed, step, tokens, logprobs, splits=splits)
+
+    seconds = time_cuda(call, iters=4 * copies, graph=True)
+    return {"us": round(seconds * 1e6, 2), "logits_tb_s": round(rows * vocab * 2 / seconds / 1e12, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", default="32,64,128,256")
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--splits", help="also time these share counts a row (comma-separated)")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    result = {"gpu": torch.cuda.get_device_name(device), "vocab": args.vocab}
+    for rows in map(int, args.rows.split(",")):
+        result[f"rows_{rows}"] = sampler_us(rows, args.vocab, device)
+        for splits in map(int, filter(None, (args.splits or "").split(","))):
+            result[f"rows_{rows}"][f"splits_{splits}"] = sampler_us(rows, args.vocab, device, splits)["us"]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
