@@ -92,7 +92,7 @@ def _sample_select(
     inv_t = tl.load(InvT + row)
     base = Logits + row.to(tl.int64) * stride_row
     if tl.load(Greedy + row) != 0:
-        token = tl.load(Index + row * NB + tl.min(tl.where(top == m, k, NB_P2), 0))
+        token = tl.load(Index + row * NB + tl.minimum(tl.min(tl.where(top == m, k, NB_P2), 0), NB - 1))
     else:
         # sampler.row_hash's top 23 bits b: u = (b + 0.5) / 2^23, exact in fp32, inside (0, 1)
         seed = tl.load(Seed + row).to(tl.uint64)
@@ -102,12 +102,14 @@ def _sample_select(
         cum = tl.cumsum(mass, 0)
         block = tl.min(tl.where(cum > target, k, NB_P2), 0)
         block = tl.minimum(block, tl.max(tl.where(mass > 0, k, -1), 0))  # past the last: rounding
+        block = tl.maximum(block, 0)  # NaN logits: no block has mass
         before = tl.sum(tl.where(k < block, mass, 0.0), 0)
         index = block * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(base + index, mask=index < V, other=float("-inf")).to(tl.float32) * inv_t
         p = tl.exp(x - m)
         found = tl.min(tl.where(before + tl.cumsum(p, 0) > target, index, V), 0)
         token = tl.minimum(found, tl.max(tl.where(p > 0, index, -1), 0))
+    token = tl.minimum(tl.maximum(token, 0), V - 1)  # NaN logits match nothing: read in bounds
     x_token = tl.load(base + token).to(tl.float32) * inv_t
     tl.store(Tokens + row, token.to(Tokens.dtype.element_ty))
     tl.store(Logprobs + row, x_token - m - tl.log(z))

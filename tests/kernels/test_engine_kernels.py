@@ -282,6 +282,26 @@ def test_fused_sampler_draws_follow_the_distribution(device, dtype):
         assert abs(count / rows - p) <= 5 * math.sqrt(p * (1 - p) / rows), (counts, expected)
 
 
+def test_fused_sampler_keeps_a_row_of_nan_logits_to_itself(device, dtype):
+    """A model that writes NaN logits (a diverged run) gets an id inside the vocabulary and a NaN
+    logprob for that row, sampled or greedy, read within the row's bounds; the other rows draw
+    what they draw without it."""
+    vocab = 8192
+    g = torch.Generator(device=device).manual_seed(1)
+    logits = (torch.randn(4, vocab, device=device, generator=g) * 3).to(dtype)
+    seed = torch.tensor([11, 12, 13, 14], device=device)
+    step = torch.full_like(seed, 5)
+    temperature = torch.ones(4, device=device)
+    for greedy_row in (0, 1):
+        greedy = torch.tensor([greedy_row, 0, 1, 0], dtype=torch.int32, device=device)
+        clean, clean_logprobs, _ = fused_draw(logits, greedy, seed, step, temperature, 2)
+        broken = logits.clone()
+        broken[0] = float("nan")
+        tokens, logprobs, _ = fused_draw(broken, greedy, seed, step, temperature, 2)
+        assert 0 <= tokens[0].item() < vocab and logprobs[0].isnan().item()
+        assert torch.equal(tokens[1:], clean[1:]) and torch.equal(logprobs[1:], clean_logprobs[1:])
+
+
 def test_fused_sampler_draws_a_near_certain_token_at_the_uniforms_extremes(device, dtype):
     """u = 2^-24 and 1 - 2^-24 (tests/unit/test_fused_draw_rule.py) with one token at probability
     1 - 3e-9, 11 tokens before it: each row draws that token."""
