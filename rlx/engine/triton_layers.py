@@ -32,10 +32,14 @@ def _add_rms_norm_kernel(
     X, R, W, Out, ResOut, stride_x, stride_r, stride_o, N, eps,
     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    pdl_prologue(PDL)
-    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    # the weight before the PDL wait, overlapping the kernel ahead: no kernel of a forward writes
+    # it, and a reload's writes precede the forward's first kernel (the embedding's, a plain
+    # launch). 1.7B decode step at 64 rows 2.278 -> 2.242 ms (Decisions, PDL)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_prologue(PDL)
+    row = tl.program_id(0).to(tl.int64)
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
@@ -44,7 +48,6 @@ def _add_rms_norm_kernel(
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
     y = (xf * inv).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + row * stride_o + cols, (w * y).to(Out.dtype.element_ty), mask=mask)
 
 
