@@ -1,9 +1,11 @@
-"""The engine's seeded sampling noise (rlx.engine.sampler.seeded_exponential): a seeded row draws
-argmax(p / noise) with noise = -log(u), u uniform from 24 bits of a hash of (seed, step, token).
-(2^24 - 1) + 0.5 rounds to 2^24 in fp32, so a token whose 24 bits were all ones had u = 1 and a
-noise of 0, and won whatever its probability: V / 2^24 of the draws (0.9% at Qwen's 151,936-way
-vocabulary) took a token at random. u now stops below 1. Here on the CPU, through the torch
-sampler; tests/kernels/test_engine_kernels.py checks the fused Triton sampler the same way."""
+"""The torch sampler's seeded noise (rlx.engine.sampler.seeded_exponential; the CPU, and rows
+with top-k / top-p / min-p on a GPU): a seeded row draws argmax(p / noise) with noise = -log(u),
+u uniform from 24 bits of a hash of (seed, step, token). (2^24 - 1) + 0.5 rounds to 2^24 in
+fp32, so a token whose 24 bits were all ones had u = 1 and a noise of 0, and won whatever its
+probability: V / 2^24 of the draws (0.9% at Qwen's 151,936-way vocabulary) took a token at
+random. u now stops below 1. Here on the CPU, through the torch sampler; the fused Triton sampler
+draws by another rule (tests/unit/test_fused_draw_rule.py), its uniform's extremes checked in
+tests/kernels/test_engine_kernels.py."""
 
 from __future__ import annotations
 
