@@ -34,9 +34,11 @@ def _add_rms_norm_kernel(
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    # the weight before the PDL wait, overlapping the kernel ahead: no kernel of a forward writes
-    # it, and a reload's writes precede the forward's first kernel (the embedding's, a plain
-    # launch). 1.7B decode step at 64 rows 2.278 -> 2.242 ms (Decisions, PDL)
+    # the weight first, beside x's load: after the residual's store the compiler may not move it
+    # up (they might alias), and it waited behind that store and the reduction. Before the PDL
+    # wait, where a kernel ahead lets it start early: no kernel of a forward writes a weight, and a
+    # reload's writes precede the forward's first kernel (a plain launch). 1.7B decode step at 64
+    # rows 2.278 -> 2.242 ms (docs/benchmarks.md, Decisions, PDL)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
