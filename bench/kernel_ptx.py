@@ -1,0 +1,147 @@
+"""The engine's Triton kernels compiled for a GPU on a machine without one: each kernel's global
+memory operations in program order (loads, stores, barriers, the PDL wait and launch), and its
+registers and local memory (spills) from the cubin; prints one JSON line.
+
+A load after a store waits for it: the compiler may not move a load above a store that could
+alias it, so a kernel whose inputs are read after its first store pays a memory round trip for
+each such step (the engine's RMSNorm read its weight after storing the residual: docs/benchmarks.md,
+Decisions, PDL). The order shows where. The kernels are compiled at decode shapes (Qwen3-1.7B:
+hidden 2048, heads of 128, two query heads a KV head, a 151,936-word vocabulary at 256 rows),
+bf16, with their launches' settings; pointers 16-byte aligned and integers multiples of 16, as
+the engine's are.
+
+    PYTHONPATH=$RLX_TRITON_DIR python bench/kernel_ptx.py [--arch 90] [--kernels add_rms_norm,...]
+
+Triton 3.9 (what scripts/test.sh installs for the interpreter, under `RLX_TRITON_DIR`) brings the
+compiler, ptxas and cuobjdump; tests/unit/test_kernel_ptx.py runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+MEMORY_OPS = re.compile(r"\b(ld\.global[.\w]*|st\.global[.\w]*|griddepcontrol\.\w+|bar\.sync)\b")
+
+
+def _i32(*names: str) -> dict[str, str]:
+    return dict.fromkeys(names, "i32")
+
+
+def kernels() -> dict[str, tuple]:
+    """name -> (the jit function, its signature's types, its constexprs, num_warps)."""
+    from rlx.engine import triton_layers, triton_sample
+
+    bf16 = "*bf16"
+    return {
+        "add_rms_norm": (
+            triton_layers._add_rms_norm_kernel,
+            {
+                **dict.fromkeys(["X", "R", "W", "Out", "ResOut"], bf16),
+                **_i32("stride_x", "stride_r", "stride_o", "N"),
+            }
+            | {"eps": "fp32"},
+            {"HAS_RES": True, "BLOCK": 2048, "PDL": 2},
+            4,
+        ),
+        "qk_norm_rope_store": (
+            triton_layers._qk_norm_rope_store_kernel,
+            dict.fromkeys(["Q", "K", "V", "QW", "KW"], bf16)
+            | {"Cos": "*fp32", "Sin": "*fp32", "Pos": "*i64", "SlotBlock": "*i64", "SlotOffset": "*i64"}
+            | {"KCache": bf16, "VCache": bf16}
+            | _i32("stride_qt", "stride_kt", "stride_vt", "stride_cos", "stride_cb", "stride_ch")
+            | {"eps": "fp32"},
+            {"GROUP": 2, "BLOCK_G": 2, "D": 128, "HAS_NORM": True, "PDL": 2},
+            1,
+        ),
+        "silu_mul": (
+            triton_layers._silu_mul_kernel,
+            dict.fromkeys(["G", "U", "Out"], bf16) | _i32("stride_g", "stride_u", "N"),
+            {"BLOCK": 1024, "PDL": 2},
+            4,
+        ),
+        "sample_blocks": (
+            triton_sample._sample_blocks,
+            {"Logits": bf16, "stride_row": "i32", "InvT": "*fp32", "Greedy": "*i32", "Stats": "*fp32"}
+            | {"Index": "*i32", "V": "i32"},
+            {"NB": 75, "BLOCK": triton_sample.BLOCK, "SHARE": 9, "PDL": 2},
+            8,
+        ),
+        "sample_select": (
+            triton_sample._sample_select,
+            {"Logits": bf16, "stride_row": "i32", "InvT": "*fp32", "Greedy": "*i32", "Seed": "*i64"}
+            | {"Step": "*i64", "Stats": "*fp32", "Index": "*i32", "Tokens": "*fp32", "Logprobs": "*fp32"}
+            | {"V": "i32"},
+            {"NB": 75, "NB_P2": 128, "BLOCK": triton_sample.BLOCK, "PDL": 2},
+            8,
+        ),
+    }
+
+
+def memory_order(ptx: str) -> list[list]:
+    """[operation, count] runs of the PTX's global loads and stores, barriers and PDL calls."""
+    runs: list[list] = []
+    for match in MEMORY_OPS.finditer(ptx):
+        op = match.group(1)
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    return runs
+
+
+def resources(cubin: bytes, bin_dir: str) -> dict[str, int]:
+    """Registers and local memory (bytes a thread: spills) that cuobjdump reads from the cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run(
+            [os.path.join(bin_dir, "cuobjdump"), "-res-usage", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    found = dict(re.findall(r"\b(REG|LOCAL):(\d+)", out))
+    return {"registers": int(found["REG"]), "local_bytes": int(found["LOCAL"])}
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int, arch: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = signature | dict.fromkeys(constexprs, "constexpr")
+    names = list(fn.arg_names)
+    # pointers 16-byte aligned and integers multiples of 16, as Triton specializes the engine's
+    # launches (its shapes and strides are)
+    aligned = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] in "*i"}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return {"memory_order": memory_order(compiled.asm["ptx"]), **resources(compiled.asm["cubin"], bin_dir)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--arch", type=int, default=90, help="the compute capability compiled for (90: Hopper)"
+    )
+    parser.add_argument("--kernels", help="comma-separated names (default: all)")
+    args = parser.parse_args()
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns while it is unset
+    table = kernels()
+    chosen = args.kernels.split(",") if args.kernels else list(table)
+    result = {"arch": f"sm{args.arch}"}
+    for name in chosen:
+        result[name] = compile_kernel(*table[name], arch=args.arch)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
