@@ -2,10 +2,11 @@
 memory operations in program order (loads, stores, barriers, the PDL wait and launch), and its
 registers and local memory (spills) from the cubin; prints one JSON line.
 
-A load after a store waits for it: the compiler may not move a load above a store that could
-alias it, so a kernel whose inputs are read after its first store pays a memory round trip for
-each such step (the engine's RMSNorm read its weight after storing the residual: docs/benchmarks.md,
-Decisions, PDL). The order shows where. The kernels are compiled at decode shapes (Qwen3-1.7B:
+A warp issues its instructions in order, so a load written after work on an earlier load's data
+is issued only once that data has arrived, and the compiler may not move a load above a store
+that could alias it or above a barrier: a kernel that reads its inputs in stages pays a memory
+round trip a stage (the engine's RMSNorm read its weight after its reduction and the residual's
+store: docs/benchmarks.md, Decisions, PDL). The order shows where. The kernels are compiled at decode shapes (Qwen3-1.7B:
 hidden 2048, heads of 128, two query heads a KV head, a 151,936-word vocabulary at 256 rows),
 bf16, with their launches' settings; pointers 16-byte aligned and integers multiples of 16, as
 the engine's are.

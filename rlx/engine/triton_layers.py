@@ -34,11 +34,12 @@ def _add_rms_norm_kernel(
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    # the weight first, beside x's load: after the residual's store the compiler may not move it
-    # up (they might alias), and it waited behind that store and the reduction. Before the PDL
-    # wait, where a kernel ahead lets it start early: no kernel of a forward writes a weight, and a
-    # reload's writes precede the forward's first kernel (a plain launch). 1.7B decode step at 64
-    # rows 2.278 -> 2.242 ms (docs/benchmarks.md, Decisions, PDL)
+    # the weight first, beside x's load: read after the reduction, it was issued only once x had
+    # arrived (in-order issue; nor may the compiler move it above the residual's store, which it
+    # could alias, or the reduction's barrier). Before the PDL wait, where a kernel ahead lets it
+    # start early: no kernel of a forward writes a weight, and a reload's writes precede the
+    # forward's first kernel (a plain launch). 1.7B decode step at 64 rows 2.278 -> 2.242 ms
+    # (docs/benchmarks.md, Decisions, PDL)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)

@@ -2,7 +2,8 @@
 child process with the interpreter's Triton (`RLX_TRITON_DIR`, as tests/unit/test_triton_interpreted.py
 runs it): none spills to local memory, and the RMSNorm, the engine's most called small kernel
 (57 calls a 1.7B decode step), loads its weight before its PDL wait and nothing after its first
-store (a load after a store waits for it: docs/benchmarks.md, Decisions, PDL)."""
+store (a load written after work on earlier data is issued only once that data has arrived:
+docs/benchmarks.md, Decisions, PDL)."""
 
 from __future__ import annotations
 
