@@ -15,7 +15,7 @@ before: `RLX_ENGINE_PDL=0` gives each part its own time (the step then a little 
 
 `--splits` first times the decode kernel alone by batch, context and split count (flash-decoding
 shares, rlx.engine.triton_decode), beside the count it chooses by itself; then the sampler by
-shares and the q/k norm-rotary-store kernel, by rows.
+shares (`bench/sampler.py`'s timing) and the q/k norm-rotary-store kernel, by rows.
 
     source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits]
 """
@@ -248,19 +248,14 @@ def split_table(batches=(32, 64, 128, 256), contexts=(300, 520, 770, 2048), spli
             row = {f"k{k}": triton_decode(batch, context, num_splits=k)["TB_per_s"] for k in splits}
             row["default"] = triton_decode(batch, context)["TB_per_s"]
             table[f"b{batch}_ctx{context}"] = row
-    from rlx.engine.triton_sample import default_splits, fused_sample
+    from sampler import VOCAB, sampler_us  # bench/sampler.py
 
+    from rlx.engine.triton_sample import default_splits
+
+    device = torch.device("cuda")
     for rows in batches:
-        logits = torch.randn(rows, 151936, device="cuda", dtype=torch.bfloat16)
-        ints = torch.arange(rows, device="cuda")
-        inv_t, greedy = torch.ones(rows, device="cuda"), torch.zeros_like(ints)
-        tokens, logprobs = torch.empty_like(ints), torch.empty(rows, device="cuda")
-        args = (logits, inv_t, greedy, ints, ints, tokens, logprobs)
-        row = {}
-        for k in (1, 2, 4, 8, 16):
-            seconds = time_cuda(lambda k=k, args=args: fused_sample(*args, splits=k), graph=True)
-            row[f"k{k}"] = round(seconds * 1e6, 1)
-        row["default"] = default_splits(rows, logits.device)
+        row = {f"k{k}": sampler_us(rows, VOCAB, device, k)["us"] for k in (1, 2, 4, 8, 16)}
+        row["default"] = default_splits(rows, device, VOCAB)
         table[f"sampler_us_rows{rows}"] = row
     for rows in batches:
         table[f"qk_norm_rope_store_us_rows{rows}"] = qk_kernel_us(rows)

@@ -16,6 +16,8 @@ import math
 import torch
 from engine_step_profile import time_cuda
 
+VOCAB = 151936  # Qwen3's
+
 
 def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None = None) -> dict:
     from rlx.engine.triton_sample import fused_sample
@@ -43,7 +45,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", default="32,64,128,256")
-    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--splits", help="also time these share counts a row (comma-separated)")
     args = parser.parse_args()
     device = torch.device("cuda")

@@ -115,7 +115,7 @@ def _sample_select(
     tl.store(Logprobs + row, x_token - m - tl.log(z))
 
 
-def default_splits(rows: int, device: torch.device, vocab: int = 151936) -> int:
+def default_splits(rows: int, device: torch.device, vocab: int) -> int:
     """Vocabulary shares a row: programs for about sixteen per SM, at most a block each (the
     first kernel streams the logits; at 64 rows 14.6 µs at 16 shares a row, 13.8 at this rule's
     25, 13.2 at 75; at 256 rows 41.4 at 4 shares, 38.2 at 9: `bench/sampler.py --splits`, 1×H200)."""
