@@ -4,7 +4,8 @@ bf16 (logits randn * 4, temperature 1, no greedy rows). Successive calls read di
 buffers, 256 MB of them in all, so that the L2 does not hold a call's logits from the last.
 Prints one JSON line. Run it with `PYTHONPATH=<an older rlx tree>` to measure that tree's.
 
-    source .whl/install.sh && python3 bench/sampler.py [--rows 32,64,128,256] [--splits 4,16,75]
+    source .whl/install.sh && python3 bench/sampler.py [--rows 32,64,128,256] [--splits 4,16,75] \
+        [--truncate 0.9,-1]   # every row with top_p 0.9 (top_k -1: off), sampled as the engine does
 """
 
 from __future__ import annotations
@@ -40,6 +41,39 @@ def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None =
     return {"us": round(seconds * 1e6, 2), "logits_tb_s": round(rows * vocab * 2 / seconds / 1e12, 2)}
 
 
+def truncated_us(rows: int, vocab: int, device: torch.device, top_p: float, top_k: int) -> dict:
+    """The decode graph's sampling plus what rows with top-p / top-k pay after it today: every row
+    truncating, sampled again by the torch path (`Sampler.resample_truncated`, eager)."""
+    from rlx.engine.sampler import Sampler, SamplingBatch
+    from rlx.engine.triton_sample import fused_sample
+
+    g = torch.Generator(device=device).manual_seed(rows)
+    copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
+    logits = [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+    ones = torch.ones(rows, device=device)
+    ints = torch.zeros(rows, dtype=torch.int64, device=device)
+    batch = SamplingBatch(
+        temperature_N=ones, inv_temperature_N=ones, greedy_N=ints.bool(),
+        top_k_N=torch.full((rows,), top_k if top_k > 0 else vocab, device=device),
+        top_p_N=torch.full((rows,), top_p, device=device), min_p_N=torch.zeros(rows, device=device),
+        seed_N=torch.randint(0, 1 << 62, (rows,), device=device, generator=g), step_N=ints,
+        seeded_rows=torch.arange(rows, device=device), all_greedy=False, truncate=True,
+        truncate_rows=list(range(rows)),
+    )  # fmt: skip
+    sampler = Sampler(0, device)
+    tokens = torch.empty(rows, dtype=torch.int64, device=device)
+    logprobs = torch.empty(rows, device=device)
+    turn = iter(range(1 << 30))
+
+    def call():
+        x = logits[next(turn) % copies]
+        fused_sample(x, ones, ints.int(), batch.seed_N, ints, tokens, logprobs)
+        sampler.resample_truncated(x, batch, tokens, logprobs)
+
+    seconds = time_cuda(call, iters=2 * copies)
+    return {"us": round(seconds * 1e6, 2), "top_p": top_p, "top_k": top_k}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -47,6 +81,9 @@ def main() -> None:
     parser.add_argument("--rows", default="32,64,128,256")
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--splits", help="also time these share counts a row (comma-separated)")
+    parser.add_argument(
+        "--truncate", help="also time every row with top_p,top_k (e.g. 0.9,-1) sampled as the engine does"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(device), "vocab": args.vocab}
@@ -54,6 +91,11 @@ def main() -> None:
         result[f"rows_{rows}"] = sampler_us(rows, args.vocab, device)
         for splits in map(int, filter(None, (args.splits or "").split(","))):
             result[f"rows_{rows}"][f"splits_{splits}"] = sampler_us(rows, args.vocab, device, splits)["us"]
+        if args.truncate:
+            top_p, top_k = args.truncate.split(",")
+            result[f"rows_{rows}"]["truncated"] = truncated_us(
+                rows, args.vocab, device, float(top_p), int(top_k)
+            )
     print(json.dumps(result))
 
 

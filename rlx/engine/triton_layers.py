@@ -71,25 +71,32 @@ def add_rms_norm(
 
 
 @triton.jit
-def _norm_rope_heads(
-    Base, W, cos1, cos2, sin1, sin2, eps,
-    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
-):  # fmt: skip
-    """A token's heads [ROWS, D] at Base (head stride D), normalised (Qwen3's per-head RMSNorm,
-    cast where the torch module rounds: see the module's docstring) and rotated
-    (non-interleaved), in place; returns the rotated halves for the KV store."""
+def _load_heads(Base, ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr):
+    """A token's heads [ROWS, D] at Base (head stride D) as their two halves [BLOCK_R, D / 2]."""
     HALF: tl.constexpr = D // 2
     r = tl.arange(0, BLOCK_R)[:, None]
     d = tl.arange(0, HALF)[None, :]
     mask = r < ROWS
     x1 = tl.load(Base + r * D + d, mask=mask, other=0.0)
-    x2 = tl.load(Base + r * D + HALF + d, mask=mask, other=0.0)
+    return x1, tl.load(Base + r * D + HALF + d, mask=mask, other=0.0)
+
+
+@triton.jit
+def _norm_rope_heads(
+    Base, x1, x2, w1, w2, cos1, cos2, sin1, sin2, eps,
+    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """Heads x1, x2 (`_load_heads` of Base) normalised (Qwen3's per-head RMSNorm with weight
+    halves w1, w2, cast where the torch module rounds: see the module's docstring) and rotated
+    (non-interleaved), stored back at Base; returns the rotated halves for the KV store."""
+    HALF: tl.constexpr = D // 2
+    r = tl.arange(0, BLOCK_R)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    mask = r < ROWS
     dt = x1.dtype
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     if HAS_NORM:
         inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / D + eps)
-        w1 = tl.load(W + d).to(tl.float32)
-        w2 = tl.load(W + HALF + d).to(tl.float32)
         f1 = (w1 * (f1 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         f2 = (w2 * (f2 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     # rot * cos + cat(-x2, x1) * sin, each product and the sum cast to the dtype
@@ -109,28 +116,46 @@ def _qk_norm_rope_store_kernel(
 ):  # fmt: skip
     """One program a (token, KV head): the head's q group, its k and its v (a program a head
     spent more time loading its token's position, cos/sin and slot than on the head; timings in
-    docs/benchmarks.md, Decisions)."""
-    pdl_prologue(PDL)
+    docs/benchmarks.md, Decisions). Every load is issued before the first store, in two rounds
+    (what the position picks in the second): a warp issues in order, and a load written after a
+    store it may alias waits for the loads before it (bench/kernel_ptx.py). The norms' weights
+    before the PDL wait, as `_add_rms_norm_kernel`'s."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, HALF)[None, :]
-    pos = tl.load(Pos + token)
     dt = Q.dtype.element_ty
+    if HAS_NORM:
+        qw1 = tl.load(QW + d).to(tl.float32)
+        qw2 = tl.load(QW + HALF + d).to(tl.float32)
+        kw1 = tl.load(KW + d).to(tl.float32)
+        kw2 = tl.load(KW + HALF + d).to(tl.float32)
+    else:  # unused
+        qw1 = tl.zeros([1, HALF], tl.float32)
+        qw2 = qw1
+        kw1 = qw1
+        kw2 = qw1
+    pdl_prologue(PDL)
+    pos = tl.load(Pos + token)
+    slot_block = tl.load(SlotBlock + token)
+    slot_offset = tl.load(SlotOffset + token)
+    q = Q + token * stride_qt + kv_head * GROUP * D
+    q1, q2 = _load_heads(q, GROUP, BLOCK_G, D)
+    k = K + token * stride_kt + kv_head * D
+    k1, k2 = _load_heads(k, 1, 1, D)
+    full = tl.arange(0, D)
+    v = tl.load(V + token * stride_vt + kv_head * D + full)
     cos1 = tl.load(Cos + pos * stride_cos + d).to(dt).to(tl.float32)
     cos2 = tl.load(Cos + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
     sin1 = tl.load(Sin + pos * stride_cos + d).to(dt).to(tl.float32)
     sin2 = tl.load(Sin + pos * stride_cos + HALF + d).to(dt).to(tl.float32)
-    q = Q + token * stride_qt + kv_head * GROUP * D
-    _norm_rope_heads(q, QW, cos1, cos2, sin1, sin2, eps, GROUP, BLOCK_G, D, HAS_NORM)
-    k = K + token * stride_kt + kv_head * D
-    k1, k2 = _norm_rope_heads(k, KW, cos1, cos2, sin1, sin2, eps, 1, 1, D, HAS_NORM)
-    slot = tl.load(SlotBlock + token) * stride_cb + tl.load(SlotOffset + token) * D + kv_head * stride_ch
+    _norm_rope_heads(q, q1, q2, qw1, qw2, cos1, cos2, sin1, sin2, eps, GROUP, BLOCK_G, D, HAS_NORM)
+    k1, k2 = _norm_rope_heads(k, k1, k2, kw1, kw2, cos1, cos2, sin1, sin2, eps, 1, 1, D, HAS_NORM)
+    slot = slot_block * stride_cb + slot_offset * D + kv_head * stride_ch
     kt = KCache.dtype.element_ty  # an fp8 cache rounds them (`kv_cache_dtype`)
     tl.store(KCache + slot + d, k1.to(kt))
     tl.store(KCache + slot + HALF + d, k2.to(kt))
-    full = tl.arange(0, D)
-    tl.store(VCache + slot + full, tl.load(V + token * stride_vt + kv_head * D + full).to(kt))
+    tl.store(VCache + slot + full, v.to(kt))
 
 
 def qk_norm_rope_store(

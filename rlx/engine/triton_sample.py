@@ -82,21 +82,23 @@ def _sample_select(
     pdl_prologue(PDL)
     row = tl.program_id(0)
     k = tl.arange(0, NB_P2)
+    # the row's inputs all at once, before any reduction (each reduction's barrier would hold
+    # the loads after it: bench/kernel_ptx.py)
     top = tl.load(Stats + (row * NB + k) * 2, mask=k < NB, other=float("-inf"))
-    m = tl.max(top, 0)
-    mass = tl.where(
-        top == float("-inf"), 0.0, tl.load(Stats + (row * NB + k) * 2 + 1, mask=k < NB, other=0.0)
-    )
-    mass = mass * tl.exp(top - m)
-    z = tl.sum(mass, 0)
+    mass = tl.load(Stats + (row * NB + k) * 2 + 1, mask=k < NB, other=0.0)
     inv_t = tl.load(InvT + row)
+    greedy = tl.load(Greedy + row) != 0
+    seed = tl.load(Seed + row).to(tl.uint64)
+    step = tl.load(Step + row).to(tl.uint64)
+    m = tl.max(top, 0)
+    mass = tl.where(top == float("-inf"), 0.0, mass) * tl.exp(top - m)
+    z = tl.sum(mass, 0)
     base = Logits + row.to(tl.int64) * stride_row
-    if tl.load(Greedy + row) != 0:
+    if greedy:
         token = tl.load(Index + row * NB + tl.minimum(tl.min(tl.where(top == m, k, NB_P2), 0), NB - 1))
+        x_token = m  # its logit / T is the row's maximum (1 / T is 1 for greedy rows)
     else:
         # sampler.row_hash's top 23 bits b: u = (b + 0.5) / 2^23, exact in fp32, inside (0, 1)
-        seed = tl.load(Seed + row).to(tl.uint64)
-        step = tl.load(Step + row).to(tl.uint64)
         bits = (_mix(seed * _GOLDEN + _mix(step + 1)) >> 41) & 0x7FFFFF
         target = (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0) * z
         cum = tl.cumsum(mass, 0)
@@ -109,8 +111,8 @@ def _sample_select(
         p = tl.exp(x - m)
         found = tl.min(tl.where(before + tl.cumsum(p, 0) > target, index, V), 0)
         token = tl.minimum(found, tl.max(tl.where(p > 0, index, -1), 0))
-    token = tl.minimum(tl.maximum(token, 0), V - 1)  # NaN logits match nothing: read in bounds
-    x_token = tl.load(base + token).to(tl.float32) * inv_t
+        x_token = tl.sum(tl.where(index == token, x, 0.0), 0)  # from the block, not read again
+    token = tl.minimum(tl.maximum(token, 0), V - 1)  # NaN logits match nothing: an id in bounds
     tl.store(Tokens + row, token.to(Tokens.dtype.element_ty))
     tl.store(Logprobs + row, x_token - m - tl.log(z))
 

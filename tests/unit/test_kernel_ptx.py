@@ -1,9 +1,11 @@
 """The engine's Triton kernels compiled for Hopper (sm90) on the CPU by bench/kernel_ptx.py, in a
 child process with the interpreter's Triton (`RLX_TRITON_DIR`, as tests/unit/test_triton_interpreted.py
-runs it): none spills to local memory, and the RMSNorm, the engine's most called small kernel
+runs it): none spills to local memory; the RMSNorm, the engine's most called small kernel
 (57 calls a 1.7B decode step), loads its weight before its PDL wait and nothing after its first
-store (a load written after work on earlier data is issued only once that data has arrived:
-docs/benchmarks.md, Decisions, PDL)."""
+store, the q/k norm nothing after its first store, the sampler's second kernel its six inputs
+before its first reduction (a load
+written after work on earlier data is issued only once that data has arrived: docs/benchmarks.md,
+Decisions, PDL)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_engine_kernels_compile_for_sm90_without_spills_and_the_norm_loads_first():
+def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
     triton_dir = os.environ.get("RLX_TRITON_DIR")
     if not triton_dir:
         pytest.skip("RLX_TRITON_DIR unset: scripts/test.sh installs Triton for the interpreter and sets it")
@@ -38,8 +40,18 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_the_norm_loads_f
         "sample_select",
     }
     assert all(k["local_bytes"] == 0 for k in kernels.values()), kernels
-    ops = [op for op, _ in kernels["add_rms_norm"]["memory_order"]]
-    wait = ops.index("griddepcontrol.wait")
-    first_store = next(i for i, op in enumerate(ops) if op.startswith("st.global"))
-    assert any(op.startswith("ld.global") for op in ops[:wait]), ops  # the weight, before the wait
-    assert not any(op.startswith("ld.global") for op in ops[first_store:]), ops
+    ops = {name: [op for op, _ in k["memory_order"]] for name, k in kernels.items()}
+    norm = ops["add_rms_norm"]
+    weight = norm[: norm.index("griddepcontrol.wait")]
+    assert any(op.startswith("ld.global") for op in weight), norm
+    for name in ("add_rms_norm", "qk_norm_rope_store"):
+        first_store = next(i for i, op in enumerate(ops[name]) if op.startswith("st.global"))
+        assert not any(op.startswith("ld.global") for op in ops[name][first_store:]), (name, ops[name])
+
+    def loads_before(name: str, prefix: str) -> int:
+        order = kernels[name]["memory_order"]
+        end = next(i for i, (op, _) in enumerate(order) if op.startswith(prefix))
+        return sum(n for op, n in order[:end] if op.startswith("ld.global"))
+
+    # Stats' maxima and sums, 1 / T, the greedy flag, the seed and the step
+    assert loads_before("sample_select", "bar.sync") == 6, kernels["sample_select"]["memory_order"]
