@@ -35,7 +35,7 @@ def _i32(*names: str) -> dict[str, str]:
 
 def kernels() -> dict[str, tuple]:
     """name -> (the jit function, its signature's types, its constexprs, num_warps)."""
-    from rlx.engine import triton_layers, triton_sample
+    from rlx.engine import triton_layers, triton_sample, triton_truncate
 
     bf16 = "*bf16"
     return {
@@ -78,6 +78,47 @@ def kernels() -> dict[str, tuple]:
             | {"Step": "*i64", "Stats": "*fp32", "Index": "*i32", "Tokens": "*fp32", "Logprobs": "*fp32"}
             | {"V": "i32"},
             {"NB": 75, "NB_P2": 128, "BLOCK": triton_sample.BLOCK, "PDL": 2},
+            8,
+        ),
+        **truncation_kernels(triton_truncate),
+    }
+
+
+def truncation_kernels(module) -> dict[str, tuple]:
+    """The truncating sampler's four kernels (bf16 logits, 16-bit keys; 9 shares a row of 149
+    blocks of 1,024, as at 256 rows on 132 SMs)."""
+    logits = {"Logits": "*bf16", "stride_row": "i32", "Rows": "*i64", "InvT": "*fp32"}
+    params = {"TopK": "*i64", "TopP": "*fp32"}
+    state = {"Stats": "*fp32", "KeyRange": "*i32", "Part": "*fp32"}
+    shares = {"SH": 9, "SH_P2": 16, "BLOCK": module.BLOCK, "WIDE": False}
+    return {
+        "truncate_row_stats": (
+            module._row_stats,
+            logits | {"Stats": "*fp32", "KeyRange": "*i32", "V": "i32"},
+            {"SH": 9, "SHARE": 17, "BLOCK": module.BLOCK, "WIDE": False},
+            4,
+        ),
+        "truncate_search_pass": (
+            module._search_pass,
+            logits | params | state | _i32("R", "V", "p"),
+            shares | {"SHARE": 17, "TILE": module.SEARCH_TILE},
+            4,
+        ),
+        "truncate_kept_blocks": (
+            module._kept_blocks,
+            logits | params | {"MinP": "*fp32"} | state | {"Blocks": "*fp32"} | _i32("R", "V", "passes"),
+            shares | {"NB": 149, "SHARE": 17},
+            4,
+        ),
+        "truncate_select": (
+            module._truncated_select,
+            logits
+            | params
+            | {"MinP": "*fp32", "Seed": "*i64", "Step": "*i64"}
+            | state
+            | {"Blocks": "*fp32", "Tokens": "*fp32", "Logprobs": "*fp32"}
+            | _i32("R", "V", "passes"),
+            shares | {"NB": 149, "NB_P2": 256},
             8,
         ),
     }

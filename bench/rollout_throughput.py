@@ -25,7 +25,8 @@ without (`disable_cuda_graph`). At batch 64 and 256 every expert is routed to in
 the engine's memory saver (the decode graphs kept) and without (cleared; padded), and warm (`run_varlen`).
 
 `--kv-cache-dtype fp8_e4m3`: the dense runs with an fp8 KV cache (the roofline then counts its
-one-byte elements).
+one-byte elements). `--top-p 0.9` / `--top-k 50`: every request of the dense runs samples so
+(the engine draws those rows again after each decode graph: rlx/engine/triton_truncate.py).
 
 `--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
 release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
@@ -154,7 +155,7 @@ def run_prefill(engine, batch: int) -> dict:
 WARMUP_SEED, PREFILL_SEED = 10_000, 20_000
 
 
-def warm_up(engine, batches: list[int]) -> None:
+def warm_up(engine, batches: list[int], sampling: dict | None = None) -> None:
     """What a timed run must not pay: every decode graph of the ladder (a run's batch shrinks
     through smaller sizes at its end, the sequences whose prefill came in a later chunk finishing
     later; each size is otherwise captured at its first need, inside the timing) and the Triton
@@ -162,13 +163,16 @@ def warm_up(engine, batches: list[int]) -> None:
     if engine.runner.graphs is not None:
         engine.runner.graphs.capture()
     for batch in batches:
-        run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch)
+        run_engine(engine, batch, new=4, seed=WARMUP_SEED + batch, sampling=sampling)
 
 
-def run_engine(engine, batch: int, new: int | list[int] = NEW, seed: int | None = None) -> dict:
+def run_engine(
+    engine, batch: int, new: int | list[int] = NEW, seed: int | None = None, sampling: dict | None = None
+) -> dict:
     """`batch` random prompts of PROMPT tokens (drawn from `seed`, default the batch size), `new`
-    tokens each (or `new[i]` for prompt i); tokens/s, decode tokens/s (after every first token),
-    time to first token."""
+    tokens each (or `new[i]` for prompt i), sampled at `sampling`'s settings (top_p, top_k; none:
+    temperature 1 over the whole vocabulary); tokens/s, decode tokens/s (after every first
+    token), time to first token."""
     from rlx.engine.sequence import GenerateRequest, SamplingParams
 
     g = torch.Generator().manual_seed(batch if seed is None else seed)
@@ -178,7 +182,8 @@ def run_engine(engine, batch: int, new: int | list[int] = NEW, seed: int | None 
     for i in range(batch):
         ids = torch.randint(2, engine.vocab_size, (PROMPT,), generator=g).tolist()
         n = new[i] if isinstance(new, list) else new
-        seqs.append(engine.add(GenerateRequest(ids, SamplingParams(max_new_tokens=n, ignore_eos=True))))
+        params = SamplingParams(max_new_tokens=n, ignore_eos=True, **(sampling or {}))
+        seqs.append(engine.add(GenerateRequest(ids, params)))
     first: dict[int, float] = {}
     decode_start = None
     while engine.has_work():
@@ -392,7 +397,10 @@ def main() -> None:
         default="auto",
         help="the dense runs' engine argument (fp8_e4m3: one byte an element)",
     )
+    parser.add_argument("--top-p", type=float, help="the dense runs sample with this top_p (default 1: off)")
+    parser.add_argument("--top-k", type=int, help="the dense runs sample with this top_k (default -1: off)")
     args = parser.parse_args()
+    sampling = {k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k)) if v is not None}
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
     if args.moe:
@@ -406,11 +414,12 @@ def main() -> None:
         path = write_model(name, root)
         engine = make_engine(path, kv_cache_dtype=args.kv_cache_dtype)
         batches = [256] if args.quick else [int(b) for b in args.batches.split(",")]
-        warm_up(engine, batches)
+        warm_up(engine, batches, sampling)
         for batch in batches:
             prefill = run_prefill(engine, batch)
-            ours = with_roofline(engine, batch, run_engine(engine, batch))
+            ours = with_roofline(engine, batch, run_engine(engine, batch, sampling=sampling))
             entry = {"model": name, "batch": batch, "kv_cache_dtype": args.kv_cache_dtype, "rlx": ours}
+            entry["sampling"] = sampling
             entry["prefill"] = prefill
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)

@@ -240,6 +240,52 @@ def inverse_cdf(probs_RV: torch.Tensor, uniform_R: torch.Tensor) -> torch.Tensor
     return torch.searchsorted(cum_RV, target_R[:, None], right=True)[:, 0].clamp_(max=probs_RV.shape[-1] - 1)
 
 
+def truncation_keys(logits_RV: torch.Tensor) -> torch.Tensor:
+    """rlx.engine.triton_truncate's keys (int64): integers in the order of the logits' values,
+    from their bits (2-byte or fp32), negatives' magnitude bits flipped (-0 below +0)."""
+    wide = logits_RV.element_size() == 4
+    bits = logits_RV.view(torch.int32 if wide else torch.int16).long()
+    return torch.where(bits >= 0, bits, bits ^ (0x7FFFFFFF if wide else 0x7FFF))
+
+
+def truncation_kept(
+    logits_RV: torch.Tensor,
+    inv_t_R: torch.Tensor,
+    top_k_R: torch.Tensor,
+    top_p_R: torch.Tensor,
+    min_p_R: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the truncating sampler (rlx.engine.triton_truncate) keeps, and each token's mass
+    exp(s - m) (s = logit * inv_t in fp32, m its maximum): in the order of `truncation_keys`
+    descending, ties by id (a stable sort), the prefix of tokens ranked below top_k, whose mass
+    summed over the tokens before them (in fp64) is at most top_p times the row's, and with mass
+    >= min_p: SGLang's rule (`sampler.truncate`)."""
+    s = logits_RV.float() * inv_t_R.float()[:, None]
+    e = torch.exp(s - s.max(-1, keepdim=True).values)
+    order = torch.sort(truncation_keys(logits_RV), dim=-1, descending=True, stable=True).indices
+    sorted_e = e.gather(-1, order).double()
+    exclusive = sorted_e.cumsum(-1) - sorted_e
+    rank = torch.arange(logits_RV.shape[-1], device=logits_RV.device)[None, :]
+    keep = (rank < top_k_R[:, None]) & (
+        exclusive <= top_p_R.double()[:, None] * sorted_e.sum(-1, keepdim=True)
+    )
+    keep &= sorted_e >= min_p_R.double()[:, None]
+    return torch.zeros_like(keep).scatter_(-1, order, keep), e
+
+
+def truncated_inverse_cdf(
+    logits_RV: torch.Tensor,
+    inv_t_R: torch.Tensor,
+    top_k_R: torch.Tensor,
+    top_p_R: torch.Tensor,
+    min_p_R: torch.Tensor,
+    uniform_R: torch.Tensor,
+) -> torch.Tensor:
+    """The truncating sampler's draw: `inverse_cdf` over the mass `truncation_kept` keeps."""
+    kept, e = truncation_kept(logits_RV, inv_t_R, top_k_R, top_p_R, min_p_R)
+    return inverse_cdf(torch.where(kept, e.double(), 0.0), uniform_R)
+
+
 # Seeds whose fused-sampler uniform at output index 5 (`fused_uniform`) is its largest,
 # 1 - 2^-24, or its smallest, 2^-24 (23 hash bits all ones or all zeros): found by a search over
 # seeds 7919 * i + 1 (about 2^23 hashes a find, 10 s on the CPU: too slow for each run);

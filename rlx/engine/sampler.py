@@ -13,8 +13,9 @@ none, drawn from the engine's seed when the request arrived), and rows without
 top-k/top-p/min-p go through the fused Triton sampler (`triton_sample`, also captured in the
 decode CUDA graphs), which draws the same distribution by another rule, cheaper a token: the
 first token, in id order, whose cumulative probability passes one uniform from the row's hash
-(`row_hash`). Only truncating rows take the torch path below, which keeps the exponential race
-(the CPU's recorded runs, tests/golden, drew so).
+(`row_hash`). Truncating rows are drawn again after it, by the same rule over what they keep
+(`triton_truncate`, no sort). The CPU takes the torch path below, which keeps the exponential
+race (the CPU's recorded runs, tests/golden, drew so).
 Nothing here reads a tensor back to the host or waits for the GPU (`upload`).
 
 Legend: N rows, V vocabulary.
@@ -164,9 +165,18 @@ class Sampler:
         tokens_N: torch.Tensor,
         out_logprobs_N: torch.Tensor,
     ) -> None:
-        """Overwrite the fused pass's choice for rows with top-k / top-p / min-p (torch path, in
-        place; tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer)."""
+        """Overwrite the fused pass's choice for rows with top-k / top-p / min-p, in place
+        (tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer): on CUDA
+        by `triton_truncate`, without a sort; elsewhere by the torch path."""
         at = upload(torch.tensor(batch.truncate_rows), logits_NV.device)
+        if logits_NV.is_cuda:
+            from rlx.engine.triton_truncate import truncated_sample
+
+            truncated_sample(
+                logits_NV, at, batch.inv_temperature_N, batch.top_k_N, batch.top_p_N, batch.min_p_N,
+                batch.seed_N, batch.step_N, tokens_N, out_logprobs_N,
+            )  # fmt: skip
+            return
         tokens, logprobs = self.sample_torch(logits_NV[at], batch.rows(batch.truncate_rows))
         tokens_N[at] = tokens.to(tokens_N.dtype)
         out_logprobs_N[at] = logprobs

@@ -7,10 +7,17 @@ the rule itself."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import EXTREME_UNIFORM_SEEDS, fused_uniform, inverse_cdf  # tests/ is on sys.path (conftest)
+from helpers import (  # tests/ is on sys.path (conftest)
+    EXTREME_UNIFORM_SEEDS,
+    fused_uniform,
+    inverse_cdf,
+    truncated_inverse_cdf,
+    truncation_kept,
+)
 
 
 def test_the_uniform_stays_inside_0_1_at_its_extreme_hashes():
@@ -61,3 +68,30 @@ def test_successive_output_indices_draw_independently():
     assert abs(tokens.float().mean().item() - 0.5) <= 5 * math.sqrt(0.25 / n)
     pairs = torch.bincount(tokens[:-1] * 2 + tokens[1:], minlength=4) / (n - 1)
     assert (pairs - 0.25).abs().max().item() <= 5 * math.sqrt(0.25 * 0.75 / n), pairs.tolist()
+
+
+def test_truncation_keeps_what_sglangs_rule_keeps_and_breaks_ties_by_id():
+    """The truncating sampler's rule (tests/helpers.py, `truncation_kept`) keeps the tokens
+    that the torch path's `sampler.truncate` (SGLang's top_k_top_p_min_p) keeps, on fp32 logits
+    without ties, for top-k, top-p and min-p alone and together; and where values tie, top-k keeps
+    the lowest ids: logits 3 at ids 1, 2, 4, 7 with top_k 2 keep ids 1 and 2 whatever u is."""
+    from rlx.engine.sampler import truncate
+
+    g = torch.Generator().manual_seed(0)
+    rows, vocab = 12, 500
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    inv_t = torch.rand(rows, generator=g) + 0.5
+    top_k = torch.tensor([vocab, 7, vocab, vocab, 40, 1, vocab, 300, vocab, 3, 60, vocab])
+    top_p = torch.tensor([1.0, 1.0, 0.9, 0.3, 0.8, 1.0, 1.0, 0.95, 0.05, 1.0, 0.5, 0.99])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.01, 0.0, 0.5, 0.02, 0.001])
+    probs = (logits * inv_t[:, None]).softmax(-1)
+    batch = SimpleNamespace(top_k_N=top_k, top_p_N=top_p, min_p_N=min_p)
+    sglang_kept = truncate(probs, batch) > 0
+    kept, _ = truncation_kept(logits, inv_t, top_k, top_p, min_p)
+    assert torch.equal(kept, sglang_kept)
+    assert kept[0].all() and kept[1:].sum(-1).max() < vocab  # row 0 cuts nothing, the others some
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0, -1.0, 3.0]]).expand(5, 8)
+    u = torch.tensor([0.01, 0.3, 0.49, 0.51, 0.99])
+    one = torch.ones(5)
+    drawn = truncated_inverse_cdf(ties, one, torch.full((5,), 2), one, torch.zeros(5), u)
+    assert drawn.tolist() == [1, 1, 1, 2, 2]

@@ -38,6 +38,10 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         "silu_mul",
         "sample_blocks",
         "sample_select",
+        "truncate_row_stats",
+        "truncate_search_pass",
+        "truncate_kept_blocks",
+        "truncate_select",
     }
     assert all(k["local_bytes"] == 0 for k in kernels.values()), kernels
     ops = {name: [op for op, _ in k["memory_order"]] for name, k in kernels.items()}
