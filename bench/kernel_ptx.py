@@ -85,40 +85,53 @@ def kernels() -> dict[str, tuple]:
 
 
 def truncation_kernels(module) -> dict[str, tuple]:
-    """The truncating sampler's four kernels (bf16 logits, 16-bit keys; 9 shares a row of 149
-    blocks of 1,024, as at 256 rows on 132 SMs)."""
+    """The truncating sampler's kernels (bf16 logits, 16-bit keys; 33 shares a row of 149 blocks
+    of 1,024, as at 256 rows on 132 SMs)."""
     logits = {"Logits": "*bf16", "stride_row": "i32", "Rows": "*i64", "InvT": "*fp32"}
-    params = {"TopK": "*i64", "TopP": "*fp32"}
-    state = {"Stats": "*fp32", "KeyRange": "*i32", "Part": "*fp32"}
-    shares = {"SH": 9, "SH_P2": 16, "BLOCK": module.BLOCK, "WIDE": False}
+    state = {"StateI": "*i64", "StateF": "*fp32"}
+    narrow = {"BLOCK": module.BLOCK, "WIDE": False}
     return {
         "truncate_row_stats": (
             module._row_stats,
-            logits | {"Stats": "*fp32", "KeyRange": "*i32", "V": "i32"},
-            {"SH": 9, "SHARE": 17, "BLOCK": module.BLOCK, "WIDE": False},
+            logits | {"Stats": "*fp32", "KeyRange": "*i32"} | _i32("V", "SH", "SHARE"),
+            narrow,
             4,
+        ),
+        "truncate_start_state": (
+            module._start_state,
+            {"Stats": "*fp32", "KeyRange": "*i32"} | state | _i32("V", "passes", "SH"),
+            {"SH_P2": 256, "WIDE": False},
+            1,
         ),
         "truncate_search_pass": (
             module._search_pass,
-            logits | params | state | _i32("R", "V", "p"),
-            shares | {"SHARE": 17, "TILE": module.SEARCH_TILE},
-            4,
+            logits | state | {"Part": "*fp32"} | _i32("R", "V", "p", "passes", "SH", "SHARE"),
+            {"TILE": module.SEARCH_TILE} | narrow,
+            module.SEARCH_WARPS,
+        ),
+        "truncate_next_state": (
+            module._next_state,
+            {"Rows": "*i64", "TopK": "*i64", "TopP": "*fp32"}
+            | state
+            | {"Part": "*fp32"}
+            | _i32("R", "p", "passes", "SH"),
+            {"SH_P2": 256, "WIDE": False},
+            1,
         ),
         "truncate_kept_blocks": (
             module._kept_blocks,
-            logits | params | {"MinP": "*fp32"} | state | {"Blocks": "*fp32"} | _i32("R", "V", "passes"),
-            shares | {"NB": 149, "SHARE": 17},
+            logits | {"MinP": "*fp32"} | state | {"Blocks": "*fp32"} | _i32("V", "passes", "SHARE"),
+            {"NB": 149} | narrow,
             4,
         ),
         "truncate_select": (
             module._truncated_select,
             logits
-            | params
-            | {"MinP": "*fp32", "Seed": "*i64", "Step": "*i64"}
+            | {"TopK": "*i64", "TopP": "*fp32", "MinP": "*fp32", "Seed": "*i64", "Step": "*i64"}
             | state
             | {"Blocks": "*fp32", "Tokens": "*fp32", "Logprobs": "*fp32"}
-            | _i32("R", "V", "passes"),
-            shares | {"NB": 149, "NB_P2": 256},
+            | _i32("V", "passes"),
+            {"NB": 149, "NB_P2": 256} | narrow,
             8,
         ),
     }

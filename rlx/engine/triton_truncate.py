@@ -4,30 +4,36 @@ SGLang keeps, in the order of the probabilities sorted descending, the tokens ra
 top_k, those whose probability summed over the tokens before them is at most top_p, and those
 at least min_p times the largest; then draws from what is kept, renormalised. The torch path
 (`sampler.truncate`) sorts each row: 2.5 ms at 64 rows of Qwen3's vocabulary, 8.5 ms at 256,
-more than a whole decode step (`bench/sampler.py --truncate`, 1×H200). Here the last kept token
-is found by a search over the row's values instead, in passes over the row, each a kernel of
-programs a (row, share of the vocabulary):
+more than a whole decode step. Here the last kept token is found by a search over the row's
+values instead, in passes over the row, each a kernel of programs a (row, share of the
+vocabulary), with a program a row between them that sums the shares' parts in one order
+(so every program of a row agrees, and a row draws the same alone or batched):
 
 1. `_row_stats`: each share's maximum and sum of exp(s - that maximum) for s = logit / T, and
    its smallest and largest keys: integers in the order of the logits' values (their bits,
-   negatives flipped; -0 below +0);
-2. `_search_pass`, 4 times for 2-byte logits (8 for fp32): the smallest key v at which fewer
-   than top_k tokens lie above and their mass exp(s - m) (m the row's maximum) is at most
-   top_p * Z (Z the row's sum): each pass counts the tokens and sums the mass above 16 keys
-   spread over the interval left, which shrinks 16-fold a pass. The tokens above v are kept;
-   of those at v (ties), the first c by id, c as many as top_k and top_p leave room for; min_p
-   keeps those with exp(s - m) >= min_p (its bound is a value);
+   negatives flipped; -0 below +0); `_start_state` combines them;
+2. `_search_pass`, 4 times for 2-byte logits (8 for fp32), each followed by `_next_state`: the
+   smallest key v at which fewer than top_k tokens lie above and their mass exp(s - m) (m the
+   row's maximum) is at most top_p * Z (Z the row's sum): each pass counts the tokens and sums
+   the mass above 16 keys spread over the interval left, which shrinks 16-fold a pass. The
+   tokens above v are kept; of those at v (ties), the first c by id, c as many as top_k and
+   top_p leave room for; min_p keeps those with exp(s - m) >= min_p (its bound is a value);
 3. `_kept_blocks`: each block's kept mass above v and its count of ties at v;
 4. `_truncated_select`, a program a row: the draw, as the fused sampler's (`triton_sample`):
    the first kept token, in id order, whose kept mass summed from id 0 passes u times the kept
    total, u the row's hashed uniform; the block from the blocks' sums, the token from one read.
 
-Every program works out the row's state (m, Z, the interval) from the partial sums of the
-passes before, in one order, so every program of a row agrees and a row draws the same alone or
-batched. The order is by value, ties by id (a stable sort), and a row that truncates nothing
-draws what the fused sampler draws. The logprob is log_softmax(logits / T) at the token, before
+The order is by value, ties by id (a stable sort), and a row that truncates nothing draws what
+the fused sampler draws. The logprob is log_softmax(logits / T) at the token, before
 truncation, as SGLang reports it. tests/helpers.py states the rule in torch
-(`truncated_inverse_cdf`); the CPU keeps the torch path and its exponential race.
+(`truncated_inverse_cdf`); the CPU keeps the torch path and its exponential race. Nothing
+constant a compile depends on the rows, which vary from step to step.
+
+Speed (1×H200, bf16, Qwen3's vocabulary, every row truncating; `bench/sampler.py --truncate`):
+0.40-0.68 ms at 64 rows, 1.5-1.6 ms at 256, against the torch path's 2.5 and 8.5; the search
+passes are nine tenths of it, bound by their 16 compares an element (tiles of 128-1,024 and
+16-64 programs an SM within 10% of one another). FlashInfer's sampling kernels (rejection
+sampling) are CUDA C++ compiled at run time, which the engine does without.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from rlx.engine.triton_sample import _GOLDEN, _mix
 
 BLOCK = 1024  # logits a block: the unit of the shares and of the kept masses the draw finds
 SEARCH_TILE = 256  # logits a search pass compares against its 16 keys at a time ([16, TILE])
+SEARCH_WARPS = 1  # a program's warps: its sums across the tile stay within one warp
+SEARCH_PER_SM = 64  # programs a row in the passes: enough one-warp programs to fill each SM
 
 
 @triton.jit
@@ -76,13 +84,45 @@ def _tile(Logits, stride_row, row, b, inv_t, m, V, BLOCK: tl.constexpr, WIDE: tl
 
 
 @triton.jit
-def _row_state(
-    Stats, KeyRange, Part, r, R, top_k, top_p, passes, V,
-    SH: tl.constexpr, SH_P2: tl.constexpr, WIDE: tl.constexpr,
-):  # fmt: skip
-    """The row's m and Z, and the search's state after `passes` passes: the
-    interval (below, hi] (v's key is hi once hi - below is 1), the counts above both and the
-    mass above hi. Summed over shares in one order: every program of the row agrees."""
+def _load_state(StateI, StateF, r, q, passes, WIDE: tl.constexpr):
+    """The row's m and Z, and the search after q passes: the interval (below, hi] (v's key is hi
+    once hi - below is 1), the counts above both and the mass above hi (`_next_state`)."""
+    at = (r * (passes + 1) + q) * 4
+    below = tl.load(StateI + at)
+    hi = tl.load(StateI + at + 1)
+    if not WIDE:
+        below = below.to(tl.int32)
+        hi = hi.to(tl.int32)
+    count_below = tl.load(StateI + at + 2).to(tl.int32)
+    count_hi = tl.load(StateI + at + 3).to(tl.int32)
+    return (
+        tl.load(StateF + at),
+        tl.load(StateF + at + 1),
+        below,
+        hi,
+        count_below,
+        count_hi,
+        tl.load(StateF + at + 2),
+    )
+
+
+@triton.jit
+def _store_state(StateI, StateF, r, q, passes, m, z, below, hi, count_below, count_hi, mass_hi):
+    at = (r * (passes + 1) + q) * 4
+    tl.store(StateI + at, below.to(tl.int64))
+    tl.store(StateI + at + 1, hi.to(tl.int64))
+    tl.store(StateI + at + 2, count_below.to(tl.int64))
+    tl.store(StateI + at + 3, count_hi.to(tl.int64))
+    tl.store(StateF + at, m)
+    tl.store(StateF + at + 1, z)
+    tl.store(StateF + at + 2, mass_hi)
+
+
+@triton.jit(do_not_specialize=["passes", "SH"])
+def _start_state(Stats, KeyRange, StateI, StateF, V, passes, SH, SH_P2: tl.constexpr, WIDE: tl.constexpr):
+    """State 0 from the shares' statistics: `below` under the row's smallest key fails the test
+    (all V tokens above it, top_k <= V), `hi` at its largest passes it (none above)."""
+    r = tl.program_id(0)
     sh = tl.arange(0, SH_P2)
     live = sh < SH
     share_max = tl.load(Stats + (r * SH + sh) * 2, mask=live, other=-float("inf"))
@@ -95,33 +135,45 @@ def _row_state(
         floor = tl.full([SH_P2], 1 << 20, tl.int32)
     below = tl.min(tl.load(KeyRange + (r * SH + sh) * 2, mask=live, other=floor), 0) - 1
     hi = tl.max(tl.load(KeyRange + (r * SH + sh) * 2 + 1, mask=live, other=-floor), 0)
-    # `below` fails the test (all V tokens above it, top_k <= V), `hi` passes it (none above)
-    count_below = V
-    count_hi = 0
-    mass_hi = 0.0
-    budget = top_p * z
-    j = tl.arange(0, 16)
-    for q in range(passes):
-        if hi - below > 1:
-            keys = tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
-            at = ((q * R + r) * SH + sh[:, None]) * 32 + j[None, :] * 2
-            count = tl.sum(tl.load(Part + at, mask=live[:, None], other=0.0), 0)
-            mass = tl.sum(tl.load(Part + at + 1, mask=live[:, None], other=0.0), 0)
-            first = tl.min(tl.where((count < top_k) & (mass <= budget), j, 15), 0)  # 15: NaN only
-            new_hi = tl.sum(tl.where(j == first, keys, 0), 0)
-            count_hi = tl.sum(tl.where(j == first, count, 0.0), 0).to(tl.int32)
-            mass_hi = tl.sum(tl.where(j == first, mass, 0.0), 0)
-            if first > 0:
-                below = tl.sum(tl.where(j == first - 1, keys, 0), 0)
-                count_below = tl.sum(tl.where(j == first - 1, count, 0.0), 0).to(tl.int32)
-            hi = new_hi
-    return m, z, below, hi, count_below, count_hi, mass_hi
+    none = tl.full([], 0, tl.int32)
+    _store_state(StateI, StateF, r, 0, passes, m, z, below, hi, V + none, none, none.to(tl.float32))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "p", "passes", "SH"])
+def _next_state(
+    Rows, TopK, TopP, StateI, StateF, Part, R, p, passes,
+    SH, SH_P2: tl.constexpr, WIDE: tl.constexpr,
+):  # fmt: skip
+    """State p + 1 from state p and pass p's sums over the shares (in one order): the 16 keys'
+    first that passes (fewer than top_k above, mass above at most top_p * Z) becomes `hi`, the
+    key before it `below`."""
+    r = tl.program_id(0)
+    row = tl.load(Rows + r)
+    top_k = tl.load(TopK + row).to(tl.int32)
+    top_p = tl.load(TopP + row)
+    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
+    if hi - below > 1:
+        sh = tl.arange(0, SH_P2)
+        j = tl.arange(0, 16)
+        keys = tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
+        at = ((p * R + r) * SH + sh[:, None]) * 32 + j[None, :] * 2
+        count = tl.sum(tl.load(Part + at, mask=(sh < SH)[:, None], other=0.0), 0)
+        mass = tl.sum(tl.load(Part + at + 1, mask=(sh < SH)[:, None], other=0.0), 0)
+        first = tl.min(tl.where((count < top_k) & (mass <= top_p * z), j, 15), 0)  # 15: NaN only
+        new_hi = tl.sum(tl.where(j == first, keys, 0), 0)
+        count_hi = tl.sum(tl.where(j == first, count, 0.0), 0).to(tl.int32)
+        mass_hi = tl.sum(tl.where(j == first, mass, 0.0), 0)
+        if first > 0:
+            below = tl.sum(tl.where(j == first - 1, keys, 0), 0)
+            count_below = tl.sum(tl.where(j == first - 1, count, 0.0), 0).to(tl.int32)
+        hi = new_hi
+    _store_state(StateI, StateF, r, p + 1, passes, m, z, below, hi, count_below, count_hi, mass_hi)
+
+
+@triton.jit(do_not_specialize=["SH", "SHARE"])
 def _row_stats(
     Logits, stride_row, Rows, InvT, Stats, KeyRange, V,
-    SH: tl.constexpr, SHARE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    SH, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     share = tl.program_id(1)
@@ -151,29 +203,23 @@ def _row_stats(
     tl.store(KeyRange + (r * SH + share) * 2 + 1, key_max)
 
 
-@triton.jit(do_not_specialize=["R", "p"])
+@triton.jit(do_not_specialize=["R", "p", "passes", "SH", "SHARE"])
 def _search_pass(
-    Logits, stride_row, Rows, InvT, TopK, TopP, Stats, KeyRange, Part, R, V, p,
-    SH: tl.constexpr, SH_P2: tl.constexpr, SHARE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
-    TILE: tl.constexpr,
+    Logits, stride_row, Rows, InvT, StateI, StateF, Part, R, V, p, passes,
+    SH, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
-    """Pass p: the share's count and mass above each of the 16 keys (Part[p, r, share]). Sums
-    stay per lane until the end ([16, TILE]; a sum across lanes a tile cost more than the
-    compares), tokens above the interval count once for all 16, and a tile with none inside it
-    skips the compares."""
+    """Pass p: the share's count and mass above each of the 16 keys (Part[p, r, share]), TILE
+    logits at a time; tokens above the interval count once for all 16, and a tile with none
+    inside it skips the compares."""
     r = tl.program_id(0)
     share = tl.program_id(1)
     row = tl.load(Rows + r)
     inv_t = tl.load(InvT + row)
-    top_k = tl.load(TopK + row).to(tl.int32)
-    top_p = tl.load(TopP + row)
-    m, z, below, hi, count_below, count_hi, mass_hi = _row_state(
-        Stats, KeyRange, Part, r, R, top_k, top_p, p, V, SH, SH_P2, WIDE
-    )
+    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
     j = tl.arange(0, 16)
     keys = tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
-    count = tl.zeros([16, TILE], tl.int32)
-    mass = tl.zeros([16, TILE], tl.float32)
+    count = tl.zeros([16], tl.int32)
+    mass = tl.zeros([16], tl.float32)
     count_top = tl.zeros([TILE], tl.int32)
     mass_top = tl.zeros([TILE], tl.float32)
     if hi - below > 1:  # else v is found: the pass has nothing to count
@@ -185,12 +231,11 @@ def _search_pass(
             inside = (key > below) & (key <= hi)
             if tl.max(inside.to(tl.int32), 0) > 0:
                 above = (key[None, :] > keys[:, None]) & inside[None, :]
-                count += above.to(tl.int32)
-                mass += tl.where(above, e[None, :], 0.0)
+                count += tl.sum(above.to(tl.int32), 1)
+                mass += tl.sum(tl.where(above, e[None, :], 0.0), 1)
     at = ((p * R + r) * SH + share) * 32 + j * 2
-    count_all = tl.sum(count, 1) + tl.sum(count_top, 0)
-    tl.store(Part + at, count_all.to(tl.float32))  # exact: counts stay below 2^24
-    tl.store(Part + at + 1, tl.sum(mass, 1) + tl.sum(mass_top, 0))
+    tl.store(Part + at, (count + tl.sum(count_top, 0)).to(tl.float32))  # exact below 2^24
+    tl.store(Part + at + 1, mass + tl.sum(mass_top, 0))
 
 
 @triton.jit
@@ -218,34 +263,29 @@ def _ties_taken(
     return tl.where(e_v >= min_p, take, 0), e_v
 
 
-@triton.jit(do_not_specialize=["R", "passes"])
+@triton.jit(do_not_specialize=["passes", "SHARE"])
 def _kept_blocks(
-    Logits, stride_row, Rows, InvT, TopK, TopP, MinP, Stats, KeyRange, Part, Blocks, R, V,
-    passes, NB: tl.constexpr, SH: tl.constexpr, SH_P2: tl.constexpr, SHARE: tl.constexpr,
-    BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    Logits, stride_row, Rows, InvT, MinP, StateI, StateF, Blocks, V, passes,
+    NB: tl.constexpr, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """Each block's kept mass above v and its count of ties at v (Blocks[r, b])."""
     r = tl.program_id(0)
     share = tl.program_id(1)
     row = tl.load(Rows + r)
     inv_t = tl.load(InvT + row)
-    top_k = tl.load(TopK + row).to(tl.int32)
-    top_p = tl.load(TopP + row)
     min_p = tl.load(MinP + row)
-    m, z, below, hi, count_below, count_hi, mass_hi = _row_state(
-        Stats, KeyRange, Part, r, R, top_k, top_p, passes, V, SH, SH_P2, WIDE
-    )
+    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
     for b in range(share * SHARE, tl.minimum(share * SHARE + SHARE, NB)):
         key, e = _tile(Logits, stride_row, row, b, inv_t, m, V, BLOCK, WIDE)
         tl.store(Blocks + (r * NB + b) * 2, tl.sum(tl.where((key > hi) & (e >= min_p), e, 0.0), 0))
         tl.store(Blocks + (r * NB + b) * 2 + 1, tl.sum((key == hi).to(tl.float32), 0))
 
 
-@triton.jit(do_not_specialize=["R", "passes"])
+@triton.jit(do_not_specialize=["passes"])
 def _truncated_select(
-    Logits, stride_row, Rows, InvT, TopK, TopP, MinP, Seed, Step, Stats, KeyRange, Part,
-    Blocks, Tokens, Logprobs, R, V, passes, NB: tl.constexpr, NB_P2: tl.constexpr, SH: tl.constexpr,
-    SH_P2: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    Logits, stride_row, Rows, InvT, TopK, TopP, MinP, Seed, Step, StateI, StateF,
+    Blocks, Tokens, Logprobs, V, passes, NB: tl.constexpr, NB_P2: tl.constexpr, BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     row = tl.load(Rows + r)
@@ -258,9 +298,7 @@ def _truncated_select(
     k = tl.arange(0, NB_P2)
     above = tl.load(Blocks + (r * NB + k) * 2, mask=k < NB, other=0.0)
     ties = tl.load(Blocks + (r * NB + k) * 2 + 1, mask=k < NB, other=0.0).to(tl.int32)
-    m, z, below, hi, count_below, count_hi, mass_hi = _row_state(
-        Stats, KeyRange, Part, r, R, top_k, top_p, passes, V, SH, SH_P2, WIDE
-    )
+    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
     take, e_v = _ties_taken(
         hi, count_below, count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, Logits.dtype.element_ty, WIDE
     )
@@ -290,8 +328,8 @@ def _truncated_select(
 
 
 def default_shares(rows: int, device: torch.device, blocks: int) -> int:
-    """Programs a row in the passes: about sixteen an SM, as the fused sampler's first kernel."""
-    return max(1, min(blocks, triton.cdiv(16 * sm_count(device), rows)))
+    """Programs a row in the passes: about SEARCH_PER_SM an SM."""
+    return max(1, min(blocks, triton.cdiv(SEARCH_PER_SM * sm_count(device), rows)))
 
 
 def truncated_sample(
@@ -326,28 +364,47 @@ def truncated_sample(
     device = logits_NV.device
     stats = torch.empty(rows, sh, 2, dtype=torch.float32, device=device)
     key_range = torch.empty(rows, sh, 2, dtype=torch.int64 if wide else torch.int32, device=device)
+    state_i = torch.empty(rows, passes + 1, 4, dtype=torch.int64, device=device)
+    state_f = torch.empty(rows, passes + 1, 4, dtype=torch.float32, device=device)
     part = torch.empty(passes, rows, sh, 16, 2, dtype=torch.float32, device=device)
     kept = torch.empty(rows, blocks, 2, dtype=torch.float32, device=device)
     at = rows_R.contiguous()
     inv_t, top_k, top_p, min_p, seed, step = (
         t.contiguous() for t in (inv_temperature_N, top_k_N, top_p_N, min_p_N, seed_N, step_N)
     )
-    logits, stride = logits_NV, logits_NV.stride(0)
-    common = {"SH": sh, "SH_P2": triton.next_power_of_2(sh), "BLOCK": BLOCK, "WIDE": wide}
+    logits, stride, state = logits_NV, logits_NV.stride(0), (state_i, state_f)
     _row_stats[(rows, sh)](
         logits, stride, at, inv_t, stats, key_range, vocab, SH=sh, SHARE=share, BLOCK=BLOCK, WIDE=wide
     )
-    state = (stats, key_range, part)
+    shares_p2 = triton.next_power_of_2(blocks)  # the vocabulary's alone: rows (and so the
+    # shares) vary from step to step, and every constant a compile
+    _start_state[(rows,)](
+        stats, key_range, *state, vocab, passes, SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1
+    )
     for p in range(passes):
         _search_pass[(rows, sh)](
-            logits, stride, at, inv_t, top_k, top_p, *state, rows, vocab, p, SHARE=share,
-            TILE=SEARCH_TILE, **common,
+            logits, stride, at, inv_t, *state, part, rows, vocab, p, passes,
+            SH=sh, SHARE=share, BLOCK=BLOCK, WIDE=wide, TILE=SEARCH_TILE, num_warps=SEARCH_WARPS,
         )  # fmt: skip
+        _next_state[(rows,)](
+            at, top_k, top_p, *state, part, rows, p, passes, SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1
+        )
     _kept_blocks[(rows, sh)](
-        logits, stride, at, inv_t, top_k, top_p, min_p, *state, kept, rows, vocab, passes,
-        NB=blocks, SHARE=share, **common,
-    )  # fmt: skip
+        logits,
+        stride,
+        at,
+        inv_t,
+        min_p,
+        *state,
+        kept,
+        vocab,
+        passes,
+        NB=blocks,
+        SHARE=share,
+        BLOCK=BLOCK,
+        WIDE=wide,
+    )
     _truncated_select[(rows,)](
         logits, stride, at, inv_t, top_k, top_p, min_p, seed, step, *state, kept, tokens_N, logprobs_N,
-        rows, vocab, passes, NB=blocks, NB_P2=triton.next_power_of_2(blocks), **common,
+        vocab, passes, NB=blocks, NB_P2=triton.next_power_of_2(blocks), BLOCK=BLOCK, WIDE=wide, num_warps=8,
     )  # fmt: skip

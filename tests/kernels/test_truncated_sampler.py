@@ -172,3 +172,30 @@ def test_truncated_sampler_keeps_a_row_of_nan_logits_to_itself(device):
     tokens, logprobs = truncated_draw(broken, [0, 1, 2], *args)
     assert 0 <= tokens[1].item() < vocab and logprobs[1].isnan().item()
     assert tokens[0].item() == clean[0].item() and tokens[2].item() == clean[2].item()
+
+
+def test_truncated_sampler_compiles_once_whatever_the_rows(device):
+    """A step's truncating rows vary (requests finish, join, change settings): after the first
+    call, calls at other row counts compile nothing (each new constant a compile would cost about
+    a second inside a rollout). On a GPU: the interpreter compiles nothing at all."""
+    if device.type != "cuda":
+        pytest.skip("Triton's interpreter keeps no compiled kernels to count")
+    from rlx.engine import triton_truncate
+
+    def compiled() -> int:
+        kernels = [getattr(triton_truncate, name) for name in dir(triton_truncate) if name.startswith("_")]
+        caches = [c[0] for k in kernels if hasattr(k, "device_caches") for c in k.device_caches.values()]
+        return sum(map(len, caches))  # each device's (kernel cache, ...) entry
+
+    g = torch.Generator(device=device).manual_seed(4)
+    logits = torch.randn(300, 151936, device=device, generator=g).bfloat16()
+    n = logits.shape[0]
+    params = (
+        torch.ones(n, device=device), torch.full((n,), 40, device=device), torch.full((n,), 0.9, device=device),
+        torch.zeros(n, device=device), torch.arange(n, device=device), torch.zeros(n, dtype=torch.int64, device=device),
+    )  # fmt: skip
+    truncated_draw(logits, list(range(256)), *params)
+    before = compiled()
+    for rows in (1, 3, 17, 64, 100, 255, 300):
+        truncated_draw(logits, list(range(rows)), *params)
+    assert compiled() == before > 0

@@ -39,7 +39,9 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         "sample_blocks",
         "sample_select",
         "truncate_row_stats",
+        "truncate_start_state",
         "truncate_search_pass",
+        "truncate_next_state",
         "truncate_kept_blocks",
         "truncate_select",
     }
