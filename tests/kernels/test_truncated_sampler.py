@@ -34,13 +34,13 @@ def two_byte(device) -> torch.dtype:
 @pytest.mark.parametrize("shares, wide", [(1, False), (3, False), (None, False), (3, True)])
 def test_truncated_sampler_matches_its_rule(shares, wide, device):
     """Rows of top-k, top-p and min-p alone and together (4 of each setting on a GPU, 1
-    interpreted), at temperatures 0.5-1.5, over Qwen's vocabulary on a GPU and 5,000 words
+    interpreted), at temperatures 0.5-1.5, over Qwen's vocabulary on a GPU and 2,500 words
     interpreted (not a multiple of the kernel's tile), in 2-byte logits (many tied values) and
     fp32 (`wide`): the rule's tokens at any share count, logprobs within fp32 noise of
     log_softmax(logits / T) before truncation; rows not listed keep what was in the buffers."""
     dtype = torch.float32 if wide else two_byte(device)
     g = torch.Generator(device=device).manual_seed(0)
-    vocab = 151936 if device.type == "cuda" else 5000
+    vocab = 151936 if device.type == "cuda" else 2500
     settings = [  # top_k (vocab: off), top_p, min_p
         (vocab, 0.9, 0.0), (50, 1.0, 0.0), (1, 1.0, 0.0), (vocab, 1.0, 0.05), (20, 0.5, 0.0),
         (vocab, 0.05, 0.0), (1000, 0.95, 0.001), (vocab, 0.999, 0.0), (3, 0.2, 0.3), (vocab, 1.0, 0.0),
@@ -172,30 +172,3 @@ def test_truncated_sampler_keeps_a_row_of_nan_logits_to_itself(device):
     tokens, logprobs = truncated_draw(broken, [0, 1, 2], *args)
     assert 0 <= tokens[1].item() < vocab and logprobs[1].isnan().item()
     assert tokens[0].item() == clean[0].item() and tokens[2].item() == clean[2].item()
-
-
-def test_truncated_sampler_compiles_once_whatever_the_rows(device):
-    """A step's truncating rows vary (requests finish, join, change settings): after the first
-    call, calls at other row counts compile nothing (each new constant a compile would cost about
-    a second inside a rollout). On a GPU: the interpreter compiles nothing at all."""
-    if device.type != "cuda":
-        pytest.skip("Triton's interpreter keeps no compiled kernels to count")
-    from rlx.engine import triton_truncate
-
-    def compiled() -> int:
-        kernels = [getattr(triton_truncate, name) for name in dir(triton_truncate) if name.startswith("_")]
-        caches = [c[0] for k in kernels if hasattr(k, "device_caches") for c in k.device_caches.values()]
-        return sum(map(len, caches))  # each device's (kernel cache, ...) entry
-
-    g = torch.Generator(device=device).manual_seed(4)
-    logits = torch.randn(300, 151936, device=device, generator=g).bfloat16()
-    n = logits.shape[0]
-    params = (
-        torch.ones(n, device=device), torch.full((n,), 40, device=device), torch.full((n,), 0.9, device=device),
-        torch.zeros(n, device=device), torch.arange(n, device=device), torch.zeros(n, dtype=torch.int64, device=device),
-    )  # fmt: skip
-    truncated_draw(logits, list(range(256)), *params)
-    before = compiled()
-    for rows in (1, 3, 17, 64, 100, 255, 300):
-        truncated_draw(logits, list(range(rows)), *params)
-    assert compiled() == before > 0
