@@ -20,12 +20,19 @@ from engine_step_profile import time_cuda
 VOCAB = 151936  # Qwen3's
 
 
+def logits_copies(rows: int, vocab: int, device: torch.device, g: torch.Generator) -> list[torch.Tensor]:
+    """bf16 logits (randn * 4), enough copies (256 MB, at least 2) that the L2 holds none from
+    the call before when the calls take them in turn."""
+    copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
+    return [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+
+
 def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None = None) -> dict:
     from rlx.engine.triton_sample import fused_sample
 
     g = torch.Generator(device=device).manual_seed(rows)
-    copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
-    logits = [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+    logits = logits_copies(rows, vocab, device, g)
+    copies = len(logits)
     inv_t = torch.ones(rows, device=device)
     greedy = torch.zeros(rows, dtype=torch.int32, device=device)
     seed = torch.randint(0, 1 << 62, (rows,), device=device, generator=g)
@@ -42,14 +49,14 @@ def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None =
 
 
 def truncated_us(rows: int, vocab: int, device: torch.device, top_p: float, top_k: int) -> dict:
-    """The decode graph's sampling plus what rows with top-p / top-k pay after it today: every row
-    truncating, sampled again by the torch path (`Sampler.resample_truncated`, eager)."""
+    """The decode graph's sampling plus what rows with top-p / top-k pay after it: every row
+    truncating, drawn again by `Sampler.resample_truncated` (eager, as after a decode graph)."""
     from rlx.engine.sampler import Sampler, SamplingBatch
     from rlx.engine.triton_sample import fused_sample
 
     g = torch.Generator(device=device).manual_seed(rows)
-    copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
-    logits = [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+    logits = logits_copies(rows, vocab, device, g)
+    copies = len(logits)
     ones = torch.ones(rows, device=device)
     ints = torch.zeros(rows, dtype=torch.int64, device=device)
     batch = SamplingBatch(

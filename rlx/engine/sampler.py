@@ -101,24 +101,6 @@ class SamplingBatch:
             truncate_rows=truncate_rows,
         )
 
-    def rows(self, index: list[int]) -> SamplingBatch:
-        """The batch restricted to rows `index` (seed rows re-derived from the seeds kept)."""
-        at = upload(torch.tensor(index), self.seed_N.device)
-        return SamplingBatch(
-            temperature_N=self.temperature_N[at],
-            inv_temperature_N=self.inv_temperature_N[at],
-            greedy_N=self.greedy_N[at],
-            top_k_N=self.top_k_N[at],
-            top_p_N=self.top_p_N[at],
-            min_p_N=self.min_p_N[at],
-            seed_N=self.seed_N[at],
-            step_N=self.step_N[at],
-            seeded_rows=torch.arange(len(index), device=at.device),
-            all_greedy=False,
-            truncate=True,
-            truncate_rows=list(range(len(index))),
-        )
-
 
 def row_seed(seq: Sequence) -> int:
     """The hash key of a row's draws: its sampling_seed, else the seed the engine gave it."""
@@ -165,21 +147,16 @@ class Sampler:
         tokens_N: torch.Tensor,
         out_logprobs_N: torch.Tensor,
     ) -> None:
-        """Overwrite the fused pass's choice for rows with top-k / top-p / min-p, in place
-        (tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer): on CUDA
-        by `triton_truncate`, without a sort; elsewhere by the torch path."""
-        at = upload(torch.tensor(batch.truncate_rows), logits_NV.device)
-        if logits_NV.is_cuda:
-            from rlx.engine.triton_truncate import truncated_sample
+        """Overwrite the fused pass's choice for rows with top-k / top-p / min-p, in place, on
+        CUDA (`triton_truncate`, without a sort; the CPU draws every row in `sample_torch`):
+        tokens_N and out_logprobs_N may be of any dtype, e.g. one fp32 readback buffer."""
+        from rlx.engine.triton_truncate import truncated_sample
 
-            truncated_sample(
-                logits_NV, at, batch.inv_temperature_N, batch.top_k_N, batch.top_p_N, batch.min_p_N,
-                batch.seed_N, batch.step_N, tokens_N, out_logprobs_N,
-            )  # fmt: skip
-            return
-        tokens, logprobs = self.sample_torch(logits_NV[at], batch.rows(batch.truncate_rows))
-        tokens_N[at] = tokens.to(tokens_N.dtype)
-        out_logprobs_N[at] = logprobs
+        at = upload(torch.tensor(batch.truncate_rows), logits_NV.device)
+        truncated_sample(
+            logits_NV, at, batch.inv_temperature_N, batch.top_k_N, batch.top_p_N, batch.min_p_N,
+            batch.seed_N, batch.step_N, tokens_N, out_logprobs_N,
+        )  # fmt: skip
 
     def sample_torch(
         self, logits_NV: torch.Tensor, batch: SamplingBatch

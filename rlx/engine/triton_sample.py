@@ -52,6 +52,25 @@ def _mix(x):
 
 
 @triton.jit
+def row_uniform(seed, step):
+    """The row's uniform u = (b + 0.5) / 2^23 for the top 23 bits b of `sampler.row_hash` of
+    (seed, step) (uint64): exact in fp32, inside (0, 1)."""
+    bits = (_mix(seed * _GOLDEN + _mix(step + 1)) >> 41) & 0x7FFFFF
+    return (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+@triton.jit
+def find_block(mass, target, k, NB_P2: tl.constexpr):
+    """The first block k whose mass summed from block 0 passes `target`, and the mass before it:
+    the last block with mass where rounding leaves the target past them all, block 0 where none
+    has mass (NaN logits)."""
+    block = tl.min(tl.where(tl.cumsum(mass, 0) > target, k, NB_P2), 0)
+    block = tl.minimum(block, tl.max(tl.where(mass > 0, k, -1), 0))
+    block = tl.maximum(block, 0)
+    return block, tl.sum(tl.where(k < block, mass, 0.0), 0)
+
+
+@triton.jit
 def _sample_blocks(
     Logits, stride_row, InvT, Greedy, Stats, Index,
     V, NB: tl.constexpr, BLOCK: tl.constexpr, SHARE: tl.constexpr, PDL: tl.constexpr = 0,
@@ -98,14 +117,8 @@ def _sample_select(
         token = tl.load(Index + row * NB + tl.minimum(tl.min(tl.where(top == m, k, NB_P2), 0), NB - 1))
         x_token = m  # its logit / T is the row's maximum (1 / T is 1 for greedy rows)
     else:
-        # sampler.row_hash's top 23 bits b: u = (b + 0.5) / 2^23, exact in fp32, inside (0, 1)
-        bits = (_mix(seed * _GOLDEN + _mix(step + 1)) >> 41) & 0x7FFFFF
-        target = (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0) * z
-        cum = tl.cumsum(mass, 0)
-        block = tl.min(tl.where(cum > target, k, NB_P2), 0)
-        block = tl.minimum(block, tl.max(tl.where(mass > 0, k, -1), 0))  # past the last: rounding
-        block = tl.maximum(block, 0)  # NaN logits: no block has mass
-        before = tl.sum(tl.where(k < block, mass, 0.0), 0)
+        target = row_uniform(seed, step) * z
+        block, before = find_block(mass, target, k, NB_P2)
         index = block * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(base + index, mask=index < V, other=float("-inf")).to(tl.float32) * inv_t
         p = tl.exp(x - m)

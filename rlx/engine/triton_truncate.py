@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from rlx.engine.triton_decode import sm_count
-from rlx.engine.triton_sample import _GOLDEN, _mix
+from rlx.engine.triton_sample import find_block, row_uniform
 
 BLOCK = 1024  # logits a block: the unit of the shares and of the kept masses the draw finds
 SEARCH_TILE = 256  # logits a search pass compares against its 16 keys at a time ([16, TILE])
@@ -81,6 +81,13 @@ def _tile(Logits, stride_row, row, b, inv_t, m, V, BLOCK: tl.constexpr, WIDE: tl
     valid = index < V
     raw = tl.load(Logits + row.to(tl.int64) * stride_row + index, mask=valid, other=0.0)
     return _keys(raw, valid, WIDE), tl.where(valid, tl.exp(raw.to(tl.float32) * inv_t - m), 0.0)
+
+
+@triton.jit
+def _search_keys(below, hi, j):
+    """The 16 keys a pass tests over the interval (below, hi]: evenly spread, the last at hi
+    (`_search_pass` counts above them, `_next_state` picks among them)."""
+    return tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
 
 
 @triton.jit
@@ -155,7 +162,7 @@ def _next_state(
     if hi - below > 1:
         sh = tl.arange(0, SH_P2)
         j = tl.arange(0, 16)
-        keys = tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
+        keys = _search_keys(below, hi, j)
         at = ((p * R + r) * SH + sh[:, None]) * 32 + j[None, :] * 2
         count = tl.sum(tl.load(Part + at, mask=(sh < SH)[:, None], other=0.0), 0)
         mass = tl.sum(tl.load(Part + at + 1, mask=(sh < SH)[:, None], other=0.0), 0)
@@ -217,7 +224,7 @@ def _search_pass(
     inv_t = tl.load(InvT + row)
     m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
     j = tl.arange(0, 16)
-    keys = tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
+    keys = _search_keys(below, hi, j)
     count = tl.zeros([16], tl.int32)
     mass = tl.zeros([16], tl.float32)
     count_top = tl.zeros([TILE], tl.int32)
@@ -305,13 +312,8 @@ def _truncated_select(
     ties_before = tl.cumsum(ties, 0) - ties
     taken = tl.minimum(tl.maximum(take - ties_before, 0), ties)  # the block's ties that are kept
     mass = above + taken.to(tl.float32) * e_v
-    bits = (_mix(seed * _GOLDEN + _mix(step + 1)) >> 41) & 0x7FFFFF
-    target = (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0) * tl.sum(mass, 0)
-    cum = tl.cumsum(mass, 0)
-    block = tl.min(tl.where(cum > target, k, NB_P2), 0)
-    block = tl.minimum(block, tl.max(tl.where(mass > 0, k, -1), 0))  # past the last: rounding
-    block = tl.maximum(block, 0)  # NaN logits: no block has mass
-    before = tl.sum(tl.where(k < block, mass, 0.0), 0)
+    target = row_uniform(seed, step) * tl.sum(mass, 0)
+    block, before = find_block(mass, target, k, NB_P2)
     tie_rank_start = tl.sum(tl.where(k == block, ties_before, 0), 0)
     key, e = _tile(Logits, stride_row, row, block, inv_t, m, V, BLOCK, WIDE)
     index = block * BLOCK + tl.arange(0, BLOCK)

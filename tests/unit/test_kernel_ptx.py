@@ -3,9 +3,8 @@ child process with the interpreter's Triton (`RLX_TRITON_DIR`, as tests/unit/tes
 runs it): none spills to local memory; the RMSNorm, the engine's most called small kernel
 (57 calls a 1.7B decode step), loads its weight before its PDL wait and nothing after its first
 store, the q/k norm nothing after its first store, the sampler's second kernel its six inputs
-before its first reduction (a load
-written after work on earlier data is issued only once that data has arrived: docs/benchmarks.md,
-Decisions, PDL)."""
+before its first reduction (a load written after work on earlier data is issued only once that
+data has arrived: docs/benchmarks.md, Decisions, PDL)."""
 
 from __future__ import annotations
 
