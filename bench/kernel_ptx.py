@@ -99,13 +99,17 @@ def truncation_kernels(module) -> dict[str, tuple]:
         ),
         "truncate_start_state": (
             module._start_state,
-            {"Stats": "*fp32", "KeyRange": "*i32"} | state | _i32("V", "passes", "SH"),
+            {"Logits": "*bf16", "Rows": "*i64", "InvT": "*fp32", "TopK": "*i64", "TopP": "*fp32"}
+            | {"Stats": "*fp32", "KeyRange": "*i32"}
+            | state
+            | {"Keys": "*i64"}
+            | _i32("V", "passes", "SH"),
             {"SH_P2": 256, "WIDE": False},
             1,
         ),
         "truncate_search_pass": (
             module._search_pass,
-            logits | state | {"Part": "*fp32"} | _i32("R", "V", "p", "passes", "SH", "SHARE"),
+            logits | state | {"Keys": "*i64", "Part": "*fp32"} | _i32("R", "V", "p", "passes", "SH", "SHARE"),
             {"TILE": module.SEARCH_TILE} | narrow,
             module.SEARCH_WARPS,
         ),
@@ -113,7 +117,7 @@ def truncation_kernels(module) -> dict[str, tuple]:
             module._next_state,
             {"Rows": "*i64", "TopK": "*i64", "TopP": "*fp32"}
             | state
-            | {"Part": "*fp32"}
+            | {"Keys": "*i64", "Part": "*fp32"}
             | _i32("R", "p", "passes", "SH"),
             {"SH_P2": 256, "WIDE": False},
             1,

@@ -1,11 +1,12 @@
 """The engine's fused sampler (`rlx.engine.triton_sample.fused_sample`) alone, in CUDA graphs as
 the decode graphs run it: microseconds a call by rows, over Qwen3's 151,936-word vocabulary in
-bf16 (logits randn * 4, temperature 1, no greedy rows). Successive calls read different logits
+bf16 (logits randn * 4, `--scale` to change it; temperature 1, no greedy rows). Successive calls read different logits
 buffers, 256 MB of them in all, so that the L2 does not hold a call's logits from the last.
 Prints one JSON line. Run it with `PYTHONPATH=<an older rlx tree>` to measure that tree's.
 
     source .whl/install.sh && python3 bench/sampler.py [--rows 32,64,128,256] [--splits 4,16,75] \
         [--truncate 0.9,-1]   # every row with top_p 0.9 (top_k -1: off), sampled as the engine does
+        [--scale 1]           # logits randn * 1: flatter rows (a random model's), top-p's boundary deep
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from engine_step_profile import time_cuda
 VOCAB = 151936  # Qwen3's
 
 
-def logits_copies(rows: int, vocab: int, device: torch.device, g: torch.Generator) -> list[torch.Tensor]:
-    """bf16 logits (randn * 4), enough copies (256 MB, at least 2) that the L2 holds none from
+def logits_copies(
+    rows: int, vocab: int, device: torch.device, g: torch.Generator, scale: float = 4.0
+) -> list[torch.Tensor]:
+    """bf16 logits (randn * scale), enough copies (256 MB, at least 2) that the L2 holds none from
     the call before when the calls take them in turn."""
     copies = max(2, math.ceil((256 << 20) / (rows * vocab * 2)))
-    return [(torch.randn(rows, vocab, device=device, generator=g) * 4).bfloat16() for _ in range(copies)]
+    return [(torch.randn(rows, vocab, device=device, generator=g) * scale).bfloat16() for _ in range(copies)]
 
 
 def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None = None) -> dict:
@@ -48,14 +51,16 @@ def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None =
     return {"us": round(seconds * 1e6, 2), "logits_tb_s": round(rows * vocab * 2 / seconds / 1e12, 2)}
 
 
-def truncated_us(rows: int, vocab: int, device: torch.device, top_p: float, top_k: int) -> dict:
+def truncated_us(
+    rows: int, vocab: int, device: torch.device, top_p: float, top_k: int, scale: float = 4.0
+) -> dict:
     """The decode graph's sampling plus what rows with top-p / top-k pay after it: every row
     truncating, drawn again by `Sampler.resample_truncated` (eager, as after a decode graph)."""
     from rlx.engine.sampler import Sampler, SamplingBatch
     from rlx.engine.triton_sample import fused_sample
 
     g = torch.Generator(device=device).manual_seed(rows)
-    logits = logits_copies(rows, vocab, device, g)
+    logits = logits_copies(rows, vocab, device, g, scale)
     copies = len(logits)
     ones = torch.ones(rows, device=device)
     ints = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -78,7 +83,7 @@ def truncated_us(rows: int, vocab: int, device: torch.device, top_p: float, top_
         sampler.resample_truncated(x, batch, tokens, logprobs)
 
     seconds = time_cuda(call, iters=2 * copies)
-    return {"us": round(seconds * 1e6, 2), "top_p": top_p, "top_k": top_k}
+    return {"us": round(seconds * 1e6, 2), "top_p": top_p, "top_k": top_k, "scale": scale}
 
 
 def main() -> None:
@@ -91,6 +96,7 @@ def main() -> None:
     parser.add_argument(
         "--truncate", help="also time every row with top_p,top_k (e.g. 0.9,-1) sampled as the engine does"
     )
+    parser.add_argument("--scale", type=float, default=4.0, help="--truncate's logits: randn * this")
     args = parser.parse_args()
     device = torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(device), "vocab": args.vocab}
@@ -101,7 +107,7 @@ def main() -> None:
         if args.truncate:
             top_p, top_k = args.truncate.split(",")
             result[f"rows_{rows}"]["truncated"] = truncated_us(
-                rows, args.vocab, device, float(top_p), int(top_k)
+                rows, args.vocab, device, float(top_p), int(top_k), args.scale
             )
     print(json.dumps(result))
 

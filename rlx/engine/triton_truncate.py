@@ -12,10 +12,12 @@ vocabulary), with a program a row between them that sums the shares' parts in on
 1. `_row_stats`: each share's maximum and sum of exp(s - that maximum) for s = logit / T, and
    its smallest and largest keys: integers in the order of the logits' values (their bits,
    negatives flipped; -0 below +0); `_start_state` combines them;
-2. `_search_pass`, 4 times for 2-byte logits (8 for fp32), each followed by `_next_state`: the
+2. `_search_pass`, 5 times for 2-byte logits (9 for fp32), each followed by `_next_state`: the
    smallest key v at which fewer than top_k tokens lie above and their mass exp(s - m) (m the
    row's maximum) is at most top_p * Z (Z the row's sum): each pass counts the tokens and sums
-   the mass above 16 keys spread over the interval left, which shrinks 16-fold a pass. The
+   the mass above 16 keys in the interval left: the first pass's near the maximum where the
+   boundary likely lies there (`_start_state`), else, as every later pass's, evenly spread (the
+   interval shrinks 16-fold); a pass whose interval is done does nothing. The
    tokens above v are kept; of those at v (ties), the first c by id, c as many as top_k and
    top_p leave room for; min_p keeps those with exp(s - m) >= min_p (its bound is a value);
 3. `_kept_blocks`: each block's kept mass above v and its count of ties at v;
@@ -30,9 +32,9 @@ truncation, as SGLang reports it. tests/helpers.py states the rule in torch
 constant a compile depends on the rows, which vary from step to step.
 
 Speed (1×H200, bf16, Qwen3's vocabulary, every row truncating; `bench/sampler.py --truncate`):
-0.40-0.68 ms at 64 rows, 1.5-1.6 ms at 256, against the torch path's 2.5 and 8.5; the search
-passes are nine tenths of it, bound by their 16 compares an element (tiles of 128-1,024 and
-16-64 programs an SM within 10% of one another). FlashInfer's sampling kernels (rejection
+0.4-0.7 ms at 64 rows, 0.9-1.1 ms at 256 (flat rows 1.8), against the torch path's 2.5 and 8.5;
+the search passes are most of it, bound by their 16 compares an element where the interval
+holds tokens (tiles of 128-1,024 and 16-64 programs an SM within 10% of one another). FlashInfer's sampling kernels (rejection
 sampling) are CUDA C++ compiled at run time, which the engine does without.
 """
 
@@ -84,10 +86,33 @@ def _tile(Logits, stride_row, row, b, inv_t, m, V, BLOCK: tl.constexpr, WIDE: tl
 
 
 @triton.jit
-def _search_keys(below, hi, j):
-    """The 16 keys a pass tests over the interval (below, hi]: evenly spread, the last at hi
-    (`_search_pass` counts above them, `_next_state` picks among them)."""
+def _even_keys(below, hi, j):
+    """The 16 keys a pass tests over the interval (below, hi] (`_search_pass` counts above them,
+    `_next_state` picks among them): evenly spread, the last at hi, 16-fold a pass."""
     return tl.minimum(below + (j + 1) * ((hi - below + 15) // 16), hi)
+
+
+@triton.jit
+def _near_max_keys(below, hi, j, m, inv_t, dtype: tl.constexpr, WIDE: tl.constexpr):
+    """The first pass's keys where the boundary is likely near the row's maximum: those of the
+    values s = m - i^2 / 8 for i = 15 - j (28.1 down to 0.125 below the largest logit / T), the
+    last at hi, in increasing order. A boundary between them leaves an interval of a few keys;
+    one further down, the whole range below the first, for the even passes after it."""
+    i = (15 - j).to(tl.float32)
+    raw = ((m - i * i * 0.125) / inv_t).to(dtype)  # the exact offsets: one rounding each
+    near = tl.minimum(tl.maximum(_keys(raw, raw == raw, WIDE), below + 1), hi)
+    return tl.where(j == 15, hi, near)  # NaN or infinite m: all at one end, still in order
+
+
+@triton.jit
+def _store_keys(Keys, r, keys):
+    tl.store(Keys + r * 16 + tl.arange(0, 16), keys.to(tl.int64))
+
+
+@triton.jit
+def _load_keys(Keys, r, WIDE: tl.constexpr):
+    keys = tl.load(Keys + r * 16 + tl.arange(0, 16))
+    return keys if WIDE else keys.to(tl.int32)
 
 
 @triton.jit
@@ -126,10 +151,21 @@ def _store_state(StateI, StateF, r, q, passes, m, z, below, hi, count_below, cou
 
 
 @triton.jit(do_not_specialize=["passes", "SH"])
-def _start_state(Stats, KeyRange, StateI, StateF, V, passes, SH, SH_P2: tl.constexpr, WIDE: tl.constexpr):
+def _start_state(
+    Logits, Rows, InvT, TopK, TopP, Stats, KeyRange, StateI, StateF, Keys, V, passes,
+    SH, SH_P2: tl.constexpr, WIDE: tl.constexpr,
+):  # fmt: skip
     """State 0 from the shares' statistics: `below` under the row's smallest key fails the test
-    (all V tokens above it, top_k <= V), `hi` at its largest passes it (none above)."""
+    (all V tokens above it, top_k <= V), `hi` at its largest passes it (none above); the first
+    pass's keys: near the maximum where the boundary likely lies there (top_k at most 1,024, or
+    top_p * Z at most 64: the mass within a few of the maximum, as a trained model's; on rows
+    randn * 4 over Qwen's vocabulary, the 256-row passes 1.6 -> 1.1 ms at top_p 0.9, 1.5 -> 0.9
+    at top_k 50), else evenly spread (a flat row's top-p boundary lies in the crowd of tokens,
+    where a pass near the maximum narrows nothing: randn * 1, 1.8 -> 2.0 ms), the last pass then
+    finding its interval done."""
     r = tl.program_id(0)
+    row = tl.load(Rows + r)
+    inv_t = tl.load(InvT + row)
     sh = tl.arange(0, SH_P2)
     live = sh < SH
     share_max = tl.load(Stats + (r * SH + sh) * 2, mask=live, other=-float("inf"))
@@ -144,25 +180,31 @@ def _start_state(Stats, KeyRange, StateI, StateF, V, passes, SH, SH_P2: tl.const
     hi = tl.max(tl.load(KeyRange + (r * SH + sh) * 2 + 1, mask=live, other=-floor), 0)
     none = tl.full([], 0, tl.int32)
     _store_state(StateI, StateF, r, 0, passes, m, z, below, hi, V + none, none, none.to(tl.float32))
+    j = tl.arange(0, 16)
+    near = (tl.load(TopK + row) <= 1024) | (tl.load(TopP + row) * z <= 64.0)
+    keys = tl.where(
+        near, _near_max_keys(below, hi, j, m, inv_t, Logits.dtype.element_ty, WIDE), _even_keys(below, hi, j)
+    )
+    _store_keys(Keys, r, keys)
 
 
 @triton.jit(do_not_specialize=["R", "p", "passes", "SH"])
 def _next_state(
-    Rows, TopK, TopP, StateI, StateF, Part, R, p, passes,
+    Rows, TopK, TopP, StateI, StateF, Keys, Part, R, p, passes,
     SH, SH_P2: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """State p + 1 from state p and pass p's sums over the shares (in one order): the 16 keys'
     first that passes (fewer than top_k above, mass above at most top_p * Z) becomes `hi`, the
-    key before it `below`."""
+    key before it `below`; then pass p + 1's keys."""
     r = tl.program_id(0)
     row = tl.load(Rows + r)
     top_k = tl.load(TopK + row).to(tl.int32)
     top_p = tl.load(TopP + row)
     m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
+    j = tl.arange(0, 16)
     if hi - below > 1:
         sh = tl.arange(0, SH_P2)
-        j = tl.arange(0, 16)
-        keys = _search_keys(below, hi, j)
+        keys = _load_keys(Keys, r, WIDE)
         at = ((p * R + r) * SH + sh[:, None]) * 32 + j[None, :] * 2
         count = tl.sum(tl.load(Part + at, mask=(sh < SH)[:, None], other=0.0), 0)
         mass = tl.sum(tl.load(Part + at + 1, mask=(sh < SH)[:, None], other=0.0), 0)
@@ -175,6 +217,7 @@ def _next_state(
             count_below = tl.sum(tl.where(j == first - 1, count, 0.0), 0).to(tl.int32)
         hi = new_hi
     _store_state(StateI, StateF, r, p + 1, passes, m, z, below, hi, count_below, count_hi, mass_hi)
+    _store_keys(Keys, r, _even_keys(below, hi, j))
 
 
 @triton.jit(do_not_specialize=["SH", "SHARE"])
@@ -212,7 +255,7 @@ def _row_stats(
 
 @triton.jit(do_not_specialize=["R", "p", "passes", "SH", "SHARE"])
 def _search_pass(
-    Logits, stride_row, Rows, InvT, StateI, StateF, Part, R, V, p, passes,
+    Logits, stride_row, Rows, InvT, StateI, StateF, Keys, Part, R, V, p, passes,
     SH, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
     """Pass p: the share's count and mass above each of the 16 keys (Part[p, r, share]), TILE
@@ -224,7 +267,7 @@ def _search_pass(
     inv_t = tl.load(InvT + row)
     m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
     j = tl.arange(0, 16)
-    keys = _search_keys(below, hi, j)
+    keys = _load_keys(Keys, r, WIDE)
     count = tl.zeros([16], tl.int32)
     mass = tl.zeros([16], tl.float32)
     count_top = tl.zeros([TILE], tl.int32)
@@ -247,19 +290,8 @@ def _search_pass(
 
 @triton.jit
 def _ties_taken(
-    hi,
-    count_below,
-    count_hi,
-    mass_hi,
-    z,
-    m,
-    inv_t,
-    top_k,
-    top_p,
-    min_p,
-    dtype: tl.constexpr,
-    WIDE: tl.constexpr,
-):
+    hi, count_below, count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, dtype: tl.constexpr, WIDE: tl.constexpr
+):  # fmt: skip
     """Of the ties at v (key hi), how many are kept (as many as top_k and top_p leave room for,
     each holding mass e_v; none if min_p cuts them), and e_v."""
     e_v = tl.exp(_value(hi, dtype, WIDE) * inv_t - m)
@@ -359,7 +391,7 @@ def truncated_sample(
     assert tokens_N.is_contiguous() and logprobs_N.is_contiguous()
     assert logits_NV.stride(1) == 1 and logits_NV.element_size() in (2, 4), "rows of 2- or 4-byte logits"
     wide = logits_NV.element_size() == 4
-    passes = 8 if wide else 4  # 16-fold a pass over 32- or 16-bit keys
+    passes = 1 + (8 if wide else 4)  # near the maximum, then 16-fold a pass over 32- or 16-bit keys
     blocks = triton.cdiv(vocab, BLOCK)
     share = triton.cdiv(blocks, shares or default_shares(rows, logits_NV.device, blocks))
     sh = triton.cdiv(blocks, share)
@@ -368,6 +400,7 @@ def truncated_sample(
     key_range = torch.empty(rows, sh, 2, dtype=torch.int64 if wide else torch.int32, device=device)
     state_i = torch.empty(rows, passes + 1, 4, dtype=torch.int64, device=device)
     state_f = torch.empty(rows, passes + 1, 4, dtype=torch.float32, device=device)
+    keys = torch.empty(rows, 16, dtype=torch.int64, device=device)  # the pass's, rewritten each
     part = torch.empty(passes, rows, sh, 16, 2, dtype=torch.float32, device=device)
     kept = torch.empty(rows, blocks, 2, dtype=torch.float32, device=device)
     at = rows_R.contiguous()
@@ -381,31 +414,21 @@ def truncated_sample(
     shares_p2 = triton.next_power_of_2(blocks)  # the vocabulary's alone: rows (and so the
     # shares) vary from step to step, and every constant a compile
     _start_state[(rows,)](
-        stats, key_range, *state, vocab, passes, SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1
-    )
+        logits, at, inv_t, top_k, top_p, stats, key_range, *state, keys, vocab, passes,
+        SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1,
+    )  # fmt: skip
     for p in range(passes):
         _search_pass[(rows, sh)](
-            logits, stride, at, inv_t, *state, part, rows, vocab, p, passes,
+            logits, stride, at, inv_t, *state, keys, part, rows, vocab, p, passes,
             SH=sh, SHARE=share, BLOCK=BLOCK, WIDE=wide, TILE=SEARCH_TILE, num_warps=SEARCH_WARPS,
         )  # fmt: skip
         _next_state[(rows,)](
-            at, top_k, top_p, *state, part, rows, p, passes, SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1
-        )
+            at, top_k, top_p, *state, keys, part, rows, p, passes,
+            SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1,
+        )  # fmt: skip
     _kept_blocks[(rows, sh)](
-        logits,
-        stride,
-        at,
-        inv_t,
-        min_p,
-        *state,
-        kept,
-        vocab,
-        passes,
-        NB=blocks,
-        SHARE=share,
-        BLOCK=BLOCK,
-        WIDE=wide,
-    )
+        logits, stride, at, inv_t, min_p, *state, kept, vocab, passes, NB=blocks, SHARE=share, BLOCK=BLOCK, WIDE=wide
+    )  # fmt: skip
     _truncated_select[(rows,)](
         logits, stride, at, inv_t, top_k, top_p, min_p, seed, step, *state, kept, tokens_N, logprobs_N,
         vocab, passes, NB=blocks, NB_P2=triton.next_power_of_2(blocks), BLOCK=BLOCK, WIDE=wide, num_warps=8,

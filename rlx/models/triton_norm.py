@@ -48,6 +48,7 @@ def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_outer, x_inner, x_group, r_st
     mask = row_ok[:, None] & (cols < N)[None, :]
     r64 = rows[:, None].to(tl.int64)
     x_at = (r64 // x_group) * x_outer + (r64 % x_group) * x_inner  # x's rows: groups of evenly spaced
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)  # first: issued before the reduction
     x = tl.load(X + x_at + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if ADD:  # s = x + residual, rounded to the inputs' dtype (a separate add's result), is normalised
         r = tl.load(R + r64 * r_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -55,7 +56,6 @@ def _forward_kernel(X, R, S, W, Y, RSTD, n_rows, x_outer, x_inner, x_group, r_st
         tl.store(S + r64 * y_stride + cols[None, :], s, mask=mask)
         x = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + r64 * y_stride + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=row_ok)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import pytest
 from helpers import write_tiny_qwen3
@@ -153,8 +154,18 @@ def test_a_kept_engine_that_fails_to_set_up_raises_its_error_and_ends(ray_sessio
             RolloutPool(cfg, str(missing), tokenizer, seed=0, reward=TOY_REWARD)
         assert "NoneType" not in str(failed.value)
         assert rlx.actor_reuse._kept["engine"] == []  # taken, and not handed back
+        # ray.kill is asynchronous: a call that arrives before it lands is still served (the
+        # set-up's error again); the process must be gone within a bounded time
+        deadline = time.monotonic() + 60
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(engine.url.remote(), timeout=60)
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(engine.url.remote(), timeout=60)
+                except ray.exceptions.RayActorError:
+                    raise
+                except Exception:
+                    pass
+                time.sleep(0.2)
 
 
 WARM = ("rlx.engine.serve", "rlx.engine.model_runner", "transformers.models.auto.tokenization_auto")

@@ -10,7 +10,12 @@ import math
 
 import pytest
 import torch
-from helpers import fused_uniform, truncated_inverse_cdf  # tests/ is on sys.path (conftest)
+from helpers import (  # tests/ is on sys.path (conftest)
+    EXTREME_UNIFORM_SEEDS,
+    fused_uniform,
+    truncated_inverse_cdf,
+    truncation_kept,
+)
 
 
 def truncated_draw(logits, rows, inv_t, top_k, top_p, min_p, seed, step, shares=None):
@@ -63,6 +68,43 @@ def test_truncated_sampler_matches_its_rule(shares, wide, device):
     assert (logprobs[:-1] - logp[:-1]).abs().max().item() < 1e-4
     greedy = logits.float().argmax(-1)  # top_k 1 keeps the largest value, the lowest id of a tie
     assert torch.equal(tokens[2::10], greedy[2::10])
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_truncated_sampler_finds_boundaries_far_below_the_maximum(wide, device):
+    """The first pass tests values within 28.1 of the row's largest logit / T where top_k is at
+    most 1,024 or top_p * Z at most 64; a boundary below them leaves the later passes the whole
+    range under the first key, which they must still resolve to the boundary's own key. Logits
+    falling with the id (40 down to -330) at T = 1,000 (every s within 0.4 of the maximum): top_k
+    7 and 1,000 (pass 0 near the maximum, all its keys below the row), half the vocabulary, top_p
+    0.5 (Z near the vocabulary's size: even keys); the last kept token, the boundary, is the
+    highest id kept, which a uniform of 1 - 2^-24 draws (a boundary found a few keys high drops
+    it); and at T = 2e-6 (every offset under the logits' rounding): the rule's tokens, logprobs."""
+    dtype = torch.float32 if wide else two_byte(device)
+    vocab = 1200  # few enough that the largest logits stay apart in bf16
+    cases = [(7, 1.0, 1000.0), (1000, 1.0, 1000.0), (vocab // 2, 1.0, 1000.0), (vocab, 0.5, 1000.0)]
+    cases += [(7, 1.0, 2e-6), (vocab, 0.5, 2e-6)]  # top_k, top_p, T
+    n = len(cases)
+    logits = (40.0 - 370.0 * torch.arange(vocab, device=device) / vocab).expand(n, vocab).to(dtype)
+    top_k = torch.tensor([k for k, _, _ in cases], device=device)
+    top_p = torch.tensor([p for _, p, _ in cases], device=device)
+    inv_t = 1.0 / torch.tensor([t for _, _, t in cases], device=device)
+    top_seed = [seed for seed, u in EXTREME_UNIFORM_SEEDS if u > 0.5][0]
+    seed = torch.full((n,), top_seed, device=device)
+    step = torch.full((n,), 5, device=device)
+    min_p = torch.zeros(n, device=device)
+    tokens, logprobs = truncated_draw(logits, list(range(n)), inv_t, top_k, top_p, min_p, seed, step)
+    expected = truncated_inverse_cdf(logits, inv_t, top_k, top_p, min_p, fused_uniform(seed, step))
+    kept, _ = truncation_kept(logits, inv_t, top_k, top_p, min_p)
+    last_kept = torch.where(kept, torch.arange(vocab, device=device), -1).amax(-1)
+    assert torch.equal(expected[:4], last_kept[:4]) and expected[4:].tolist() == [0, 0]  # the rows' design
+    assert torch.equal(tokens, expected), (tokens.tolist(), expected.tolist())
+    s = logits.float() * inv_t[:, None]
+    logp = s.log_softmax(-1).gather(-1, expected[:, None])[:, 0]
+    # within fp32's resolution of logit / T: at T = 2e-6, s is 2e7, its unit in the last place 2
+    # (a kernel's product may be fused into the subtraction and rounded once, not twice)
+    resolution = 4 * torch.finfo(torch.float32).eps * s.abs().amax(-1)
+    assert ((logprobs - logp).abs() <= 1e-4 + resolution).all(), (logprobs - logp).abs().tolist()
 
 
 def test_truncated_sampler_draws_by_hand(device):
