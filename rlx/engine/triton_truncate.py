@@ -32,10 +32,11 @@ truncation, as SGLang reports it. tests/helpers.py states the rule in torch
 constant a compile depends on the rows, which vary from step to step.
 
 Speed (1×H200, bf16, Qwen3's vocabulary, every row truncating; `bench/sampler.py --truncate`):
-0.4-0.7 ms at 64 rows, 0.9-1.1 ms at 256 (flat rows 1.8), against the torch path's 2.5 and 8.5;
+0.4-0.8 ms at 64 rows, 0.9-1.1 ms at 256 (flat rows 1.8), against the torch path's 2.5 and 8.5;
 the search passes are most of it, bound by their 16 compares an element where the interval
-holds tokens (tiles of 128-1,024 and 16-64 programs an SM within 10% of one another). FlashInfer's sampling kernels (rejection
-sampling) are CUDA C++ compiled at run time, which the engine does without.
+holds tokens (tiles of 128-1,024 and 16-64 programs an SM within 10% of one another).
+FlashInfer's sampling kernels (rejection sampling) are CUDA C++ compiled at run time, which the
+engine does without.
 """
 
 from __future__ import annotations
