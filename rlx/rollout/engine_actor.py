@@ -8,14 +8,13 @@ API key it requires is the run's, given to `setup` (a kept process serves each r
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 
 from hydra.utils import get_class
 
 from rlx import ports, process_clock
-from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
+from rlx.gc_freeze import collect_after_shutdown, freeze_after_set_up, in_ray_actor
 from rlx.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ class EngineActor:
             raise
         self.times["setup_s"] = time.perf_counter() - began
         if in_ray_actor():  # its own process: the model and server are here for good (rlx.gc_freeze)
-            freeze_startup_objects()
+            freeze_after_set_up()
 
     def warm_up(self, target: str, model_path: str, tokenizer_path: str | None = None) -> None:
         """Before `setup`: what the launcher `target` (a `rollout._target_`) can do ahead of it
@@ -86,5 +85,4 @@ class EngineActor:
         self.server.shutdown()
         self.server = self._setup_error = None
         if in_ray_actor():
-            gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
-            gc.collect()
+            collect_after_shutdown()  # the set-up's objects freed (rlx.gc_freeze)

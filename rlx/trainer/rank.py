@@ -8,13 +8,12 @@ imports `rlx.trainer.megatron` in the rank's own process and builds the `Megatro
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from typing import Any
 
 from rlx import ports, process_clock
-from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
+from rlx.gc_freeze import collect_after_shutdown, freeze_after_set_up, in_ray_actor
 from rlx.trainer.parallel import rendezvous_store
 
 LOADED = time.time()  # this module, and torch with it, loaded: a rank's process is ready for its calls
@@ -52,7 +51,7 @@ class TrainerRank:
         self.trainer = MegatronTrainer(*args, store=self.__dict__.pop("_store", None), **kwargs)
         self.runs += 1
         if in_ray_actor():  # Megatron, the models, the optimizer: out of the collector's way
-            freeze_startup_objects()
+            freeze_after_set_up()
 
     def call(self, method: str, *args) -> Any:
         """The trainer's `method(*args)`."""
@@ -67,8 +66,7 @@ class TrainerRank:
         runs = self.runs
         self.__dict__.clear()
         self.trainer, self.runs = None, runs
-        gc.unfreeze()  # the set-up's objects, frozen by `setup`, back to the collector
-        gc.collect()
+        collect_after_shutdown()  # the set-up's objects freed (rlx.gc_freeze)
 
     def host_rendezvous(self) -> int:
         """Rank 0: start hosting the group's rendezvous on this node; its port."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from rlx.gc_freeze import freeze_startup_objects, in_ray_actor
+from rlx.gc_freeze import collect_after_shutdown, freeze_after_set_up, freeze_startup_objects, in_ray_actor
 
 
 class Node:
@@ -53,3 +53,35 @@ def test_without_the_collection_garbage_waits_for_the_unfreeze():
         gc.unfreeze()
     gc.collect()
     assert garbage_ref() is None
+
+
+def test_a_kept_actor_process_freezes_its_first_set_up_and_collects_later_ones_young(monkeypatch):
+    """A trainer rank's or engine's process (rlx.actor_reuse keeps it): its first set-up is frozen
+    with everything else; its first shutdown frees that set-up's cycles and freezes the rest; a
+    later set-up's objects stay with the collector, freed by the shutdown's pass."""
+    import rlx.gc_freeze
+
+    monkeypatch.setattr(rlx.gc_freeze, "_set_up_frozen", None)
+    try:
+        first = Node()  # the first set-up's model, a cycle
+        first_ref = weakref.ref(first)
+        freeze_after_set_up()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        del first
+        gc.collect()
+        assert first_ref() is not None  # frozen: out of the collector's way while the run runs
+        collect_after_shutdown()
+        assert first_ref() is None  # the shutdown's full pass freed it
+        refrozen = gc.get_freeze_count()
+        assert refrozen > 0  # and froze the process's own objects again
+
+        second = Node()  # a later set-up's
+        second_ref = weakref.ref(second)
+        freeze_after_set_up()
+        assert gc.get_freeze_count() == refrozen  # nothing of it frozen
+        del second
+        collect_after_shutdown()
+        assert second_ref() is None
+    finally:
+        gc.unfreeze()
