@@ -151,21 +151,27 @@ DRIVER_SCRIPT = textwrap.dedent(
 )
 
 
-def _env(**ray_auth: str) -> dict[str, str]:
-    """This process's environment without its Ray authentication settings, plus `ray_auth`."""
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without its Ray authentication settings, plus `extra` (those of
+    the driver or head, say)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    return env | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"} | ray_auth
+    return env | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"} | extra
 
 
-def _driver(address: str, **ray_auth: str) -> subprocess.Popen:
+# Ray's driver tries the GCS 20 times, a second apart, before it gives up on a refused token; a
+# driver the head must refuse tries twice (RAY_gcs_server_port_wait_time_s): refused all the same
+REFUSED_RETRIES = {"RAY_gcs_server_port_wait_time_s": "2"}
+
+
+def _driver(address: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER_SCRIPT, address], env=_env(**ray_auth),
+        [sys.executable, "-c", DRIVER_SCRIPT, address], env=_env(**env),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 def _outcome(driver: subprocess.Popen) -> dict:
-    out, err = driver.communicate(timeout=120)  # a refusal comes within Ray's connection retries
+    out, err = driver.communicate(timeout=120)  # a refusal comes after Ray's connection retries
     assert driver.returncode == 0 and out.strip(), err[-3000:]
     return json.loads(out.splitlines()[-1])
 
@@ -194,8 +200,8 @@ def test_a_jobs_ray_requires_its_token(tmp_path):
         address = started["address"]
         drivers = {
             "token": _driver(address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
-            "none": _driver(address),
-            "another": _driver(address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64),
+            "none": _driver(address, **REFUSED_RETRIES),
+            "another": _driver(address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64, **REFUSED_RETRIES),
         }
         outcomes = {name: _outcome(driver) for name, driver in drivers.items()}
     finally:
