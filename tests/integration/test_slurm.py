@@ -150,6 +150,9 @@ NODE_SCRIPT = textwrap.dedent(
     import dataclasses, json, os, sys
     import ray
     from rlx.launcher import nodes
+    # polls and the worker's grace period shortened (the mechanism is the same): a worker still
+    # leaves only once the head's port has stayed closed, 1 s here instead of 10 s
+    nodes.POLL_S, nodes.HEAD_GONE_S = 0.2, 1.0
     role = nodes.node_role(os.environ)
     if role.kind == "worker":
         nodes.join(role, sys.argv[1], timeout_s=120)
