@@ -30,24 +30,83 @@ def tiny_qwen3_factory(tmp_path_factory):
     return make
 
 
+# Seconds each test file takes in `bash scripts/test.sh` (the sum of its tests' durations there, under
+# the suite's load: `--durations=0`), the files of 5 s or more; the order the workers take files in
+# (`pytest_collection_modifyitems`). Refresh it when a file's time changes by much.
+FILE_SECONDS = {
+    "integration/test_algorithms_learn.py": 122,
+    "integration/test_real_model.py": 119,
+    "unit/test_triton_interpreted.py": 87,
+    "integration/test_slurm.py": 68,
+    "integration/test_context_parallel.py": 66,
+    "integration/test_fault_tolerance.py": 66,
+    "integration/test_security.py": 56,
+    "integration/test_e2e.py": 55,
+    "integration/test_run_modes.py": 54,
+    "integration/test_trainer.py": 47,
+    "integration/test_hosts.py": 45,
+    "integration/test_launch.py": 45,
+    "integration/test_pipeline.py": 43,
+    "integration/test_tool_calc.py": 39,
+    "integration/test_lora_parallel.py": 37,
+    "integration/test_async.py": 37,
+    "integration/test_lora_learns.py": 33,
+    "integration/test_pool.py": 30,
+    "integration/test_sweep.py": 28,
+    "integration/test_producer.py": 25,
+    "integration/test_engine_auth.py": 23,
+    "integration/test_weight_paths.py": 23,
+    "unit/test_agent_routing.py": 21,
+    "integration/test_checkpoint.py": 20,
+    "config/test_plan_only.py": 20,
+    "unit/test_megatron_logging.py": 19,
+    "integration/test_family_loops.py": 19,
+    "unit/test_megatron_jit.py": 19,
+    "integration/test_critic.py": 17,
+    "integration/test_context_parallel_model.py": 16,
+    "integration/test_moe_families.py": 15,
+    "unit/test_layers.py": 15,
+    "config/test_compose.py": 14,
+    "config/test_doc_commands.py": 12,
+    "unit/test_lora.py": 11,
+    "integration/test_engine_http.py": 11,
+    "config/test_from_checkpoint.py": 11,
+    "config/test_bad_input.py": 11,
+    "integration/test_weight_sync_distributed.py": 10,
+    "integration/test_placement.py": 10,
+    "config/test_algo_options.py": 10,
+    "unit/test_memory_plan.py": 9,
+    "config/test_command_line.py": 8,
+    "integration/test_dense_families.py": 8,
+    "integration/test_weight_sync_tensor.py": 7,
+    "integration/test_golden.py": 6,
+    "config/test_megatron_checks.py": 6,
+    "integration/test_timeouts.py": 6,
+    "config/test_cluster.py": 6,
+    "unit/test_loop_watch.py": 6,
+    "unit/test_pytest_cpu.py": 5,
+    "unit/test_agent_sandbox.py": 5,
+}
+LONG_S = 30  # a file this long goes in the first band even if it needs no Ray
+
+
 def pytest_collection_modifyitems(config, items):
-    """The longest test files first: modules with `slow` tests (most of them first), then the
-    other integration modules, then the modules marked `own_ray`, then the rest. With `-n 2
+    """The longest test files first (`FILE_SECONDS`), in three bands: the files that share their
+    worker's Ray and the long ones, then the modules marked `own_ray`, then the rest. With `-n 2
     --dist loadfile --no-loadscope-reorder` (scripts/test.sh) pytest-xdist hands whole files to
     its workers in this order, so the two workers end together on short files instead of one
     waiting while the other runs a long one. An `own_ray` module stops its worker's shared Ray
     (`ray_session`), and with it the kept trainer ranks and engines (`kept_actors`): after the
-    other integration modules, few modules start them again (Ray, Megatron's and the engine's
-    imports: seconds of CPU each time). The order within a file is kept."""
-    slow: dict[Path, int] = {}
-    for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    files that use them, no module starts them again (Ray, Megatron's and the engine's imports:
+    seconds of CPU each time). The order within a file is kept."""
+    tests = Path(__file__).parent
 
-    def rank(item) -> tuple[int, int]:
-        n = slow[item.path]
+    def rank(item) -> tuple[int, float]:
+        seconds = FILE_SECONDS.get(item.path.relative_to(tests).as_posix(), 0)
         if item.get_closest_marker("own_ray") is not None:
-            return (2, -n)
-        return (0 if n else 1 if "integration" in item.path.parts else 3, -n)
+            return (1, -seconds)
+        shares_ray = "integration" in item.path.parts
+        return (0 if shares_ray or seconds >= LONG_S else 2, -seconds)
 
     items.sort(key=rank)  # stable: collection order within a rank
 
