@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,63 +32,64 @@ def tiny_qwen3_factory(tmp_path_factory):
 
 
 # Seconds each test file takes in `bash scripts/test.sh` (the sum of its tests' durations there, under
-# the suite's load: `--durations=0`), the files of 5 s or more; the order the workers take files in
-# (`pytest_collection_modifyitems`). Refresh it when a file's time changes by much.
+# the suite's load: `--durations=0`; 2026-11-30, a pytest run of 616 s), the files of 5 s or more; the
+# order the workers take files in (`pytest_collection_modifyitems`). Refresh it when a file's time
+# changes by much.
 FILE_SECONDS = {
-    "integration/test_algorithms_learn.py": 122,
-    "integration/test_real_model.py": 119,
-    "unit/test_triton_interpreted.py": 87,
-    "integration/test_slurm.py": 68,
-    "integration/test_context_parallel.py": 66,
-    "integration/test_fault_tolerance.py": 66,
-    "integration/test_security.py": 56,
-    "integration/test_e2e.py": 55,
-    "integration/test_run_modes.py": 54,
-    "integration/test_trainer.py": 47,
-    "integration/test_hosts.py": 45,
-    "integration/test_launch.py": 45,
-    "integration/test_pipeline.py": 43,
-    "integration/test_tool_calc.py": 39,
-    "integration/test_lora_parallel.py": 37,
-    "integration/test_async.py": 37,
-    "integration/test_lora_learns.py": 33,
-    "integration/test_pool.py": 30,
-    "integration/test_sweep.py": 28,
-    "integration/test_producer.py": 25,
-    "integration/test_engine_auth.py": 23,
-    "integration/test_weight_paths.py": 23,
-    "unit/test_agent_routing.py": 21,
-    "integration/test_checkpoint.py": 20,
-    "config/test_plan_only.py": 20,
-    "unit/test_megatron_logging.py": 19,
-    "integration/test_family_loops.py": 19,
-    "unit/test_megatron_jit.py": 19,
-    "integration/test_critic.py": 17,
-    "integration/test_context_parallel_model.py": 16,
-    "integration/test_moe_families.py": 15,
-    "unit/test_layers.py": 15,
-    "config/test_compose.py": 14,
-    "config/test_doc_commands.py": 12,
-    "unit/test_lora.py": 11,
+    "integration/test_algorithms_learn.py": 87,
+    "unit/test_triton_interpreted.py": 72,
+    "integration/test_launch.py": 66,
+    "integration/test_slurm.py": 54,
+    "integration/test_real_model.py": 53,
+    "integration/test_fault_tolerance.py": 53,
+    "integration/test_context_parallel.py": 48,
+    "integration/test_e2e.py": 44,
+    "integration/test_run_modes.py": 38,
+    "integration/test_security.py": 38,
+    "integration/test_hosts.py": 34,
+    "integration/test_tool_calc.py": 32,
+    "integration/test_lora_learns.py": 31,
+    "integration/test_trainer.py": 27,
+    "integration/test_lora_parallel.py": 26,
+    "integration/test_critic.py": 24,
+    "integration/test_pipeline.py": 23,
+    "integration/test_async.py": 21,
+    "unit/test_agent_routing.py": 20,
+    "integration/test_engine_auth.py": 19,
+    "integration/test_context_parallel_model.py": 18,
+    "config/test_plan_only.py": 18,
+    "integration/test_pool.py": 17,
+    "integration/test_weight_paths.py": 16,
+    "integration/test_sweep.py": 15,
+    "integration/test_checkpoint.py": 14,
+    "unit/test_megatron_jit.py": 13,
+    "unit/test_megatron_logging.py": 13,
+    "unit/test_layers.py": 12,
+    "config/test_compose.py": 12,
     "integration/test_engine_http.py": 11,
     "config/test_from_checkpoint.py": 11,
-    "config/test_bad_input.py": 11,
+    "config/test_doc_commands.py": 10,
+    "integration/test_producer.py": 10,
     "integration/test_weight_sync_distributed.py": 10,
-    "integration/test_placement.py": 10,
-    "config/test_algo_options.py": 10,
-    "unit/test_memory_plan.py": 9,
+    "integration/test_moe_families.py": 9,
+    "unit/test_lora.py": 9,
+    "config/test_bad_input.py": 9,
+    "config/test_algo_options.py": 8,
+    "integration/test_family_loops.py": 8,
+    "integration/test_placement.py": 8,
     "config/test_command_line.py": 8,
-    "integration/test_dense_families.py": 8,
-    "integration/test_weight_sync_tensor.py": 7,
-    "integration/test_golden.py": 6,
+    "unit/test_memory_plan.py": 7,
+    "integration/test_dense_families.py": 7,
     "config/test_megatron_checks.py": 6,
-    "integration/test_timeouts.py": 6,
-    "config/test_cluster.py": 6,
     "unit/test_loop_watch.py": 6,
     "unit/test_pytest_cpu.py": 5,
+    "integration/test_weight_sync_tensor.py": 5,
+    "config/test_tasks.py": 5,
     "unit/test_agent_sandbox.py": 5,
+    "integration/test_timeouts.py": 5,
 }
 LONG_S = 30  # a file this long goes in the first band even if it needs no Ray
+_LAST_BAND: set[Path] = set()  # the files of the last band (`pytest_collection_modifyitems`)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -98,7 +100,8 @@ def pytest_collection_modifyitems(config, items):
     waiting while the other runs a long one. An `own_ray` module stops its worker's shared Ray
     (`ray_session`), and with it the kept trainer ranks and engines (`kept_actors`): after the
     files that use them, no module starts them again (Ray, Megatron's and the engine's imports:
-    seconds of CPU each time). The order within a file is kept."""
+    seconds of CPU each time); a worker's first file of the last band stops them
+    (`_integration_tests_share_ray`). The order within a file is kept."""
     tests = Path(__file__).parent
 
     def rank(item) -> tuple[int, float]:
@@ -109,6 +112,7 @@ def pytest_collection_modifyitems(config, items):
         return (0 if shares_ray or seconds >= LONG_S else 2, -seconds)
 
     items.sort(key=rank)  # stable: collection order within a rank
+    _LAST_BAND.update(item.path for item in items if rank(item)[0] == 2)
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +146,14 @@ def kept_actors():
 def _integration_tests_share_ray(request):
     """Every integration test finds this process's Ray up (`ray_session`): its runs use it, and
     they keep their trainer ranks and engines for the next run (`kept_actors`). Not for a module
-    marked `own_ray`: its tests take a Ray of their own, which stops the shared one."""
+    marked `own_ray`: its tests take a Ray of their own, which stops the shared one. A module of
+    the last band stops it: none after it uses it, and idle, its daemons, workers and kept
+    processes take about 10% of a core."""
     if "integration" in request.node.path.parts and request.node.get_closest_marker("own_ray") is None:
         request.getfixturevalue("kept_actors")
         request.getfixturevalue("ray_session")
+    elif request.node.path in _LAST_BAND and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
 
 
 @pytest.fixture(scope="module")
