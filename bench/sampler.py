@@ -52,7 +52,13 @@ def sampler_us(rows: int, vocab: int, device: torch.device, splits: int | None =
 
 
 def truncated_us(
-    rows: int, vocab: int, device: torch.device, top_p: float, top_k: int, scale: float = 4.0
+    rows: int,
+    vocab: int,
+    device: torch.device,
+    top_p: float,
+    top_k: int,
+    scale: float = 4.0,
+    profile: bool = False,
 ) -> dict:
     """The decode graph's sampling plus what rows with top-p / top-k pay after it: every row
     truncating, drawn again by `Sampler.resample_truncated` (eager, as after a decode graph)."""
@@ -70,7 +76,7 @@ def truncated_us(
         top_p_N=torch.full((rows,), top_p, device=device), min_p_N=torch.zeros(rows, device=device),
         seed_N=torch.randint(0, 1 << 62, (rows,), device=device, generator=g), step_N=ints,
         seeded_rows=torch.arange(rows, device=device), all_greedy=False, truncate=True,
-        truncate_rows=list(range(rows)),
+        truncate_rows=list(range(rows)), truncate_sums=int(top_k > 0) | 2 * (top_p < 1.0),
     )  # fmt: skip
     sampler = Sampler(0, device)
     tokens = torch.empty(rows, dtype=torch.int64, device=device)
@@ -83,7 +89,24 @@ def truncated_us(
         sampler.resample_truncated(x, batch, tokens, logprobs)
 
     seconds = time_cuda(call, iters=2 * copies)
-    return {"us": round(seconds * 1e6, 2), "top_p": top_p, "top_k": top_k, "scale": scale}
+    result = {"us": round(seconds * 1e6, 2), "top_p": top_p, "top_k": top_k, "scale": scale}
+    if profile:
+        result["kernels_us"] = kernel_us(call, calls=2 * copies)
+    return result
+
+
+def kernel_us(call, calls: int) -> dict:
+    """GPU microseconds a call by kernel (torch.profiler), and the GPU's busy time a call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    per = {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
+    out = {k[:40]: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
+    out["total"] = round(sum(per.values()), 2)
+    return out
 
 
 def main() -> None:
@@ -97,6 +120,7 @@ def main() -> None:
         "--truncate", help="also time every row with top_p,top_k (e.g. 0.9,-1) sampled as the engine does"
     )
     parser.add_argument("--scale", type=float, default=4.0, help="--truncate's logits: randn * this")
+    parser.add_argument("--profile", action="store_true", help="--truncate's GPU time by kernel too")
     args = parser.parse_args()
     device = torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(device), "vocab": args.vocab}
@@ -107,7 +131,7 @@ def main() -> None:
         if args.truncate:
             top_p, top_k = args.truncate.split(",")
             result[f"rows_{rows}"]["truncated"] = truncated_us(
-                rows, args.vocab, device, float(top_p), int(top_k), args.scale
+                rows, args.vocab, device, float(top_p), int(top_k), args.scale, args.profile
             )
     print(json.dumps(result))
 

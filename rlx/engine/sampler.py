@@ -55,6 +55,9 @@ class SamplingBatch:
     all_greedy: bool
     truncate: bool
     truncate_rows: list[int]  # rows that need top-k / top-p / min-p
+    truncate_sums: int = (
+        3  # what the truncated sampler's search counts: 1 top_k, 2 top_p (`truncated_sample`)
+    )
 
     @classmethod
     def build(cls, seqs: list[Sequence], vocab: int, device: torch.device) -> SamplingBatch:
@@ -99,6 +102,8 @@ class SamplingBatch:
             all_greedy=all(greedy),
             truncate=bool(truncate_rows),
             truncate_rows=truncate_rows,
+            truncate_sums=int(any(top_k[i] < vocab for i in truncate_rows))
+            | 2 * any(params[i].top_p < 1.0 for i in truncate_rows),
         )
 
 
@@ -155,7 +160,7 @@ class Sampler:
         at = upload(torch.tensor(batch.truncate_rows), logits_NV.device)
         truncated_sample(
             logits_NV, at, batch.inv_temperature_N, batch.top_k_N, batch.top_p_N, batch.min_p_N,
-            batch.seed_N, batch.step_N, tokens_N, out_logprobs_N,
+            batch.seed_N, batch.step_N, tokens_N, out_logprobs_N, sums=batch.truncate_sums,
         )  # fmt: skip
 
     def sample_torch(

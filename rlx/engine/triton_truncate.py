@@ -15,11 +15,13 @@ vocabulary), with a program a row between them that sums the shares' parts in on
 2. `_search_pass`, 5 times for 2-byte logits (9 for fp32), each followed by `_next_state`: the
    smallest key v at which fewer than top_k tokens lie above and their mass exp(s - m) (m the
    row's maximum) is at most top_p * Z (Z the row's sum): each pass counts the tokens and sums
-   the mass above 16 keys in the interval left: the first pass's near the maximum where the
-   boundary likely lies there (`_start_state`), else, as every later pass's, evenly spread (the
-   interval shrinks 16-fold); a pass whose interval is done does nothing. The
-   tokens above v are kept; of those at v (ties), the first c by id, c as many as top_k and
-   top_p leave room for; min_p keeps those with exp(s - m) >= min_p (its bound is a value);
+   the mass above 16 keys in the interval left (the count alone where no row of the batch has
+   top_p, the mass alone where none has top_k: `sums`): the first pass's keys near the maximum
+   where the boundary likely lies there (`_start_state`), else, as every later pass's, evenly
+   spread (the interval shrinks 16-fold); a pass whose interval is done does nothing. The
+   tokens above v are kept; of those at v (ties, counted in step 3), the first c by id, c as
+   many as top_k and top_p leave room for; min_p keeps those with exp(s - m) >= min_p (its bound
+   is a value);
 3. `_kept_blocks`: each block's kept mass above v and its count of ties at v;
 4. `_truncated_select`, a program a row: the draw, as the fused sampler's (`triton_sample`):
    the first kept token, in id order, whose kept mass summed from id 0 passes u times the kept
@@ -32,9 +34,9 @@ truncation, as SGLang reports it. tests/helpers.py states the rule in torch
 constant a compile depends on the rows, which vary from step to step.
 
 Speed (1×H200, bf16, Qwen3's vocabulary, every row truncating; `bench/sampler.py --truncate`):
-0.4-0.8 ms at 64 rows, 0.9-1.1 ms at 256 (flat rows 1.8), against the torch path's 2.5 and 8.5;
-the search passes are most of it, bound by their 16 compares an element where the interval
-holds tokens (tiles of 128-1,024 and 16-64 programs an SM within 10% of one another).
+0.4-0.8 ms at 64 rows (the host's launches), 0.5-0.9 ms at 256, against the torch path's 2.5
+and 8.5; the search passes are most of it, bound by their compares where a tile holds a token
+of the interval (docs/benchmarks.md, Decisions).
 FlashInfer's sampling kernels (rejection sampling) are CUDA C++ compiled at run time, which the
 engine does without.
 """
@@ -119,33 +121,23 @@ def _load_keys(Keys, r, WIDE: tl.constexpr):
 @triton.jit
 def _load_state(StateI, StateF, r, q, passes, WIDE: tl.constexpr):
     """The row's m and Z, and the search after q passes: the interval (below, hi] (v's key is hi
-    once hi - below is 1), the counts above both and the mass above hi (`_next_state`)."""
+    once hi - below is 1), the count and the mass above hi (`_next_state`)."""
     at = (r * (passes + 1) + q) * 4
     below = tl.load(StateI + at)
     hi = tl.load(StateI + at + 1)
     if not WIDE:
         below = below.to(tl.int32)
         hi = hi.to(tl.int32)
-    count_below = tl.load(StateI + at + 2).to(tl.int32)
-    count_hi = tl.load(StateI + at + 3).to(tl.int32)
-    return (
-        tl.load(StateF + at),
-        tl.load(StateF + at + 1),
-        below,
-        hi,
-        count_below,
-        count_hi,
-        tl.load(StateF + at + 2),
-    )
+    count_hi = tl.load(StateI + at + 2).to(tl.int32)
+    return tl.load(StateF + at), tl.load(StateF + at + 1), below, hi, count_hi, tl.load(StateF + at + 2)
 
 
 @triton.jit
-def _store_state(StateI, StateF, r, q, passes, m, z, below, hi, count_below, count_hi, mass_hi):
+def _store_state(StateI, StateF, r, q, passes, m, z, below, hi, count_hi, mass_hi):
     at = (r * (passes + 1) + q) * 4
     tl.store(StateI + at, below.to(tl.int64))
     tl.store(StateI + at + 1, hi.to(tl.int64))
-    tl.store(StateI + at + 2, count_below.to(tl.int64))
-    tl.store(StateI + at + 3, count_hi.to(tl.int64))
+    tl.store(StateI + at + 2, count_hi.to(tl.int64))
     tl.store(StateF + at, m)
     tl.store(StateF + at + 1, z)
     tl.store(StateF + at + 2, mass_hi)
@@ -153,18 +145,14 @@ def _store_state(StateI, StateF, r, q, passes, m, z, below, hi, count_below, cou
 
 @triton.jit(do_not_specialize=["passes", "SH"])
 def _start_state(
-    Logits, Rows, InvT, TopK, TopP, Stats, KeyRange, StateI, StateF, Keys, V, passes,
+    Logits, Rows, InvT, TopK, TopP, Stats, KeyRange, StateI, StateF, Keys, passes,
     SH, SH_P2: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """State 0 from the shares' statistics: `below` under the row's smallest key fails the test
     (all V tokens above it, top_k <= V), `hi` at its largest passes it (none above); the first
-    pass's keys: near the maximum where the boundary likely lies there (top_k at most 1,024, or
-    top_p * Z at most 64: the mass within a few of the maximum, as a trained model's, SmolLM2's Z
-    at most 23 over 153 steps in bench/logit_spread.py; on rows
-    randn * 4 over Qwen's vocabulary, the 256-row passes 1.6 -> 1.1 ms at top_p 0.9, 1.5 -> 0.9
-    at top_k 50), else evenly spread (a flat row's top-p boundary lies in the crowd of tokens,
-    where a pass near the maximum narrows nothing: randn * 1, 1.8 -> 2.0 ms), the last pass then
-    finding its interval done."""
+    pass's keys near the maximum where the boundary likely lies there (top_k at most 1,024, or
+    top_p * Z at most 64: a trained model's rows, docs/benchmarks.md), else evenly spread (a flat
+    row's top-p boundary lies in the crowd), the last pass then finding its interval done."""
     r = tl.program_id(0)
     row = tl.load(Rows + r)
     inv_t = tl.load(InvT + row)
@@ -181,7 +169,7 @@ def _start_state(
     below = tl.min(tl.load(KeyRange + (r * SH + sh) * 2, mask=live, other=floor), 0) - 1
     hi = tl.max(tl.load(KeyRange + (r * SH + sh) * 2 + 1, mask=live, other=-floor), 0)
     none = tl.full([], 0, tl.int32)
-    _store_state(StateI, StateF, r, 0, passes, m, z, below, hi, V + none, none, none.to(tl.float32))
+    _store_state(StateI, StateF, r, 0, passes, m, z, below, hi, none, none.to(tl.float32))
     j = tl.arange(0, 16)
     near = (tl.load(TopK + row) <= 1024) | (tl.load(TopP + row) * z <= 64.0)
     keys = tl.where(
@@ -202,7 +190,7 @@ def _next_state(
     row = tl.load(Rows + r)
     top_k = tl.load(TopK + row).to(tl.int32)
     top_p = tl.load(TopP + row)
-    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
+    m, z, below, hi, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
     j = tl.arange(0, 16)
     if hi - below > 1:
         sh = tl.arange(0, SH_P2)
@@ -216,9 +204,8 @@ def _next_state(
         mass_hi = tl.sum(tl.where(j == first, mass, 0.0), 0)
         if first > 0:
             below = tl.sum(tl.where(j == first - 1, keys, 0), 0)
-            count_below = tl.sum(tl.where(j == first - 1, count, 0.0), 0).to(tl.int32)
         hi = new_hi
-    _store_state(StateI, StateF, r, p + 1, passes, m, z, below, hi, count_below, count_hi, mass_hi)
+    _store_state(StateI, StateF, r, p + 1, passes, m, z, below, hi, count_hi, mass_hi)
     _store_keys(Keys, r, _even_keys(below, hi, j))
 
 
@@ -258,33 +245,39 @@ def _row_stats(
 @triton.jit(do_not_specialize=["R", "p", "passes", "SH", "SHARE"])
 def _search_pass(
     Logits, stride_row, Rows, InvT, StateI, StateF, Keys, Part, R, V, p, passes,
-    SH, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr, TILE: tl.constexpr,
+    SH, SHARE, BLOCK: tl.constexpr, WIDE: tl.constexpr, TILE: tl.constexpr, SUMS: tl.constexpr,
 ):  # fmt: skip
     """Pass p: the share's count and mass above each of the 16 keys (Part[p, r, share]), TILE
-    logits at a time; tokens above the interval count once for all 16, and a tile with none
-    inside it skips the compares."""
+    logits at a time, the count where SUMS has bit 1 (a row with top_k), the mass where it has
+    bit 2 (top_p), else 0; a tile with no logit in (the lowest key, hi] (none above any key that
+    is not above all) counts the tokens above hi once for all 16 and skips the compares."""
     r = tl.program_id(0)
     share = tl.program_id(1)
     row = tl.load(Rows + r)
     inv_t = tl.load(InvT + row)
-    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
+    m, z, below, hi, count_hi, mass_hi = _load_state(StateI, StateF, r, p, passes, WIDE)
     j = tl.arange(0, 16)
     keys = _load_keys(Keys, r, WIDE)
+    lowest = tl.min(keys, 0)
     count = tl.zeros([16], tl.int32)
     mass = tl.zeros([16], tl.float32)
     count_top = tl.zeros([TILE], tl.int32)
     mass_top = tl.zeros([TILE], tl.float32)
-    if hi - below > 1:  # else v is found: the pass has nothing to count
+    if (SUMS != 0) & (hi - below > 1):  # else v is found (or nothing is counted): nothing to do
         for b in range(share * SHARE * (BLOCK // TILE), (share * SHARE + SHARE) * (BLOCK // TILE)):
             key, e = _tile(Logits, stride_row, row, b, inv_t, m, V, TILE, WIDE)
-            top = key > hi
-            count_top += top.to(tl.int32)
-            mass_top += tl.where(top, e, 0.0)
-            inside = (key > below) & (key <= hi)
-            if tl.max(inside.to(tl.int32), 0) > 0:
-                above = (key[None, :] > keys[:, None]) & inside[None, :]
-                count += tl.sum(above.to(tl.int32), 1)
-                mass += tl.sum(tl.where(above, e[None, :], 0.0), 1)
+            if tl.max(((key > lowest) & (key <= hi)).to(tl.int32), 0) > 0:
+                above = key[None, :] > keys[:, None]  # tokens above hi: above all 16
+                if SUMS & 1:
+                    count += tl.sum(above.to(tl.int32), 1)
+                if SUMS & 2:
+                    mass += tl.sum(tl.where(above, e[None, :], 0.0), 1)
+            else:
+                top = key > hi
+                if SUMS & 1:
+                    count_top += top.to(tl.int32)
+                if SUMS & 2:
+                    mass_top += tl.where(top, e, 0.0)
     at = ((p * R + r) * SH + share) * 32 + j * 2
     tl.store(Part + at, (count + tl.sum(count_top, 0)).to(tl.float32))  # exact below 2^24
     tl.store(Part + at + 1, mass + tl.sum(mass_top, 0))
@@ -292,12 +285,13 @@ def _search_pass(
 
 @triton.jit
 def _ties_taken(
-    hi, count_below, count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, dtype: tl.constexpr, WIDE: tl.constexpr
+    hi, ties, count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, dtype: tl.constexpr, WIDE: tl.constexpr
 ):  # fmt: skip
-    """Of the ties at v (key hi), how many are kept (as many as top_k and top_p leave room for,
-    each holding mass e_v; none if min_p cuts them), and e_v."""
+    """Of the `ties` at v (key hi), how many are kept (as many as top_k and top_p leave room for,
+    each holding mass e_v; none if min_p cuts them), and e_v. count_hi and mass_hi (above v) are
+    0 where the passes did not count them (`SUMS`): no row of the batch has that bound then."""
     e_v = tl.exp(_value(hi, dtype, WIDE) * inv_t - m)
-    take = tl.minimum(count_below - count_hi, top_k - count_hi)
+    take = tl.minimum(ties, top_k - count_hi)
     room = (top_p * z - mass_hi) / e_v  # >= 0: v passed; e_v = 0 (underflow) gives inf
     fits = room < take.to(tl.float32)  # top_p leaves room for fewer ties than top_k
     take = tl.where(fits, tl.where(fits, room, 0.0).to(tl.int32) + 1, take)  # NaN, inf: not cast
@@ -315,7 +309,7 @@ def _kept_blocks(
     row = tl.load(Rows + r)
     inv_t = tl.load(InvT + row)
     min_p = tl.load(MinP + row)
-    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
+    m, z, below, hi, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
     for b in range(share * SHARE, tl.minimum(share * SHARE + SHARE, NB)):
         key, e = _tile(Logits, stride_row, row, b, inv_t, m, V, BLOCK, WIDE)
         tl.store(Blocks + (r * NB + b) * 2, tl.sum(tl.where((key > hi) & (e >= min_p), e, 0.0), 0))
@@ -339,9 +333,20 @@ def _truncated_select(
     k = tl.arange(0, NB_P2)
     above = tl.load(Blocks + (r * NB + k) * 2, mask=k < NB, other=0.0)
     ties = tl.load(Blocks + (r * NB + k) * 2 + 1, mask=k < NB, other=0.0).to(tl.int32)
-    m, z, below, hi, count_below, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
+    m, z, below, hi, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
     take, e_v = _ties_taken(
-        hi, count_below, count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, Logits.dtype.element_ty, WIDE
+        hi,
+        tl.sum(ties, 0),
+        count_hi,
+        mass_hi,
+        z,
+        m,
+        inv_t,
+        top_k,
+        top_p,
+        min_p,
+        Logits.dtype.element_ty,
+        WIDE,
     )
     ties_before = tl.cumsum(ties, 0) - ties
     taken = tl.minimum(tl.maximum(take - ties_before, 0), ties)  # the block's ties that are kept
@@ -380,12 +385,16 @@ def truncated_sample(
     tokens_N: torch.Tensor,
     logprobs_N: torch.Tensor,
     shares: int | None = None,
+    sums: int = 3,
 ) -> None:
     """Draw rows `rows_R` (ids into the N rows) by top-k (int, the vocabulary where off), top-p
     and min-p, writing their tokens and logprobs into tokens_N / logprobs_N (tokens in int64, or
     in fp32 for one readback buffer); the other rows are left as they are. The per-row tensors
     are indexed by row id, as `SamplingBatch`'s; seed and step key the row's uniform. `shares`:
-    programs a row in the passes (None: `default_shares`); the draws do not depend on it."""
+    programs a row in the passes (None: `default_shares`); the draws do not depend on it. `sums`:
+    what the search passes count, 1 the tokens (some row has top_k), 2 their mass (some row has
+    top_p), 3 both (the default, right for any rows), 0 neither (min_p alone: the search then
+    keeps every token, which min_p cuts); a pass computes 2-4 values a logit and key for 4."""
     vocab = logits_NV.shape[1]
     rows = rows_R.numel()
     if rows == 0:
@@ -416,13 +425,13 @@ def truncated_sample(
     shares_p2 = triton.next_power_of_2(blocks)  # the vocabulary's alone: rows (and so the
     # shares) vary from step to step, and every constant a compile
     _start_state[(rows,)](
-        logits, at, inv_t, top_k, top_p, stats, key_range, *state, keys, vocab, passes,
+        logits, at, inv_t, top_k, top_p, stats, key_range, *state, keys, passes,
         SH=sh, SH_P2=shares_p2, WIDE=wide, num_warps=1,
     )  # fmt: skip
     for p in range(passes):
         _search_pass[(rows, sh)](
             logits, stride, at, inv_t, *state, keys, part, rows, vocab, p, passes,
-            SH=sh, SHARE=share, BLOCK=BLOCK, WIDE=wide, TILE=SEARCH_TILE, num_warps=SEARCH_WARPS,
+            SH=sh, SHARE=share, BLOCK=BLOCK, WIDE=wide, TILE=SEARCH_TILE, SUMS=sums, num_warps=SEARCH_WARPS,
         )  # fmt: skip
         _next_state[(rows,)](
             at, top_k, top_p, *state, keys, part, rows, p, passes,

@@ -107,6 +107,49 @@ def test_truncated_sampler_finds_boundaries_far_below_the_maximum(wide, device):
     assert ((logprobs - logp).abs() <= 1e-4 + resolution).all(), (logprobs - logp).abs().tolist()
 
 
+@pytest.mark.parametrize(
+    "sums, settings",
+    [
+        (1, [(50, 1.0, 0.0), (1, 1.0, 0.0), (7, 1.0, 0.0), (1000, 1.0, 0.01)]),  # top_k alone: counts
+        (2, [(None, 0.9, 0.0), (None, 0.05, 0.0), (None, 0.999, 0.0), (None, 0.5, 0.001)]),  # top_p: masses
+        (0, [(None, 1.0, 0.05), (None, 1.0, 0.3)]),  # min_p alone: no search sums
+    ],
+)
+def test_truncated_sampler_counts_only_what_its_rows_bound(sums, settings, device):
+    """A batch whose rows have no top_p (`sums` 1), no top_k (2), or neither (0) is searched
+    without the sums none of them needs, and draws the rule's tokens: logits in steps of 1/2
+    (many tokens tie at each value, so the boundary cuts a tie: the ties kept are counted from
+    the blocks, not from the passes' counts, which are 0 where not summed), each row at a seed of
+    uniform 1 - 2^-24 (the last kept token: a tie at the boundary wherever one is kept) and at a
+    random one."""
+    dtype = two_byte(device)
+    g = torch.Generator(device=device).manual_seed(5)
+    vocab = 151936 if device.type == "cuda" else 2500
+    n = 2 * len(settings)
+    logits = ((torch.randn(n, vocab, device=device, generator=g) * 8).round() / 2).to(dtype)
+    top_k = torch.tensor([vocab if k is None else k for k, _, _ in settings] * 2, device=device)
+    top_p = torch.tensor([p for _, p, _ in settings] * 2, device=device)
+    min_p = torch.tensor([m for _, _, m in settings] * 2, device=device)
+    inv_t = torch.ones(n, device=device)
+    top_seed = [seed for seed, u in EXTREME_UNIFORM_SEEDS if u > 0.5][0]
+    seed = torch.tensor([top_seed] * len(settings) + [17 + i for i in range(len(settings))], device=device)
+    step = torch.full((n,), 5, device=device)
+    from rlx.engine.triton_truncate import truncated_sample
+
+    tokens = torch.full((n,), -7, dtype=torch.int64, device=device)
+    logprobs = torch.full((n,), -7.0, device=device)
+    rows = torch.arange(n, device=device)
+    truncated_sample(logits, rows, inv_t, top_k, top_p, min_p, seed, step, tokens, logprobs, sums=sums)
+    expected = truncated_inverse_cdf(logits, inv_t, top_k, top_p, min_p, fused_uniform(seed, step))
+    assert torch.equal(tokens, expected), (tokens.tolist(), expected.tolist())
+    kept, _ = truncation_kept(logits, inv_t, top_k, top_p, min_p)
+    last_kept = torch.where(kept, torch.arange(vocab, device=device), -1).amax(-1)
+    assert torch.equal(tokens[: len(settings)], last_kept[: len(settings)])
+    boundary = logits.float().gather(-1, last_kept[:, None])
+    ties_cut = ((logits.float() == boundary) & ~kept).any(-1)  # a tie at the boundary left out
+    assert ties_cut[: len(settings)].any() or sums == 0  # the case the blocks' tie count decides
+
+
 def test_truncated_sampler_draws_by_hand(device):
     """Logits 1, 3, 3, 0, 3, 2, -1, 3 (exact in bf16), T = 1: the four 3s hold mass 1 each
     (exp(s - m)), the row's Z = 4 + e^-1 + e^-2 + e^-3 + e^-4 = 4.5713. top_k 2 keeps ids 1, 2 (a

@@ -42,3 +42,26 @@ def test_a_near_certain_token_is_drawn_whatever_the_others_hash_to():
     tokens, logprobs = Sampler(0, torch.device("cpu"))(logits, batch)
     assert tokens.tolist() == [certain] * len(draws)
     assert logprobs.max().item() <= 0 and logprobs.min().item() > -1e-4
+
+
+def test_a_batch_names_the_sums_its_truncating_rows_need():
+    """`truncate_sums` (what the GPU's truncating search counts): bit 1 where a truncating row
+    has top_k under the vocabulary, bit 2 where one has top_p under 1; greedy rows and rows that
+    truncate nothing add neither (they are not searched)."""
+    vocab = 100
+
+    def sums(*params: dict) -> int:
+        seqs = [
+            Sequence(i, GenerateRequest([1], SamplingParams(max_new_tokens=4, **p)), max_new=4, seed=0)
+            for i, p in enumerate(params)
+        ]
+        return SamplingBatch.build(seqs, vocab, torch.device("cpu")).truncate_sums
+
+    assert sums({"top_k": 5}) == 1
+    assert sums({"top_p": 0.9}) == 2
+    assert sums({"top_k": 5}, {"top_p": 0.9}) == 3
+    assert sums({"top_k": 5, "top_p": 0.9}) == 3
+    assert sums({"min_p": 0.1}) == 0
+    assert sums({"top_k": 100, "top_p": 1.0, "min_p": 0.1}) == 0  # top_k at the vocabulary cuts nothing
+    assert sums({"top_k": 500}, {"top_k": 5, "temperature": 0.0}, {"top_p": 0.5, "temperature": 0.0}) == 0
+    assert sums({"top_p": 0.9, "temperature": 0.0}, {"top_k": 5}) == 1
