@@ -117,22 +117,26 @@ def test_truncated_sampler_finds_boundaries_far_below_the_maximum(wide, device):
 )
 def test_truncated_sampler_counts_only_what_its_rows_bound(sums, settings, device):
     """A batch whose rows have no top_p (`sums` 1), no top_k (2), or neither (0) is searched
-    without the sums none of them needs, and draws the rule's tokens: logits in steps of 1/2
-    (many tokens tie at each value, so the boundary cuts a tie: the ties kept are counted from
-    the blocks, not from the passes' counts, which are 0 where not summed), each row at a seed of
-    uniform 1 - 2^-24 (the last kept token: a tie at the boundary wherever one is kept) and at a
-    random one."""
+    without the sums none of them needs, and draws the rule's tokens. Integer logits (randn × 3:
+    many tokens tie at each value), token 0 set to the row's boundary value v (the lowest kept):
+    the first tie at v by id, which top_k and top_p always keep (the ties kept are counted from
+    the blocks, not from the passes' counts, which are 0 where not summed) and a seed of uniform
+    2^-24 draws (the first kept token); on a GPU, random seeds too."""
     dtype = two_byte(device)
     g = torch.Generator(device=device).manual_seed(5)
-    vocab = 151936 if device.type == "cuda" else 2500
-    n = 2 * len(settings)
-    logits = ((torch.randn(n, vocab, device=device, generator=g) * 8).round() / 2).to(dtype)
-    top_k = torch.tensor([vocab if k is None else k for k, _, _ in settings] * 2, device=device)
-    top_p = torch.tensor([p for _, p, _ in settings] * 2, device=device)
-    min_p = torch.tensor([m for _, _, m in settings] * 2, device=device)
+    vocab, copies = (151936, 2) if device.type == "cuda" else (1200, 1)
+    n = copies * len(settings)
+    logits = (torch.randn(n, vocab, device=device, generator=g) * 3).round().to(dtype)
+    top_k = torch.tensor([vocab if k is None else k for k, _, _ in settings] * copies, device=device)
+    top_p = torch.tensor([p for _, p, _ in settings] * copies, device=device)
+    min_p = torch.tensor([m for _, _, m in settings] * copies, device=device)
     inv_t = torch.ones(n, device=device)
-    top_seed = [seed for seed, u in EXTREME_UNIFORM_SEEDS if u > 0.5][0]
-    seed = torch.tensor([top_seed] * len(settings) + [17 + i for i in range(len(settings))], device=device)
+    kept, _ = truncation_kept(logits, inv_t, top_k, top_p, min_p)
+    logits[:, 0] = torch.where(kept, logits.float(), float("inf")).amin(-1).to(dtype)  # v stays the boundary
+    low_seed = [seed for seed, u in EXTREME_UNIFORM_SEEDS if u < 0.5][0]
+    seed = torch.tensor(
+        ([low_seed] * len(settings) + [17 + i for i in range(len(settings))])[:n], device=device
+    )
     step = torch.full((n,), 5, device=device)
     from rlx.engine.triton_truncate import truncated_sample
 
@@ -141,13 +145,8 @@ def test_truncated_sampler_counts_only_what_its_rows_bound(sums, settings, devic
     rows = torch.arange(n, device=device)
     truncated_sample(logits, rows, inv_t, top_k, top_p, min_p, seed, step, tokens, logprobs, sums=sums)
     expected = truncated_inverse_cdf(logits, inv_t, top_k, top_p, min_p, fused_uniform(seed, step))
+    assert expected[: len(settings)].tolist() == [0] * len(settings)  # the design: token 0 kept, drawn
     assert torch.equal(tokens, expected), (tokens.tolist(), expected.tolist())
-    kept, _ = truncation_kept(logits, inv_t, top_k, top_p, min_p)
-    last_kept = torch.where(kept, torch.arange(vocab, device=device), -1).amax(-1)
-    assert torch.equal(tokens[: len(settings)], last_kept[: len(settings)])
-    boundary = logits.float().gather(-1, last_kept[:, None])
-    ties_cut = ((logits.float() == boundary) & ~kept).any(-1)  # a tie at the boundary left out
-    assert ties_cut[: len(settings)].any() or sums == 0  # the case the blocks' tie count decides
 
 
 def test_truncated_sampler_draws_by_hand(device):
