@@ -1,5 +1,5 @@
 """The decode step's GEMMs: torch's cuBLAS pick against every algorithm cuBLASLt's heuristic offers
-(its top 32 for the shape, each timed), in CUDA graphs, weights rotated through 256 MB of copies so
+(up to `--top`; it offers 8 at these shapes, 1xH200), each timed in CUDA graphs, weights rotated through 256 MB of copies so
 that the L2 does not hold the next call's weight (the engine reads a layer's other weights between
 two calls of one GEMM). One JSON line per GEMM and per layer: torch's time, the heuristic's first
 (what cuBLASLt would pick by itself), the fastest and its settings (tile, split-K, stages).
@@ -7,7 +7,8 @@ two calls of one GEMM). One JSON line per GEMM and per layer: torch's time, the 
 At 256 rows a 1.7B layer's GEMMs take about 1.6x the matmul ceiling's time (the profile in
 docs/benchmarks.md): o_proj and down_proj (2,048 outputs) make 32 tiles of 128 x 128 for 132 SMs.
 Does cuBLASLt have an algorithm that spreads them (split-K, smaller tiles) which its heuristic
-does not put first?
+does not put first? No: its picks already fill the SMs (waves about 1), and the fastest of all is
+within 0-5% of torch's (docs/benchmarks.md, Decisions: "The decode GEMMs stay cuBLAS's").
 
     source .whl/install.sh && python3 bench/decode_gemm_lt.py [--rows 64,128,256] [--top 32]
 """
