@@ -103,16 +103,22 @@ def truncation_kernels(module) -> dict[str, tuple]:
             | {"Stats": "*fp32", "KeyRange": "*i32"}
             | state
             | {"Keys": "*i64"}
-            | _i32("V", "passes", "SH"),
+            | _i32("passes", "SH"),
             {"SH_P2": 256, "WIDE": False},
             1,
         ),
-        "truncate_search_pass": (
-            module._search_pass,
-            logits | state | {"Keys": "*i64", "Part": "*fp32"} | _i32("R", "V", "p", "passes", "SH", "SHARE"),
-            {"TILE": module.SEARCH_TILE} | narrow,
-            module.SEARCH_WARPS,
-        ),
+        **{
+            f"truncate_search_pass{suffix}": (  # the sums a batch's rows need: both, counts, masses
+                module._search_pass,
+                logits
+                | state
+                | {"Keys": "*i64", "Part": "*fp32"}
+                | _i32("R", "V", "p", "passes", "SH", "SHARE"),
+                {"TILE": module.SEARCH_TILE, "SUMS": sums} | narrow,
+                module.SEARCH_WARPS,
+            )
+            for suffix, sums in (("", 3), ("_counts", 1), ("_masses", 2))
+        },
         "truncate_next_state": (
             module._next_state,
             {"Rows": "*i64", "TopK": "*i64", "TopP": "*fp32"}

@@ -40,6 +40,8 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         "truncate_row_stats",
         "truncate_start_state",
         "truncate_search_pass",
+        "truncate_search_pass_counts",
+        "truncate_search_pass_masses",
         "truncate_next_state",
         "truncate_kept_blocks",
         "truncate_select",
