@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 import rlx.config.store  # noqa: F401  (registers the config schemas)
 from rlx.config.keys import moved_overrides
-from rlx.errors import Stopped, UserError
+from rlx.errors import Stopped, StoppedNow, UserError
 from rlx.launcher import preflight
 
 
@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> dict | None:
         return run_job(cfg)  # in a sweep (-m): the job's outcome, never an exception
     except UserError as e:
         sys.exit(f"error: {e}")
-    except Stopped as e:  # SIGTERM/SIGINT after a finished (and checkpointed) step
+    except (Stopped, StoppedNow) as e:  # SIGTERM/SIGINT after a finished (and checkpointed) step; a second
         print(e, file=sys.stderr)
         sys.exit(128 + e.signum)
     except Exception as e:  # a failure mid-run (a rank died, an engine failed): one message

@@ -27,3 +27,13 @@ class Stopped(Exception):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
+
+
+class StoppedNow(KeyboardInterrupt):
+    """A second SIGTERM/SIGINT: the run stops at once, the step in progress unfinished (its
+    requests cancelled, every process ended); a KeyboardInterrupt, so that no `except Exception`
+    on the way holds it. The launcher prints the message and exits with 128 + `signum`."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum

@@ -25,7 +25,7 @@ from rlx.config.memory_check import decide_memory
 from rlx.config.record import write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
-from rlx.errors import ConfigError, Stopped
+from rlx.errors import ConfigError, Stopped, StoppedNow
 from rlx.eval import build_eval_sets
 from rlx.eval.runner import Evaluator
 from rlx.gc_freeze import freeze_startup_objects
@@ -87,9 +87,13 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         _finish(job, parts, version, history)
     finally:
         if stop is not None:
-            stop.restore()
-        parts.close()
-        gc.unfreeze()
+            stop.closing()  # from here a signal waits for the run's processes to end
+        try:
+            parts.close()
+            gc.unfreeze()
+        finally:
+            if stop is not None:
+                stop.restore()
     return history
 
 
@@ -377,22 +381,34 @@ def _stopped_message(job: _Job, signum: int, step: int) -> str:
 
 
 class _StopOnSignal:
-    """SIGTERM/SIGINT: the run finishes its step, checkpoints and stops; a second one stops at once."""
+    """SIGTERM/SIGINT: the run finishes its step, checkpoints and stops; a second one stops at once
+    (`StoppedNow`). Once the run is ending its processes (`closing`), a signal waits for them: the
+    default handler, restored then, killed the driver midway and left Ray's processes running."""
 
     def __init__(self):
         self.signum = 0
+        self._closing = False
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if self._closing:  # ending the processes: stopping "at once" would leave them running
+            log.warning("%s: the run is already ending its processes", signal.Signals(signum).name)
+            return
         if self.signum:  # the second: no more waiting
-            raise KeyboardInterrupt
+            name = signal.Signals(signum).name
+            raise StoppedNow(
+                signum, f"stopped at once by a second {name}: the step in progress was not finished"
+            )
         self.signum = signum
         log.warning(
             "%s: stopping after the step in progress (again to stop now)", signal.Signals(signum).name
         )
+
+    def closing(self) -> None:
+        self._closing = True
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -61,13 +61,20 @@ class LoopWatch:
         )
 
     def wait(self, future: concurrent.futures.Future):
-        """`future.result()` (a coroutine's on the loop), or RolloutLoopBlocked once the loop is stuck."""
-        while True:
-            done, _ = concurrent.futures.wait([future], timeout=self.beat_s)
-            if done:
-                return future.result()
-            if (message := self.stuck()) is not None:
-                raise RolloutLoopBlocked(message)
+        """`future.result()` (a coroutine's on the loop), or RolloutLoopBlocked once the loop is stuck.
+        A wait that ends otherwise (a second Ctrl-C raising KeyboardInterrupt in it, the loop stuck)
+        cancels the coroutine: left running, it went on sending requests while the run shut its
+        engines and HTTP sessions down, and opened a session of its own that nothing closed."""
+        try:
+            while True:
+                done, _ = concurrent.futures.wait([future], timeout=self.beat_s)
+                if done:
+                    return future.result()
+                if (message := self.stuck()) is not None:
+                    raise RolloutLoopBlocked(message)
+        except BaseException:
+            future.cancel()  # a no-op once it is done
+            raise
 
 
 def where(thread: threading.Thread, depth: int = 6) -> str:

@@ -226,6 +226,10 @@ class Producer:
                     failed += sum(s.status is Status.FAILED for s in group)
                     judged += len(group)
                     self._judge(group, kept, need)
+        except BaseException:  # cancelled (a run stopping at once: `LoopWatch.wait`) or failed
+            for task in pending:
+                task.cancel()  # their requests too, before the run closes the engines and sessions
+            raise
         finally:
             interrupt.cancel()
         if judged and failed / judged >= self.max_failed_frac:

@@ -56,3 +56,33 @@ def test_a_blocked_loop_is_named_within_the_limit(loop_and_watch):
     assert watch.stuck() is not None
     time.sleep(4.0 - (time.monotonic() - start) + 0.5)  # the call returned: the heartbeat again
     assert watch.stuck() is None
+
+
+def test_an_interrupted_wait_cancels_its_coroutine(loop_and_watch):
+    """A second SIGTERM or Ctrl-C raises KeyboardInterrupt inside the driver's wait (the run's
+    handler, `rlx.runtime._StopOnSignal`): the coroutine it waited for is cancelled with it, so
+    nothing goes on generating while the run shuts down."""
+    import signal
+
+    loop, watch = loop_and_watch
+    cancelled = threading.Event()
+
+    async def generating() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            watch.wait(asyncio.run_coroutine_threadsafe(generating(), loop))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert cancelled.wait(5.0)
