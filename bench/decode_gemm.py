@@ -138,20 +138,36 @@ def cublas_us(x, w, library: str) -> float:
         torch.backends.cuda.preferred_blas_library("cublas")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", default="64,128,256", help="decode batch sizes (GEMM rows)")
-    args = parser.parse_args()
+def time_gemm(m: int, k: int, n: int) -> dict:
+    """One GEMM's row: cuBLAS, cuBLASLt, the best split-K setting, with and without its sum."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    reference = F.linear(x, w).float()
+    row = {
+        "cublas_us": round(cublas_us(x, w, "cublas"), 2),
+        "cublaslt_us": round(cublas_us(x, w, "cublaslt"), 2),
+    }
+    us, setting = best_split_k(x, w, reference)
+    row["split_k_us"], row["split_k_setting"] = round(us, 2), setting
+    us_sum, setting_sum = best_split_k(x, w, reference, with_sum=True)
+    row["split_k_sum_us"], row["split_k_sum_setting"] = round(us_sum, 2), setting_sum
+    row["drop_in_us"] = min(row["cublas_us"], row["split_k_sum_us"])  # the faster bf16 product
+    row["cublas_TB_s"] = round(k * n * 2 / row["cublas_us"] / 1e6, 2)
+    row["split_k_TB_s"] = round(k * n * 2 / us / 1e6, 2)
+    return row
+
+
+def sweep_layers(bench: str, shapes: list[str], rows: list[int], measure, sum_keys: tuple[str, ...]) -> None:
+    """For each shape and row count: `measure(m, k, n)`'s dict for each of a layer's GEMMs, a JSON
+    line each; the layer's sums of `sum_keys` beside its weights' time at the HBM bandwidth and
+    its FLOPs' at the 790 TFLOP/s a large GEMM reaches, a JSON line; then the bench's line."""
     name = torch.cuda.get_device_name()
     hbm = bandwidth(name)
     start = time.perf_counter()
-    for shape, gemms in SHAPES.items():
-        for m in (int(r) for r in args.rows.split(",")):
-            layer = {"cublas_us": 0.0, "cublaslt_us": 0.0, "split_k_us": 0.0, "drop_in_us": 0.0, "bytes": 0}
-            for gemm, (k, n) in gemms.items():
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                reference = F.linear(x, w).float()
+    for shape in shapes:
+        for m in rows:
+            layer, weight_bytes, flop = dict.fromkeys(sum_keys, 0.0), 0, 0
+            for gemm, (k, n) in SHAPES[shape].items():
                 row = {
                     "device": name,
                     "shape": shape,
@@ -159,25 +175,26 @@ def main() -> None:
                     "gemm": gemm,
                     "MB": round(k * n * 2 / 1e6, 1),
                 }
-                row["cublas_us"] = round(cublas_us(x, w, "cublas"), 2)
-                row["cublaslt_us"] = round(cublas_us(x, w, "cublaslt"), 2)
-                us, setting = best_split_k(x, w, reference)
-                row["split_k_us"], row["split_k_setting"] = round(us, 2), setting
-                us_sum, setting_sum = best_split_k(x, w, reference, with_sum=True)
-                row["split_k_sum_us"], row["split_k_sum_setting"] = round(us_sum, 2), setting_sum
-                row["drop_in_us"] = min(row["cublas_us"], row["split_k_sum_us"])  # the faster bf16 product
-                row["cublas_TB_s"] = round(k * n * 2 / row["cublas_us"] / 1e6, 2)
-                row["split_k_TB_s"] = round(k * n * 2 / us / 1e6, 2)
+                row |= measure(m, k, n)
                 print(json.dumps(row), flush=True)
-                for key in ("cublas_us", "cublaslt_us", "split_k_us", "drop_in_us"):
+                for key in sum_keys:
                     layer[key] += row[key]
-                layer["bytes"] += k * n * 2
-            layer["roofline_us"] = layer["bytes"] / hbm * 1e6
+                weight_bytes, flop = weight_bytes + k * n * 2, flop + 2 * m * n * k
+            layer |= {"roofline_us": weight_bytes / hbm * 1e6, "matmul_ceiling_us": flop / 790e12 * 1e6}
             print(json.dumps({"device": name, "shape": shape, "rows": m, "layer": {
-                k: round(v, 2) for k, v in layer.items()
+                key: round(v, 2) for key, v in layer.items()
             }}), flush=True)  # fmt: skip
-    print(json.dumps({"bench": "decode_gemm", "device": name, "date": time.strftime("%Y-%m-%d"),
+    print(json.dumps({"bench": bench, "device": name, "date": time.strftime("%Y-%m-%d"),
                       "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="64,128,256", help="decode batch sizes (GEMM rows)")
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    sum_keys = ("cublas_us", "cublaslt_us", "split_k_us", "drop_in_us")
+    sweep_layers("decode_gemm", list(SHAPES), rows, time_gemm, sum_keys)
 
 
 if __name__ == "__main__":

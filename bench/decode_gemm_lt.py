@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
+import functools
 import math
-import time
 
 import torch
 import torch.nn.functional as F
-from decode_gemm import SHAPES
+from decode_gemm import SHAPES, sweep_layers
 from engine_step_profile import time_cuda
-from rollout_throughput import bandwidth
 
 COMPUTE_32F, R_32F, R_16BF = 68, 0, 14  # cublasComputeType_t, cudaDataType_t
 DESC_TRANSA, DESC_TRANSB, OP_N, OP_T = 3, 4, 0, 1
@@ -120,7 +118,7 @@ def rotating(fn_of_w, weights: list[torch.Tensor]) -> float:
     return time_cuda(lambda: fn_of_w(weights[next(turn) % len(weights)]), iters=4 * len(weights), graph=True)
 
 
-def time_gemm(lt: ctypes.CDLL, handle, m: int, k: int, n: int, top: int) -> dict:
+def time_gemm(lt: ctypes.CDLL, handle, m: int, k: int, n: int, *, top: int) -> dict:
     """torch's F.linear and every cuBLASLt heuristic algorithm that gives the right product, timed."""
     copies = max(2, math.ceil((256 << 20) / (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -157,37 +155,15 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=32, help="heuristic results to time a shape")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    hbm = bandwidth(name)
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # loads cuBLAS(Lt)
     lt = load_lt()
     handle = ctypes.c_void_p()
     LtGemm._ok(lt.cublasLtCreate(ctypes.byref(handle)))
-    start = time.perf_counter()
-    for shape in args.shapes.split(","):
-        for m in (int(r) for r in args.rows.split(",")):
-            layer = {"torch_us": 0.0, "lt_first_us": 0.0, "lt_best_us": 0.0, "bytes": 0, "flop": 0}
-            for gemm, (k, n) in SHAPES[shape].items():
-                row = {
-                    "device": name,
-                    "shape": shape,
-                    "rows": m,
-                    "gemm": gemm,
-                    "MB": round(k * n * 2 / 1e6, 1),
-                }
-                row.update(time_gemm(lt, handle, m, k, n, args.top))
-                print(json.dumps(row), flush=True)
-                for key in ("torch_us", "lt_first_us", "lt_best_us"):
-                    layer[key] += row[key]
-                layer["bytes"] += k * n * 2
-                layer["flop"] += 2 * m * n * k
-            layer["roofline_us"] = layer.pop("bytes") / hbm * 1e6
-            layer["matmul_ceiling_us"] = layer.pop("flop") / 790e12 * 1e6
-            print(json.dumps({"device": name, "shape": shape, "rows": m, "layer": {
-                key: round(v, 2) for key, v in layer.items()
-            }}), flush=True)  # fmt: skip
-    print(json.dumps({"bench": "decode_gemm_lt", "device": name, "date": time.strftime("%Y-%m-%d"),
-                      "wall_s": round(time.perf_counter() - start, 1)}))  # fmt: skip
+    rows = [int(r) for r in args.rows.split(",")]
+    measure = functools.partial(time_gemm, lt, handle, top=args.top)
+    sweep_layers(
+        "decode_gemm_lt", args.shapes.split(","), rows, measure, ("torch_us", "lt_first_us", "lt_best_us")
+    )
 
 
 if __name__ == "__main__":
