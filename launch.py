@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> dict | None:
         return run_job(cfg)  # in a sweep (-m): the job's outcome, never an exception
     except UserError as e:
         sys.exit(f"error: {e}")
-    except (Stopped, StoppedNow) as e:  # SIGTERM/SIGINT after a finished (and checkpointed) step; a second
+    except (Stopped, StoppedNow) as e:  # SIGTERM/SIGINT: after a finished (checkpointed) step, or at once
         print(e, file=sys.stderr)
         sys.exit(128 + e.signum)
     except Exception as e:  # a failure mid-run (a rank died, an engine failed): one message

@@ -62,7 +62,7 @@ def truncated_us(
 ) -> dict:
     """The decode graph's sampling plus what rows with top-p / top-k pay after it: every row
     truncating, drawn again by `Sampler.resample_truncated` (eager, as after a decode graph)."""
-    from rlx.engine.sampler import Sampler, SamplingBatch
+    from rlx.engine.sampler import Sampler, SamplingBatch, search_sums
     from rlx.engine.triton_sample import fused_sample
 
     g = torch.Generator(device=device).manual_seed(rows)
@@ -76,7 +76,7 @@ def truncated_us(
         top_p_N=torch.full((rows,), top_p, device=device), min_p_N=torch.zeros(rows, device=device),
         seed_N=torch.randint(0, 1 << 62, (rows,), device=device, generator=g), step_N=ints,
         seeded_rows=torch.arange(rows, device=device), all_greedy=False, truncate=True,
-        truncate_rows=list(range(rows)), truncate_sums=int(top_k > 0) | 2 * (top_p < 1.0),
+        truncate_rows=list(range(rows)), truncate_sums=search_sums([top_k if top_k > 0 else vocab], [top_p], vocab),
     )  # fmt: skip
     sampler = Sampler(0, device)
     tokens = torch.empty(rows, dtype=torch.int64, device=device)

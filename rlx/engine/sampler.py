@@ -55,9 +55,8 @@ class SamplingBatch:
     all_greedy: bool
     truncate: bool
     truncate_rows: list[int]  # rows that need top-k / top-p / min-p
-    truncate_sums: int = (
-        3  # what the truncated sampler's search counts: 1 top_k, 2 top_p (`truncated_sample`)
-    )
+    # what the truncating sampler's search sums over its rows (`search_sums`, `truncated_sample`)
+    truncate_sums: int = 3
 
     @classmethod
     def build(cls, seqs: list[Sequence], vocab: int, device: torch.device) -> SamplingBatch:
@@ -102,9 +101,16 @@ class SamplingBatch:
             all_greedy=all(greedy),
             truncate=bool(truncate_rows),
             truncate_rows=truncate_rows,
-            truncate_sums=int(any(top_k[i] < vocab for i in truncate_rows))
-            | 2 * any(params[i].top_p < 1.0 for i in truncate_rows),
+            truncate_sums=search_sums(
+                [top_k[i] for i in truncate_rows], [params[i].top_p for i in truncate_rows], vocab
+            ),
         )
+
+
+def search_sums(top_k: list[int], top_p: list[float], vocab: int) -> int:
+    """`truncated_sample`'s `sums` for truncating rows of these top_k (the vocabulary where off)
+    and top_p: 1 where one has top_k (token counts), 2 where one has top_p (mass), both, or 0."""
+    return int(any(k < vocab for k in top_k)) | 2 * any(p < 1.0 for p in top_p)
 
 
 def row_seed(seq: Sequence) -> int:

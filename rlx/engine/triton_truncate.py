@@ -334,20 +334,9 @@ def _truncated_select(
     above = tl.load(Blocks + (r * NB + k) * 2, mask=k < NB, other=0.0)
     ties = tl.load(Blocks + (r * NB + k) * 2 + 1, mask=k < NB, other=0.0).to(tl.int32)
     m, z, below, hi, count_hi, mass_hi = _load_state(StateI, StateF, r, passes, passes, WIDE)
-    take, e_v = _ties_taken(
-        hi,
-        tl.sum(ties, 0),
-        count_hi,
-        mass_hi,
-        z,
-        m,
-        inv_t,
-        top_k,
-        top_p,
-        min_p,
-        Logits.dtype.element_ty,
-        WIDE,
-    )
+    take, e_v = _ties_taken(  # of the ties, counted in the blocks (the passes may not count)
+        hi, tl.sum(ties, 0), count_hi, mass_hi, z, m, inv_t, top_k, top_p, min_p, Logits.dtype.element_ty, WIDE
+    )  # fmt: skip
     ties_before = tl.cumsum(ties, 0) - ties
     taken = tl.minimum(tl.maximum(take - ties_before, 0), ties)  # the block's ties that are kept
     mass = above + taken.to(tl.float32) * e_v
