@@ -12,7 +12,9 @@ rollout time. The run's model, data and rollout settings come from the same over
     python bench/short_rollout.py --paths http --turns 5,5,5 +experiment=tool_calc_gpu   # multi-turn requests
 
 Per path, the median over `--rounds` batches (the first batch of each path warms up and is left
-out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s.
+out): wall seconds, engine steps, seconds inside `Engine.step`, and output tokens/s; the wall
+seconds outside the steps split into before the first step (`lead_s`: requests arriving), between
+steps (`gaps_s`) and after the last (`tail_s`: answers returning).
 - `http`: one /generate request per group with n prompts and per-sample seeds, all groups at
   once through one `EngineClient` kept across rounds, as `RolloutPool` sends them (no reward, no sample bookkeeping),
   from another process, as a run's driver is (a client in the engine's process would contend
@@ -48,6 +50,7 @@ class StepTimer:
     def __init__(self, engine):
         self.engine, self.inner = engine, engine.step
         self.steps, self.seconds = 0, 0.0
+        self.first = self.last = None  # perf_counter of the first step's start and the last's end
         self.timeline: list | None = None
         engine.step = self
 
@@ -55,20 +58,23 @@ class StepTimer:
         before = (self.engine.num_running, self.engine.num_waiting)
         start = time.perf_counter()
         finished = []
+        self.first = start if self.first is None else self.first
         try:
             finished = self.inner()
             return finished
         finally:
-            elapsed = time.perf_counter() - start
+            self.last = time.perf_counter()
+            elapsed = self.last - start
             self.seconds += elapsed
             self.steps += 1
             if self.timeline is not None:
                 self.timeline.append((round(elapsed * 1e3, 2), *before, len(finished)))
 
-    def take(self) -> tuple[int, float]:
-        steps, seconds = self.steps, self.seconds
-        self.steps, self.seconds = 0, 0.0
-        return steps, seconds
+    def take(self) -> tuple[int, float, float | None, float | None]:
+        """(steps, seconds in them, the first's start, the last's end) since the last call."""
+        out = self.steps, self.seconds, self.first, self.last
+        self.steps, self.seconds, self.first, self.last = 0, 0.0, None, None
+        return out
 
 
 def _requests(prompts, n: int, params: dict, round_: int) -> list[tuple[list[list[int]], list[dict]]]:
@@ -156,12 +162,16 @@ def _measure(name: str, one_round, rounds: int, timer: StepTimer) -> dict:
         timer.take()
         start = time.perf_counter()
         tokens = one_round(r)
-        wall = time.perf_counter() - start
-        steps, step_s = timer.take()
-        if r:
-            runs.append({"wall_s": wall, "steps": steps, "step_s": step_s, "tokens": tokens})
+        end = time.perf_counter()
+        steps, step_s, first, last = timer.take()
+        if r:  # before the first step (requests arriving), between steps, after the last (answers)
+            lead, tail = first - start, end - last
+            gaps = end - start - lead - tail - step_s
+            runs.append({"wall_s": end - start, "steps": steps, "step_s": step_s, "tokens": tokens,
+                         "lead_s": lead, "gaps_s": gaps, "tail_s": tail})  # fmt: skip
         print(
-            f"{name} round {r}: {wall:.3f} s, {steps} steps, {step_s:.3f} s in Engine.step", file=sys.stderr
+            f"{name} round {r}: {end - start:.3f} s, {steps} steps, {step_s:.3f} s in Engine.step",
+            file=sys.stderr,
         )
     median = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     median["tokens_per_s"] = median["tokens"] / median["wall_s"]

@@ -8,7 +8,6 @@ renamed them (`/get_weight_version` is gone after 0.5.x: the version is then rea
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from rlx import ports
+from rlx import ports, sglang_api
 
 logger = logging.getLogger(__name__)
 
@@ -109,16 +108,16 @@ class EngineClient:
     async def _send(self, method: str, path: str, **kwargs: Any) -> Reply:
         try:
             async with self._http().request(method, self.base_url + path, **kwargs) as response:
-                text = await response.text()
+                data = await response.read()
         except aiohttp.ClientError:
             raise  # connect/read timeouts are ClientErrors too: transient, retried by `_request`
         except TimeoutError as exc:  # the request's whole time limit
             limit = kwargs["timeout"].total if "timeout" in kwargs else self.timeout
             raise EngineTimeout(f"{self.base_url} did not answer {method} {path} within {limit:g} s") from exc
         try:
-            body = json.loads(text) if text else None
+            body = sglang_api.loads(data) if data else None
         except ValueError:
-            body = text
+            body = data.decode(errors="replace")
         return Reply(response.status, body)
 
     async def _request(

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ from rlx.rollout.config import RolloutConfig
 from rlx.sample import Sample, Status
 
 GenerateFn = Callable[["GenerateContext", Sample, dict], Awaitable[Sample | list[Sample]]]
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
@@ -135,14 +139,18 @@ def read_output(
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
     # SGLang omits output_ids (and logprobs) for a request aborted before it started
-    ids = [int(t) for _, t, *_ in pairs] or [int(t) for t in out.get("output_ids") or []]
+    # (a batch's 30k tokens: map and itemgetter, not a Python loop over unpacked triples)
+    ids = list(map(int, map(_SECOND, pairs))) or [int(t) for t in out.get("output_ids") or []]
     weight_version = meta.get("weight_version")
     served = int(weight_version) if weight_version not in (None, "", "default") else version
     finish = meta.get("finish_reason") or {}
     status = FINISH_STATUS.get(finish.get("type"), Status.COMPLETED)
     if status is Status.TRUNCATED and ids and (ids[-1] in stop_ids or _holds(out.get("text"), stop_strings)):
         status = Status.COMPLETED
-    return Output(ids, [float(lp) for lp, *_ in pairs], served, status, str(finish.get("message") or ""))
+    logprobs = list(map(_FIRST, pairs))
+    if None in logprobs:  # JSON's null for a non-finite number (orjson's and SGLang's encoding)
+        logprobs = [math.nan if lp is None else lp for lp in logprobs]
+    return Output(ids, list(map(float, logprobs)), served, status, str(finish.get("message") or ""))
 
 
 def _holds(text: Any, stops: Collection[str]) -> bool:

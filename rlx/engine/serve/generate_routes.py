@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from rlx import sglang_api
 from rlx.engine.sequence import GenerateRequest, SamplingParams
 from rlx.engine.serve.protocol import build_response, error_body, parse_generate
 from rlx.engine.serve.route_helpers import json_body, server_of
@@ -84,7 +84,7 @@ class GenerateEndpoint:
     async def answer(self, receive) -> tuple[int, bytes, bytes]:
         """(status, media type, body) of one /generate request."""
         try:
-            body = json.loads(await _read_body(receive))
+            body = sglang_api.loads(await _read_body(receive))
         except ValueError as exc:
             return _error(f"invalid JSON body: {exc}")
         if not isinstance(body, dict):
@@ -108,10 +108,11 @@ class GenerateEndpoint:
         ]
         if body.get("stream"):  # the whole result as one event: a client reading SSE still works
             events = [
-                f"data: {json.dumps(o if single else {**o, 'index': i})}\n\n" for i, o in enumerate(outs)
+                b"data: " + sglang_api.dumps(o if single else {**o, "index": i}) + b"\n\n"
+                for i, o in enumerate(outs)
             ]
-            return 200, b"text/event-stream", "".join([*events, "data: [DONE]\n\n"]).encode()
-        return 200, b"application/json", json.dumps(outs[0] if single else outs).encode()
+            return 200, b"text/event-stream", b"".join([*events, b"data: [DONE]\n\n"])
+        return 200, b"application/json", sglang_api.dumps(outs[0] if single else outs)
 
 
 async def _read_body(receive) -> bytes:
@@ -133,7 +134,7 @@ async def _client_gone(receive) -> bool:
 
 
 def _error(message: str, status: int = 400) -> tuple[int, bytes, bytes]:
-    return status, b"application/json", json.dumps(error_body(message)).encode()
+    return status, b"application/json", sglang_api.dumps(error_body(message))
 
 
 @generate_routes.get("/health_generate")

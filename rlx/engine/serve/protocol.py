@@ -138,11 +138,13 @@ def build_response(
     if trim and isinstance(matched, str) and matched in text:
         text = text[: text.find(matched)]
 
-    def triples(values: list[float | None], token_ids: list[int]) -> list[list[Any]]:
+    def triples(values: list[float | None], token_ids: list[int]) -> list[tuple[Any, ...]]:
+        """(logprob, token id, text or None) per token: tuples, which JSON writes as SGLang's lists,
+        so a batch's 30k tokens cost no list each on the HTTP thread."""
         texts = (
             [engine.decode([t], False) for t in token_ids] if text_in_logprobs else [None] * len(token_ids)
         )
-        return [list(x) for x in zip(values, token_ids, texts, strict=True)]
+        return list(zip(values, token_ids, texts, strict=True))
 
     meta: dict[str, Any] = {
         "id": request.rid,
