@@ -29,6 +29,7 @@ from rlx.algo.base import Advantages
 from rlx.algo.config import AlgoConfig
 from rlx.algo.policy_gradient import flat_loss_mask
 from rlx.cluster import ClusterConfig
+from rlx.compat import megatron_teardown
 from rlx.config import build
 from rlx.lora.apply import apply_lora
 from rlx.lora.apply import disabled as adapters_disabled
@@ -356,6 +357,11 @@ class MegatronTrainer:
             self.critic.load(critic_dir(ckpt_dir))
 
     def shutdown(self) -> None:
+        """Close the weight paths and leave the process groups. The MoE layers' last routing
+        probabilities go first: their autograd graph would keep every model, and the groups it
+        holds, alive after the caller lets go of this trainer (`rlx.compat.megatron_teardown`)."""
+        critic = self.critic.trainable.chunks if self.critic is not None else []
+        megatron_teardown.drop_router_graphs([*self.policy.chunks, *(self.ref_chunks or []), *critic])
         self._pusher.close()
         destroy_distributed()
 

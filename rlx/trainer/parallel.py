@@ -83,14 +83,16 @@ def init_distributed(
 
 
 def destroy_distributed() -> None:
-    """Tear down megatron's parallel state and the default process group (safe to call twice), and
+    """Tear down megatron's parallel state and the default process group (safe to call twice),
+    forget the groups megatron's teardown leaves named (`rlx.compat.megatron_teardown`), and
     empty megatron's rotary caches, which would keep the dropped models' angle tensors
     (`rlx.compat.megatron_caches`)."""
     from megatron.core import parallel_state
 
-    from rlx.compat import megatron_caches
+    from rlx.compat import megatron_caches, megatron_teardown
 
     parallel_state.destroy_model_parallel()
+    megatron_teardown.forget_groups()
     megatron_caches.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
