@@ -176,6 +176,7 @@ def _measure(name: str, one_round, rounds: int, timer: StepTimer) -> dict:
     median = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     median["tokens_per_s"] = median["tokens"] / median["wall_s"]
     median["outside_step_s"] = median["wall_s"] - median["step_s"]
+    median["rounds_wall_s"] = [round(run["wall_s"], 4) for run in runs]  # the spread behind the median
     return median
 
 
