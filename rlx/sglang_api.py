@@ -1,6 +1,6 @@
-"""Names SGLang's native HTTP API fixes that both of its sides in rlx use: the client side
-(`rlx.rollout`: the pool, the health monitor) and rlx's own server (`rlx.engine.serve`, and the
-engine behind it).
+"""Names SGLang's native HTTP API fixes, and the JSON encoding, that both of its sides in rlx use:
+the client side (`rlx.rollout`: the pool, the health monitor) and rlx's own server
+(`rlx.engine.serve`, and the engine behind it).
 
 One definition, here, rather than one per side: the sides cannot drift apart, and importing it
 costs nothing (no torch, no rlx module), so the driver and sglang-router's process never load the
