@@ -166,7 +166,7 @@ def _measure(name: str, one_round, rounds: int, timer: StepTimer) -> dict:
         steps, step_s, first, last = timer.take()
         if r:  # before the first step (requests arriving), between steps, after the last (answers)
             lead, tail = first - start, end - last
-            gaps = end - start - lead - tail - step_s
+            gaps = last - first - step_s
             runs.append({"wall_s": end - start, "steps": steps, "step_s": step_s, "tokens": tokens,
                          "lead_s": lead, "gaps_s": gaps, "tail_s": tail})  # fmt: skip
         print(
