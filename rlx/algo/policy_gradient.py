@@ -13,7 +13,6 @@ tokens), N samples in one group, K loss tokens of the whole rollout batch, conca
 from __future__ import annotations
 
 from functools import partial
-from itertools import chain
 from typing import ClassVar
 
 import torch
@@ -30,6 +29,7 @@ from rlx.algo.losses import (
     whitening_stats,
 )
 from rlx.config.rules import field_errors
+from rlx.flat import flat_tensor
 from rlx.sample import Sample
 
 
@@ -115,7 +115,7 @@ class PolicyGradient:
             advs = _whiten_over_loss_tokens(advs, masks)
         if not advs:
             return Advantages([], returns, metrics)
-        return Advantages(list(torch.cat(advs).float().split([len(a) for a in advs])), returns, metrics)
+        return Advantages(list(torch.cat(advs).float().split([a.shape[0] for a in advs])), returns, metrics)
 
     def outcome_rewards(self, samples: list[Sample]) -> list[float]:
         """The scalar reward each sample starts from (REINFORCE++-baseline centres it)."""
@@ -234,9 +234,7 @@ def loss_mask(sample: Sample) -> torch.Tensor:
 
 def flat_loss_mask(samples: list[Sample], dtype: torch.dtype = torch.bool) -> torch.Tensor:
     """Every sample's loss mask (all ones where it has none), end to end: [sum of response_len]."""
-    return torch.tensor(
-        list(chain.from_iterable(s.loss_mask or [1] * s.response_len for s in samples)), dtype=dtype
-    )
+    return flat_tensor((s.loss_mask or [1] * s.response_len for s in samples), dtype)
 
 
 def batch_loss_masks(samples: list[Sample]) -> list[torch.Tensor]:
@@ -246,7 +244,7 @@ def batch_loss_masks(samples: list[Sample]) -> list[torch.Tensor]:
 
 def per_sample_sums(values: list[torch.Tensor]) -> torch.Tensor:
     """[len(values)]: the sum of each tensor (0 for an empty one), in one reduction."""
-    lengths = torch.tensor([len(v) for v in values], dtype=torch.long)
+    lengths = torch.tensor([v.shape[0] for v in values], dtype=torch.long)
     return torch.segment_reduce(torch.cat(values), "sum", lengths=lengths, unsafe=True)
 
 
@@ -280,4 +278,4 @@ def _whiten_over_loss_tokens(advs: list[torch.Tensor], masks: list[torch.Tensor]
     if adv_K.numel() == 0:
         return advs
     mean, rstd = whitening_stats(adv_K)
-    return list(((adv - mean) * rstd).split([len(a) for a in advs]))
+    return list(((adv - mean) * rstd).split([a.shape[0] for a in advs]))

@@ -10,10 +10,10 @@ another sample's; `pack` chooses which samples share a row under a token budget.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from itertools import chain
 
 import torch
 
+from rlx.flat import flat_tensor
 from rlx.sample import Sample
 
 
@@ -70,9 +70,10 @@ def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch
         return out
     if all(isinstance(row, torch.Tensor) for row in rows):
         flat = torch.cat([row.reshape(-1) for row in rows]).to(dtype)
+        lengths = torch.tensor([row.numel() for row in rows])  # not len(): Tensor.__len__ is Python
     else:
-        flat = torch.tensor(list(chain.from_iterable(rows)), dtype=dtype)
-    lengths = torch.tensor([len(row) for row in rows])
+        flat = flat_tensor(rows, dtype)
+        lengths = torch.tensor([len(row) for row in rows])
     if int(lengths.max()) > width:
         raise ValueError(f"a row of {int(lengths.max())} values does not fit in width {width}")
     out[torch.arange(width) < lengths.unsqueeze(1)] = flat  # row-major: the rows' order, end to end

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from functools import partial
-from itertools import chain
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from rlx.algo.policy_gradient import flat_loss_mask
 from rlx.cluster import ClusterConfig
 from rlx.compat import megatron_teardown
 from rlx.config import build
+from rlx.flat import flat_tensor
 from rlx.lora.apply import apply_lora
 from rlx.lora.apply import disabled as adapters_disabled
 from rlx.models.config import ModelConfig
@@ -382,16 +382,14 @@ def logprob_gap(samples: list[Sample], old_logp: list[torch.Tensor]) -> dict[str
     if not have:
         return {"train/logprob_abs_diff": 0.0}
     logp = torch.cat([old_logp[i] for i in have]).double()
-    rollout = torch.tensor(
-        list(chain.from_iterable(samples[i].rollout_logprobs for i in have)), dtype=torch.float64
-    )
+    rollout = flat_tensor((samples[i].rollout_logprobs for i in have), torch.float64)
     gap = (logp - rollout).abs()[flat_loss_mask([samples[i] for i in have])]
     return {"train/logprob_abs_diff": float(gap.sum()) / max(gap.numel(), 1)}
 
 
 def rollout_logprobs(samples: list[Sample]) -> list[torch.Tensor]:
     """Each sample's engine log-probs as a float32 tensor [response_len] (views of one tensor)."""
-    flat = torch.tensor(list(chain.from_iterable(s.rollout_logprobs for s in samples)))
+    flat = flat_tensor(s.rollout_logprobs for s in samples)
     return list(flat.split([s.response_len for s in samples]))
 
 
