@@ -29,7 +29,7 @@ from rlx.algo.losses import (
     whitening_stats,
 )
 from rlx.config.rules import field_errors
-from rlx.flat import flat_tensor
+from rlx.flat import flat_tensor, pad_2d
 from rlx.sample import Sample
 
 
@@ -251,14 +251,16 @@ def per_sample_sums(values: list[torch.Tensor]) -> torch.Tensor:
 def padded_rows(values: list[torch.Tensor], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """[len(values), longest]: the 1-d tensors as rows, right-padded with 0 (the estimators' scans
     run over the columns of a whole batch)."""
-    if not values:
-        return torch.zeros(0, 0, dtype=dtype)
-    return torch.nn.utils.rnn.pad_sequence([v.to(dtype) for v in values], batch_first=True)
+    width = max((v.shape[0] for v in values), default=0)
+    return pad_2d(values, width, dtype)
 
 
 def unpadded_rows(values_BT: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
-    """Row b of `values_BT` cut to `lengths[b]` (views), the inverse of `padded_rows`."""
-    return [row[:length] for row, length in zip(values_BT, lengths, strict=True)]
+    """Row b of `values_BT` cut to `lengths[b]` (views of one tensor of the rows end to end, made
+    in one masked read), the inverse of `padded_rows`."""
+    lengths_B = torch.tensor(lengths, dtype=torch.long)
+    keep_BT = torch.arange(values_BT.shape[1]) < lengths_B.unsqueeze(1)
+    return list(values_BT[keep_BT].split(lengths))
 
 
 def _masked_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:

@@ -37,4 +37,4 @@ class ReinforcePP(PolicyGradient):
         masks: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], None]:
         returns_BT = discounted_returns(padded_rows(token_rewards), self.cfg.gamma)
-        return unpadded_rows(returns_BT, [len(r) for r in token_rewards]), None
+        return unpadded_rows(returns_BT, [r.shape[0] for r in token_rewards]), None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from rlx.flat import flat_tensor
+from rlx.flat import pad_2d
 from rlx.sample import Sample
 
 
@@ -58,26 +58,6 @@ class MicroBatch:
             if f.name.endswith(("_BL", "_B", "_BT", "_B1LL")) and getattr(self, f.name) is not None
         }
         return replace(self, **moved, extras={k: v.to(device) for k, v in self.extras.items()})
-
-
-def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch.float32) -> torch.Tensor:
-    """`rows` (lists, or 1-d tensors) right-padded with 0 into one [len(rows), width] tensor.
-
-    A few whole-batch ops instead of one copy per row: a batch of a thousand samples is a
-    thousand rows per field, and the trainer builds these on the host before each schedule."""
-    out = torch.zeros(len(rows), width, dtype=dtype)
-    if not rows:
-        return out
-    if all(isinstance(row, torch.Tensor) for row in rows):
-        flat = torch.cat([row.reshape(-1) for row in rows]).to(dtype)
-        lengths = torch.tensor([row.numel() for row in rows])  # not len(): Tensor.__len__ is Python
-    else:
-        flat = flat_tensor(rows, dtype)
-        lengths = torch.tensor([len(row) for row in rows])
-    if int(lengths.max()) > width:
-        raise ValueError(f"a row of {int(lengths.max())} values does not fit in width {width}")
-    out[torch.arange(width) < lengths.unsqueeze(1)] = flat  # row-major: the rows' order, end to end
-    return out
 
 
 def make_micro_batch(
