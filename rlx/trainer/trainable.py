@@ -117,8 +117,9 @@ class Trainable:
         rows = broadcast_rows([r[key] for r in results] if is_last_stage() else None, shapes, self.device)
         out: list[torch.Tensor | None] = [None] * len(samples)
         for indices, rows_BT in zip(members, rows, strict=True):  # packing reorders: back to batch order
+            rows_BT = rows_BT.cpu()  # one copy a micro-batch: a copy a row would wait on the GPU each
             for i, row in zip(indices, rows_BT, strict=True):
-                out[i] = row[: samples[i].response_len].cpu()
+                out[i] = row[: samples[i].response_len]
         return out
 
     def micro_batches(self, samples: list[Sample], indices, forward_only: bool = False) -> list[list[int]]:
