@@ -121,6 +121,34 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
     )
 
 
+def eager_decode_line(rc: RlxConfig) -> str | None:
+    """The run's log line where rlx's engine on GPUs runs more requests at once than its largest
+    decode graph holds (`rollout.engine_args.cuda_graph_max_bs` below `max_running_requests`, set
+    or sized to the batch): a decode step of more rows runs eagerly, launch-bound, and no step is
+    queued behind it. None otherwise (CPU engines have no graphs; SGLang sizes its own)."""
+    from rlx.rollout.launchers import engine_args_for_batch
+
+    r = rc.rollout
+    sized = engine_args_for_batch(r)
+    if (
+        rc.cluster.gpus_per_node == 0
+        or "cuda_graph_max_bs" not in sized
+        or r.engine_args.get("disable_cuda_graph")
+    ):
+        return None
+    running = r.engine_args.get("max_running_requests") or sized["max_running_requests"]
+    graphs = r.engine_args.get("cuda_graph_max_bs") or sized["cuda_graph_max_bs"]
+    if graphs >= running:
+        return None
+    return (
+        f"decode graphs hold up to {graphs:,} of each engine's {running:,} running requests "
+        f"(rollout.engine_args.cuda_graph_max_bs={graphs}): a decode step of more rows runs eagerly, "
+        "launch-bound, with no step queued behind it (SmolLM2-135M, 1,024 samples: 2.49 s, against 0.54 "
+        f"in graphs, 1xH200); rollout.engine_args.cuda_graph_max_bs={running} graphs them all "
+        "(the graphs' memory pool grows with it; the plan counts it)"
+    )
+
+
 def roomier_micro_batch(rc: RlxConfig) -> tuple[int, float, bool] | None:
     """The largest `train.micro_batch_size` above the configured one (doubling it while it divides a
     data-parallel rank's share of `train.global_batch_size`) that the plan fits on this run's GPUs
@@ -271,7 +299,8 @@ def decide_memory(
     state kept or offloaded, its memory released at each hand-over or not, each engine's KV cache
     capped beside a kept trainer and sized to its running requests. Returns the plan they give
     (None: `no_plan`) and the lines saying what was decided and why, which the run logs after the
-    plan and `run.plan_only=true` prints after it. The plan counts `longest_prompt` (the longest the
+    plan and `run.plan_only=true` prints after it (and, where the engines run more requests than
+    their largest decode graph holds, a line that says so: `eager_decode_line`). The plan counts `longest_prompt` (the longest the
     run's data holds; None: unknown, `data.max_prompt_len` counts) and the cache holds it, or
     `prompt_limit` (the longest the data may keep) where it is None. A CPU run whose processes
     cannot fit the host is refused here (ConfigError), its prompts counted."""
@@ -290,6 +319,7 @@ def decide_memory(
         cap_engine_cache(rc),
         size_engine_cache(rc, longest_prompt or prompt_limit, user_cap),
         None if roomier is None else roomier_line(rc, roomier),
+        eager_decode_line(rc),
     ]
     return _planned(rc), [line for line in lines if line is not None]
 
