@@ -28,8 +28,9 @@ _NUMPY = {
 
 def flat_tensor(rows: Iterable[Iterable], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The values of `rows` (lists of numbers, or any iterables) end to end, as one 1-d tensor of
-        `dtype` (float32 and float64, int64 and int32, or bool: nonzero is True). Unlike `torch.tensor`,
-    a None among floats reads as NaN (JSON's null for a non-finite log-prob means that too)."""
+    `dtype` (float32 and float64, int64 and int32, or bool: nonzero is True). Unlike
+    `torch.tensor`, a None among floats reads as NaN (JSON's null for a non-finite log-prob means
+    that too)."""
     if dtype not in _NUMPY:
         raise ValueError(f"flat_tensor takes {', '.join(map(str, _NUMPY))}, not {dtype}")
     with np.errstate(over="ignore"):  # a float beyond float32's range becomes inf, as torch makes it
@@ -41,8 +42,8 @@ def pad_2d(rows: list[list[float]] | list[torch.Tensor], width: int, dtype=torch
 
     A few whole-batch ops instead of one copy per row: a batch of a thousand samples is a
     thousand rows per field, and the trainer builds these on the host before each schedule
-    (`torch.nn.utils.rnn.pad_sequence` converts and copies row by row: 1,024 float32 rows of up to 9
-    values into float64, 5.3 ms against 1.6)."""
+    (`torch.nn.utils.rnn.pad_sequence` converts and copies row by row: 1,024 float32 rows of up
+    to 9 values into float64, 5.3 ms against 1.6)."""
     out = torch.zeros(len(rows), width, dtype=dtype)
     if not rows:
         return out

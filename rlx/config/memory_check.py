@@ -300,10 +300,11 @@ def decide_memory(
     capped beside a kept trainer and sized to its running requests. Returns the plan they give
     (None: `no_plan`) and the lines saying what was decided and why, which the run logs after the
     plan and `run.plan_only=true` prints after it (and, where the engines run more requests than
-    their largest decode graph holds, a line that says so: `eager_decode_line`). The plan counts `longest_prompt` (the longest the
-    run's data holds; None: unknown, `data.max_prompt_len` counts) and the cache holds it, or
-    `prompt_limit` (the longest the data may keep) where it is None. A CPU run whose processes
-    cannot fit the host is refused here (ConfigError), its prompts counted."""
+    their largest decode graph holds, a line that says so: `eager_decode_line`). The plan counts
+    `longest_prompt` (the longest the run's data holds; None: unknown, `data.max_prompt_len`
+    counts) and the cache holds it, or `prompt_limit` (the longest the data may keep) where it is
+    None. A CPU run whose processes cannot fit the host is refused here (ConfigError), its prompts
+    counted."""
     user_cap = rc.rollout.engine_args.get("max_total_tokens") is not None
     if longest_prompt is not None:  # a copy sharing rc's other sections: the decisions land in rc
         rc = replace(rc, data=replace(rc.data, max_prompt_len=longest_prompt))

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from rlx.algo.policy_gradient import flat_loss_mask
+from rlx.flat import pad_2d
 from rlx.sample import Sample
-from rlx.trainer.batch import make_micro_batch, pad_2d, response_slice, split
+from rlx.trainer.batch import make_micro_batch, response_slice, split
 
 
 def _samples():
