@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from rlx.flat import pad_2d
+from rlx.flat import flat_tensor, pad_2d
 from rlx.sample import Sample
 
 
@@ -107,17 +107,17 @@ def make_packed_micro_batch(
     budget alone) needs no mask: causal attention is its own, and the padding after it is seen by
     no real token; without one SDPA takes its flash kernel, not the masked one, and no L x L mask
     is built (67 MB of bools at 8k tokens)."""
-    lengths = [len(s.prompt_ids) + s.response_len for s in samples]
-    width_L = -(-sum(lengths) // pad_multiple) * pad_multiple
-    starts = [sum(lengths[:b]) for b in range(len(samples))]
+    lengths = torch.tensor([len(s.prompt_ids) + s.response_len for s in samples])
+    total = int(lengths.sum())
+    width_L = -(-total // pad_multiple) * pad_multiple
+    starts = lengths.cumsum(0) - lengths
     tokens_L = torch.zeros(width_L, dtype=torch.long)
     positions_L = torch.zeros(width_L, dtype=torch.long)
     # segment of each column: its sample, or len(samples) for the padding after the last one
     segment_L = torch.full((width_L,), len(samples))
-    for b, (s, start, n) in enumerate(zip(samples, starts, lengths, strict=True)):
-        tokens_L[start : start + n] = torch.tensor(s.tokens)
-        positions_L[start : start + n] = torch.arange(n)
-        segment_L[start : start + n] = b
+    tokens_L[:total] = flat_tensor((s.tokens for s in samples), torch.long)
+    segment_L[:total] = torch.repeat_interleave(torch.arange(len(samples)), lengths)
+    positions_L[:total] = torch.arange(total) - starts[segment_L[:total]]  # each sample's own, from 0
     if len(samples) == 1:
         mask_B1LL = None
     else:
@@ -132,7 +132,7 @@ def make_packed_micro_batch(
         tokens_BL=tokens_L.unsqueeze(0),
         position_ids_BL=positions_L.unsqueeze(0),
         row_B=torch.zeros(len(samples), dtype=torch.long),
-        start_B=torch.tensor(starts),
+        start_B=starts,
         attention_mask_B1LL=mask_B1LL,
     )
 
