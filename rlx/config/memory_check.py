@@ -136,7 +136,7 @@ def eager_decode_line(rc: RlxConfig) -> str | None:
         or r.engine_args.get("disable_cuda_graph")
     ):
         return None
-    running = r.engine_args.get("max_running_requests") or sized["max_running_requests"]
+    running = sized["max_running_requests"]  # the user's where set (`engine_args_for_batch`)
     graphs = r.engine_args.get("cuda_graph_max_bs") or sized["cuda_graph_max_bs"]
     if graphs >= running:
         return None
