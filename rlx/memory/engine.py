@@ -14,7 +14,8 @@ working memory of its eager steps. So while generating a GPU holds
 
 Approximate, and stated as such in the printed plan:
 - CUDA graphs: the shared pool holds one decode step's intermediates at the largest captured batch
-  (`cuda_graph_max_bs`): its fp32 logits (batch x vocabulary) and one layer's activations;
+  (`cuda_graph_max_bs`): its logits (batch x vocabulary, counted in fp32; rlx's engine holds one
+  buffer of them in the model's dtype for every graph) and one layer's activations;
 - workspace: one prefill chunk's (`chunked_prefill_size` tokens) layer activations, and the fp32
   logits of `max_running_requests` rows;
 - SGLang picks its own `mem_fraction_static` from the GPU's size when none is given; the plan

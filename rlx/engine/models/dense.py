@@ -165,8 +165,12 @@ class CausalLM(nn.Module):
             x = layer(x, positions, self.rotary, kv_cache.layer(index), meta)
         return self.model.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head's logits (the head's dtype); into `out` (rows x vocabulary) where given, as
+        every decode graph writes them into one buffer (`DecodeGraphs`): the same GEMM."""
+        if out is None:
+            return self.lm_head(hidden)
+        return torch.mm(hidden, self.lm_head.weight.t(), out=out)
 
     def merge_projections(self) -> None:
         """One GEMM for q/k/v and one for gate/up in every layer (CUDA builds, on the meta device;
