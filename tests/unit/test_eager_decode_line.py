@@ -17,8 +17,9 @@ GPU = [
 
 
 def test_a_running_cap_past_the_largest_graph_is_named_with_the_setting_that_graphs_it():
-    # 128 prompts x 8 on one engine: LocalLauncher runs 1,024 at once, graphs up to 512
-    rc = to_object(compose([*GPU, "rollout.batch_size=128", "train.global_batch_size=1024"]))
+    # 128 prompts x 8 on one engine: LocalLauncher runs 1,024 at once; the user graphs up to 512
+    rc = to_object(compose([*GPU, "rollout.batch_size=128", "train.global_batch_size=1024",
+                            "+rollout.engine_args.cuda_graph_max_bs=512"]))  # fmt: skip
     line = eager_decode_line(rc)
     assert line.startswith("decode graphs hold up to 512 of each engine's 1,024 running requests"), line
     assert "(rollout.engine_args.cuda_graph_max_bs=512)" in line
@@ -34,6 +35,13 @@ def test_a_running_cap_past_the_largest_graph_is_named_with_the_setting_that_gra
     "overrides",
     [
         [*GPU, "rollout.batch_size=64", "train.global_batch_size=512"],  # 512 running, graphs to 512
+        [*GPU, "rollout.batch_size=128", "train.global_batch_size=1024"],  # 1,024 and 1,024 (defaults)
+        [
+            *GPU,
+            "rollout.batch_size=16",
+            "train.global_batch_size=128",
+            "+rollout.engine_args.max_running_requests=300",
+        ],  # the user's cap: graphs up to it
         [
             *GPU,
             "rollout.batch_size=128",

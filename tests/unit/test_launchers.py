@@ -98,8 +98,8 @@ def test_colocated_local_engines_on_gpus_get_the_memory_saver(tmp_path):
         (dict(batch_size=10, n_samples_per_prompt=3), 256, 256),  # never below the engine's default
         (dict(batch_size=64, n_samples_per_prompt=8), 512, 512),
         (dict(batch_size=33, n_samples_per_prompt=8), 272, 272),  # 264, up to a multiple of 16
-        (dict(batch_size=128, n_samples_per_prompt=16, num_engines=2), 1024, 512),  # 1,024 an engine
-        (dict(batch_size=300, n_samples_per_prompt=16), 1024, 512),  # 4,800: at most 1,024
+        (dict(batch_size=128, n_samples_per_prompt=16, num_engines=2), 1024, 1024),  # 1,024 an engine
+        (dict(batch_size=300, n_samples_per_prompt=16), 1024, 1024),  # 4,800: at most 1,024
         (dict(batch_size=32, over_sampling_batch_size=48, n_samples_per_prompt=8), 384, 384),
         (dict(batch_size=64, engine_args={"max_running_requests": 128}), 128, 128),  # the user's cap
         (dict(batch_size=64, engine_args={"cuda_graph_max_bs": 64}), 512, 64),  # the user's graphs
@@ -108,7 +108,7 @@ def test_colocated_local_engines_on_gpus_get_the_memory_saver(tmp_path):
 )  # fmt: skip
 def test_local_engines_on_gpus_decode_their_share_of_the_batch_at_once(tmp_path, rollout, running, graphs):
     """rlx's engine on GPUs: the running cap is the engine's share of a step's samples (groups
-    launched x samples a group / engines), from 256 to 1,024; decode graphs up to it, at most 512.
+    launched x samples a group / engines), from 256 to 1,024; decode graphs up to it.
     The memory plan reads the same values (`rlx.memory.engine.engine_arg`)."""
     from rlx.memory.engine import engine_arg
     from rlx.memory.terms import Setup
