@@ -143,9 +143,9 @@ class LocalLauncher(EngineLauncher):
         running cap up to 1024, each where `rollout.engine_args` leaves it unset. At 256 running, 512
         requests of 64-512 tokens queued half of themselves: 1.13× (1.7B) to 1.26× (0.6B) the
         tokens/s at 512 running. Past the largest graph a decode step runs eagerly: 1,024
-        requests of 16-256 tokens took 1.1-2.0× as long with graphs up to 512 as up to 1,024,
-        which cost 0.6 s more of capture and 0.16 GB more of logits buffer (0.6B and 1.7B,
-        1×H200, docs/benchmarks.md)."""
+        requests of 16-256 tokens took 1.2-2.3× as long with graphs up to 512 as up to 1,024,
+        which cost up to 1.2 s more of capture and 0.16 GB more of logits buffer (0.6B and 1.7B,
+        1×H200, bench/graph_cap.py, docs/benchmarks.md)."""
         groups = cfg.over_sampling_batch_size or cfg.batch_size
         share = -(-groups * cfg.n_samples_per_prompt // cfg.num_engines)
         low, high = cls.RUNNING_RANGE
