@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from rlx.algo.options import LOSS_AGGREGATIONS, LossAgg
@@ -96,15 +97,16 @@ def discounted_returns(rewards_BT: torch.Tensor, gamma: float) -> torch.Tensor:
     as in OpenRLHF's `get_cumulative_returns`. Rows are responses right-padded with zero rewards
     (padding after a response adds nothing to its returns); one response may come as [T]. The
     scan runs over the T columns, each step a whole-batch op, not over every token of every
-    response: the same arithmetic, in the same order, per token.
+    response: the same arithmetic, in the same order, per token (in numpy over the columns
+    stored contiguously, `_columns`: torch's per-op overhead was most of the scan's time).
     """
-    rows_BT = rewards_BT.reshape(-1, rewards_BT.shape[-1])
-    returns_BT = torch.empty_like(rows_BT)
-    running_B = torch.zeros(rows_BT.shape[0], dtype=rows_BT.dtype)
-    for t in range(rows_BT.shape[1] - 1, -1, -1):
-        running_B = rows_BT[:, t] + gamma * running_B
-        returns_BT[:, t] = running_B
-    return returns_BT.view_as(rewards_BT)
+    rows_TB = _columns(rewards_BT)
+    returns_TB = np.empty_like(rows_TB)
+    running_B = np.zeros(rows_TB.shape[1], dtype=rows_TB.dtype)
+    for t in range(rows_TB.shape[0] - 1, -1, -1):
+        running_B = rows_TB[t] + gamma * running_B
+        returns_TB[t] = running_B
+    return _rows(returns_TB, rewards_BT.shape)
 
 
 def gae(
@@ -121,23 +123,35 @@ def gae(
         R_t     = A_t + V_t                      (the critic's regression target)
     `values_BT[b, t]` is the critic's value of the state before token t. Rows are responses
     right-padded with mask 0 (one response may come as [T]); the scan runs over the T columns,
-    whole-batch ops per column. Returns `(adv_BT, returns_BT)`; both are 0 outside the mask
+    whole-batch ops per column, in numpy as `discounted_returns`' (both in their common dtype,
+    float64 from `padded_rows`). Returns `(adv_BT, returns_BT)`; both are 0 outside the mask
     (they never reach a loss).
     """
     shape = rewards_BT.shape
-    rewards_BT, values_BT = rewards_BT.reshape(-1, shape[-1]), values_BT.reshape(-1, shape[-1])
-    keep_BT = mask_BT.reshape(-1, shape[-1]).bool()
-    adv_BT = torch.zeros_like(rewards_BT)
-    returns_BT = torch.zeros_like(rewards_BT)
-    next_value_B = next_adv_B = torch.zeros(rewards_BT.shape[0], dtype=rewards_BT.dtype)
+    dtype = torch.promote_types(rewards_BT.dtype, values_BT.dtype)
+    rewards_TB, values_TB = _columns(rewards_BT.to(dtype)), _columns(values_BT.to(dtype))
+    keep_TB = _columns(mask_BT.bool())
+    adv_TB, returns_TB = np.zeros_like(rewards_TB), np.zeros_like(rewards_TB)
+    next_value_B = next_adv_B = np.zeros(rewards_TB.shape[1], dtype=rewards_TB.dtype)
     for t in range(shape[-1] - 1, -1, -1):
-        keep_B, value_B = keep_BT[:, t], values_BT[:, t]
-        adv_B = rewards_BT[:, t] + gamma * next_value_B - value_B + gamma * lambd * next_adv_B
-        next_adv_B = torch.where(keep_B, adv_B, next_adv_B)
-        next_value_B = torch.where(keep_B, value_B, next_value_B)
-        adv_BT[:, t] = torch.where(keep_B, adv_B, 0.0)
-        returns_BT[:, t] = torch.where(keep_B, adv_B + value_B, 0.0)
-    return adv_BT.view(shape), returns_BT.view(shape)
+        keep_B, value_B = keep_TB[t], values_TB[t]
+        adv_B = rewards_TB[t] + gamma * next_value_B - value_B + gamma * lambd * next_adv_B
+        next_adv_B = np.where(keep_B, adv_B, next_adv_B)
+        next_value_B = np.where(keep_B, value_B, next_value_B)
+        adv_TB[t] = np.where(keep_B, adv_B, 0.0)
+        returns_TB[t] = np.where(keep_B, adv_B + value_B, 0.0)
+    return _rows(adv_TB, shape), _rows(returns_TB, shape)
+
+
+def _columns(x_BT: torch.Tensor) -> np.ndarray:
+    """[T, B]: the columns of a host tensor of rows (or of one row) as contiguous numpy rows, which
+    a scan over the columns reads one at a time."""
+    return np.ascontiguousarray(x_BT.detach().reshape(-1, x_BT.shape[-1]).numpy().T)
+
+
+def _rows(x_TB: np.ndarray, shape: torch.Size) -> torch.Tensor:
+    """The inverse of `_columns`: a tensor of `shape`."""
+    return torch.from_numpy(np.ascontiguousarray(x_TB.T)).view(shape)
 
 
 def clipped_value_loss(
