@@ -1,22 +1,24 @@
-"""What the largest decode graph (`cuda_graph_max_bs`) costs and gives at a running cap of 1,024:
-one JSON line per (shape, cap), on the GPU.
+"""What the largest decode graph (`cuda_graph_max_bs`) and the running cap cost and give: one JSON
+line per (shape, cap), on the GPU.
 
 An engine runs up to `max_running_requests` sequences at once; a decode step of more rows than
 its largest CUDA graph runs eagerly (hundreds of kernel launches, no step queued behind it).
 `LocalLauncher.engine_args_for_batch` sizes both to an engine's share of a step's samples. Per
 random bf16 Qwen3 shape (`rollout_throughput.write_model`) and cap, a fresh engine at 1,024
-running requests:
+running requests (`--running`; one value a cap, or one for all) and a rollout of `--requests`:
 
 - `capture_s`, `graphs`: the whole ladder captured (`DecodeGraphs.capture`), largest first;
 - `pool_gb`: memory allocated by that capture (the graphs' pool), `logits_gb`: the logits buffer
   every graph writes (allocated with the graphs, before any capture);
-- `fixed`: 1,024 prompts of 256 tokens, `--new` new tokens each (wall seconds, decode tokens/s);
-- `varied`: 1,024 prompts, 16 to `--new` new tokens each (wall seconds, tokens/s), as a rollout's
+- `fixed`: the requests' prompts of 256 tokens, `--new` new tokens each (wall seconds, decode
+  tokens/s: from the step where every request has its first token, so queued requests count);
+- `varied`: the same number of prompts, 16 to `--new` new tokens each (wall seconds, tokens/s), as a rollout's
   batch shrinks while its answers finish.
 
 Caps alternate in the order given (`--caps 512,1024,512,1024`), each in a new engine, one process.
 
     source .whl/install.sh && python3 bench/graph_cap.py [--shapes qwen3_0.6b,qwen3_1.7b] [--caps 512,1024]
+    python3 bench/graph_cap.py --requests 2048 --caps 1024,2048 --running 1024,2048   # a larger running cap
 """
 
 from __future__ import annotations
@@ -31,15 +33,13 @@ from pathlib import Path
 import torch
 from rollout_throughput import PROMPT, run_engine, write_model
 
-RUNNING = 1024
 
-
-def measure(path: Path, cap: int, new: int) -> dict:
+def measure(path: Path, cap: int, new: int, running: int, requests: int) -> dict:
     from rlx.engine import Engine, EngineArgs
 
     engine = Engine(EngineArgs(
         model_path=str(path), dtype="bfloat16", context_length=PROMPT + new + 16,
-        max_running_requests=RUNNING, cuda_graph_max_bs=cap, mem_fraction_static=0.8,
+        max_running_requests=running, cuda_graph_max_bs=cap, mem_fraction_static=0.8,
     ))  # fmt: skip
     graphs = engine.runner.graphs
     torch.cuda.synchronize()
@@ -49,15 +49,17 @@ def measure(path: Path, cap: int, new: int) -> dict:
     torch.cuda.synchronize()
     out = {
         "cap": cap,
+        "running": running,
+        "requests": requests,
         "capture_s": round(time.perf_counter() - start, 2),
         "graphs": len(graphs.graphs),
         "pool_gb": round((torch.cuda.memory_allocated() - before) / 1e9, 3),
         "logits_gb": round(graphs.logits.nbytes / 1e9, 3),
     }
-    run_engine(engine, RUNNING, new=4, seed=999)  # the prefill's kernels compiled
-    fixed = run_engine(engine, RUNNING, new=new, seed=1)
-    lengths = torch.randint(16, new + 1, (RUNNING,), generator=torch.Generator().manual_seed(7)).tolist()
-    varied = run_engine(engine, RUNNING, new=lengths, seed=2)
+    run_engine(engine, requests, new=4, seed=999)  # the prefill's kernels compiled
+    fixed = run_engine(engine, requests, new=new, seed=1)
+    lengths = torch.randint(16, new + 1, (requests,), generator=torch.Generator().manual_seed(7)).tolist()
+    varied = run_engine(engine, requests, new=lengths, seed=2)
     out["fixed"] = {
         "wall_s": round(fixed["wall_s"], 3),
         "decode_tokens_per_s": round(fixed["decode_tokens_per_s"]),
@@ -75,13 +77,18 @@ def main() -> None:
     parser.add_argument("--shapes", default="qwen3_0.6b,qwen3_1.7b")
     parser.add_argument("--caps", default="512,1024,512,1024", help="cuda_graph_max_bs values, in turn")
     parser.add_argument("--new", type=int, default=256, help="new tokens a request (the varied: 16 to this)")
+    parser.add_argument("--running", default="1024", help="max_running_requests, one a cap or one for all")
+    parser.add_argument("--requests", type=int, default=1024, help="requests a rollout")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp())
     device = torch.cuda.get_device_name()
     for name in args.shapes.split(","):
         path = write_model(name, root)
-        for cap in (int(c) for c in args.caps.split(",")):
-            print(json.dumps({"device": device, "shape": name, **measure(path, cap, args.new)}), flush=True)
+        caps = [int(c) for c in args.caps.split(",")]
+        running = [int(r) for r in args.running.split(",")]
+        for cap, run in zip(caps, running * len(caps) if len(running) == 1 else running, strict=True):
+            row = measure(path, cap, args.new, run, args.requests)
+            print(json.dumps({"device": device, "shape": name, **row}), flush=True)
 
 
 if __name__ == "__main__":
