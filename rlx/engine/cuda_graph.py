@@ -79,6 +79,10 @@ class DecodeGraphs:
         self.logits = torch.empty(self.max_bs, head.shape[0], dtype=head.dtype, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None  # the memory pool every graph shares (one replays at a time)
+        # the captures' warm-ups, on one stream: cuBLAS keeps a workspace (32 MiB on Hopper) for
+        # each stream it has run on, for the process's life, and a new torch Stream each capture
+        # cycled through torch's pool of 32, 1 GiB of workspaces (1xH200)
+        self.warm_up_stream = torch.cuda.Stream(device)
         self.capture_s, self.num_captured = 0.0, 0  # seconds spent capturing, graphs captured
         self.pad_factor = 1.0  # exact ladder sizes until a release clears the graphs (`clear`)
 
@@ -125,8 +129,8 @@ class DecodeGraphs:
         self.tables.zero_()
         self.inv_t.fill_(1.0)
         sizes = sorted(set(sizes or self.sizes) - set(self.graphs), reverse=True)
+        stream = self.warm_up_stream
         for bs in sizes:  # largest first within a call: smaller graphs fit in its pool
-            stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self._forward(bs)  # warm-up: compiles kernels, settles allocations

@@ -339,3 +339,22 @@ def test_the_graph_ladder_shares_one_logits_buffer(model_dir):
     for bs, (_, logits) in graphs.graphs.items():
         assert logits.shape == (bs, 512) and logits.data_ptr() == graphs.logits.data_ptr()
     assert added < own_logits / 4, (added, own_logits)
+
+
+def test_captures_warm_up_on_one_stream(model_dir, monkeypatch):
+    """Capturing makes no new CUDA stream: cuBLAS keeps a workspace (32 MiB on Hopper) for every
+    stream it runs on, for the process's life, and a stream a capture (cycling through torch's
+    pool of 32) held 1 GiB of them (1xH200, bench/graph_cap.py's first engine)."""
+    engine = engine_for(model_dir, dtype="float32", max_total_tokens=4096, cuda_graph_max_bs=64)
+    graphs = engine.runner.graphs
+    graphs.capture([64])  # the first graph of a process makes torch.cuda.graph's own capture stream
+    made, real = [], torch.cuda.Stream
+
+    def counted(*args, **kwargs):
+        if "stream_id" not in kwargs:  # not torch's wrapper of an existing stream (current_stream)
+            made.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Stream", counted)
+    graphs.capture()  # the other seven sizes: 1, 2, 4, 8, 16, 32, 48
+    assert len(graphs.graphs) == 8 and made == []
