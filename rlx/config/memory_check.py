@@ -123,9 +123,10 @@ def size_engine_cache(rc: RlxConfig, longest_prompt: int, user_cap: bool) -> str
 
 def eager_decode_line(rc: RlxConfig) -> str | None:
     """The run's log line where rlx's engine on GPUs runs more requests at once than its largest
-    decode graph holds (`rollout.engine_args.cuda_graph_max_bs` set below `max_running_requests`,
-    set or sized to the batch; unset, the graphs go up to the running cap): a decode step of more
-    rows runs eagerly, launch-bound, and no step is queued behind it. None otherwise (CPU engines have no graphs; SGLang sizes its own)."""
+    decode graph holds (the user's `rollout.engine_args.cuda_graph_max_bs` below the running cap,
+    `max_running_requests` set or sized to the batch; unset, the graphs go up to the cap): a decode
+    step of more rows runs eagerly, launch-bound, and no step is queued behind it. None otherwise
+    (CPU engines have no graphs; SGLang sizes its own)."""
     from rlx.rollout.launchers import engine_args_for_batch
 
     r = rc.rollout
