@@ -31,16 +31,13 @@ import time
 from pathlib import Path
 
 import torch
-from rollout_throughput import PROMPT, run_engine, write_model
+from rollout_throughput import PROMPT, make_engine, run_engine, write_model
 
 
 def measure(path: Path, cap: int, new: int, running: int, requests: int) -> dict:
-    from rlx.engine import Engine, EngineArgs
-
-    engine = Engine(EngineArgs(
-        model_path=str(path), dtype="bfloat16", context_length=PROMPT + new + 16,
-        max_running_requests=running, cuda_graph_max_bs=cap, mem_fraction_static=0.8,
-    ))  # fmt: skip
+    engine = make_engine(
+        path, context_length=PROMPT + new + 16, max_running_requests=running, cuda_graph_max_bs=cap
+    )
     graphs = engine.runner.graphs
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

@@ -257,10 +257,13 @@ def run_generate_batch(path: Path, batch: int, new: int) -> dict:
 def make_engine(path: Path, **kwargs):
     from rlx.engine import Engine, EngineArgs
 
-    defaults = dict(max_running_requests=256, cuda_graph_max_bs=256, mem_fraction_static=0.8)
-    return Engine(EngineArgs(
-        model_path=str(path), dtype="bfloat16", context_length=PROMPT + NEW + 16, **(defaults | kwargs),
-    ))  # fmt: skip
+    defaults = dict(
+        max_running_requests=256,
+        cuda_graph_max_bs=256,
+        mem_fraction_static=0.8,
+        context_length=PROMPT + NEW + 16,
+    )
+    return Engine(EngineArgs(model_path=str(path), dtype="bfloat16", **(defaults | kwargs)))
 
 
 def run_moe(root: Path, results: dict, batches: list[int], layers: int = 4) -> None:
