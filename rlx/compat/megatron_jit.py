@@ -10,8 +10,10 @@ few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu
 
 So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own
 `noop_decorator` (`megatron.core.jit.disable_jit_fuser`) as `megatron.core.jit` loads, before the
-modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU nothing
-changes. `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
+modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU each is
+torch.compile'd as before, but on its first call (`compile_on_first_call`): with rlx's fused
+kernels none of them runs in a dense model's step, and the GPU machine's slower CPU took 4.0 s to
+import inductor with megatron (1xH200's host, 2026-11-30, `python -X importtime`). `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
 in a process that imported megatron before rlx it is too late, and megatron stays as it was.
 
 No torch at import time: `import rlx` stays light.
@@ -19,6 +21,7 @@ No torch at import time: `import rlx` stays light.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -54,6 +57,24 @@ _finder = _JitFinder()
 def _after_load(jit_module) -> None:
     if not _has_gpu():
         jit_module.disable_jit_fuser()
+    else:
+        jit_module.jit_fuser = compile_on_first_call
+
+
+def compile_on_first_call(fn):
+    """megatron's `jit_fuser` on a GPU: `torch.compile(fn)`, made when `fn` is first called."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            import torch
+
+            compiled = torch.compile(fn)
+        return compiled(*args, **kwargs)
+
+    return call
 
 
 def _has_gpu() -> bool:
@@ -72,7 +93,8 @@ def _has_gpu() -> bool:
 
 
 def install() -> None:
-    """Have megatron load without torch.compile'd helpers when there is no CUDA (idempotent)."""
+    """Have megatron load without torch.compile'd helpers when there is no CUDA, and compile them
+    when first called where there is (idempotent)."""
     if JIT_MODULE not in sys.modules and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 

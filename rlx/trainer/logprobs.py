@@ -13,18 +13,18 @@ which nothing reads after it: a micro-batch's backward then holds one [B, S, V] 
 
 The unfused autograd chain this replaces kept several fp32 copies of the [B, S, V] logits alive
 for the backward; at a 151,936-way vocabulary that was most of a GRPO micro-batch's memory-bound
-work. On CUDA each pass is torch.compile'd into one kernel; on the CPU the same torch ops run
-eagerly (the forward is the unfused chain's arithmetic, op for op).
+work. On CUDA the forward is one Triton pass over the logits with an online softmax, the backward
+another (`rlx.trainer.triton_logprobs`; torch.compile of the passes below compiled for seconds at
+each new shape); on the CPU the torch ops below run eagerly (the forward is the unfused chain's
+arithmetic, op for op).
 
 Reductions over the vocabulary are all-reduced over the tensor-parallel group in the forward
-(max, then the sums); the backward needs none: every TP rank computes the same replicated loss
+(max, then the sums, each shard's rescaled to the global max on CUDA); the backward needs none: every TP rank computes the same replicated loss
 from the reduced values, so each rank's gradient is that of its own vocabulary shard. With TP = 1
 the reductions are no-ops.
 """
 
 from __future__ import annotations
-
-from functools import cache
 
 import torch
 from megatron.core import parallel_state
@@ -83,15 +83,6 @@ def _grad_over_logits(logits, max_, log_z, expected, target, owned, grad_logp, g
     )
 
 
-@cache
-def _kernel(fn, on_cuda: bool):
-    """`fn` itself on the CPU; compiled into one kernel on CUDA. Shapes are left to torch's
-    automatic dynamism: the batch and length dimensions that change between micro-batches become
-    dynamic after the first recompile, while the vocabulary stays a constant (a symbolic one made
-    the gradient's row index a runtime division per element: 5x slower on an H200)."""
-    return torch.compile(fn) if on_cuda else fn
-
-
 def _tp_all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Tensor:
     if parallel_state.get_tensor_model_parallel_world_size() > 1:
         torch.distributed.all_reduce(x, op=op, group=parallel_state.get_tensor_model_parallel_group())
@@ -101,21 +92,13 @@ def _tp_all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.
 class _LogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, temperature: float, with_entropy: bool, overwrite: bool):
-        run = lambda fn, *args: _kernel(fn, logits.is_cuda)(*args)  # noqa: E731
         num_local = logits.shape[-1]
         local_target = target - parallel_state.get_tensor_model_parallel_rank() * num_local
         owned = (local_target >= 0) & (local_target < num_local)
         local_target = local_target.clamp(0, num_local - 1)
-
-        max_ = _tp_all_reduce(run(_row_max, logits, temperature), torch.distributed.ReduceOp.MAX)
-        sum_exp, picked = run(_log_z_and_picked, logits, max_, local_target, owned, temperature)
-        sums = _tp_all_reduce(torch.stack([sum_exp, picked]))
-        log_z = sums[0].log()
-        logp = sums[1] - log_z
-        expected = entropy = None
-        if with_entropy:
-            expected = _tp_all_reduce(run(_expected_shifted, logits, max_, log_z, temperature))
-            entropy = log_z - expected
+        forward = _forward_cuda if logits.is_cuda else _forward_eager
+        max_, log_z, logp, expected = forward(logits, local_target, owned, temperature, with_entropy)
+        entropy = log_z - expected if with_entropy else None
         ctx.save_for_backward(logits, max_, log_z, expected, local_target, owned)
         ctx.temperature, ctx.overwrite = temperature, overwrite
         ctx.set_materialize_grads(False)
@@ -129,10 +112,48 @@ class _LogprobEntropy(torch.autograd.Function):
         if expected is None:
             grad_entropy = None
         args = (logits, max_, log_z, expected, target, owned, grad_logp, grad_entropy, ctx.temperature)
+        if logits.is_cuda:
+            from rlx.trainer.triton_logprobs import grad_logits
+
+            return grad_logits(*args, out=logits if ctx.overwrite else None), None, None, None, None
         if not ctx.overwrite:
-            return _kernel(_grad_logits, logits.is_cuda)(*args), None, None, None, None
-        _kernel(_grad_over_logits, logits.is_cuda)(*args)
+            return _grad_logits(*args), None, None, None, None
+        _grad_over_logits(*args)
         return logits, None, None, None, None
+
+
+def _forward_eager(logits, target, owned, temperature, with_entropy):
+    """(max, log Z, log p(target), sum p * a or None), each a pass of torch ops."""
+    max_ = _tp_all_reduce(_row_max(logits, temperature), torch.distributed.ReduceOp.MAX)
+    sum_exp, picked = _log_z_and_picked(logits, max_, target, owned, temperature)
+    sums = _tp_all_reduce(torch.stack([sum_exp, picked]))
+    log_z = sums[0].log()
+    expected = None
+    if with_entropy:
+        expected = _tp_all_reduce(_expected_shifted(logits, max_, log_z, temperature))
+    return max_, log_z, sums[1] - log_z, expected
+
+
+def _forward_cuda(logits, target, owned, temperature, with_entropy):
+    """`_forward_eager`'s results from one Triton pass over each shard."""
+    from rlx.trainer.triton_logprobs import row_stats
+
+    return _join_shards(*row_stats(logits, target, owned, temperature, with_entropy), owned)
+
+
+def _join_shards(m, s, w, a_t, owned):
+    """(max, log Z, log p(target), sum p * a or None) of the whole vocabulary from each shard's
+    max m, s = sum exp(a - m), w = sum exp(a - m) (a - m) (None: no entropy) and target's a:
+    every shard's sums rescaled to the global max, then added over the tensor-parallel group."""
+    max_ = _tp_all_reduce(m.clone(), torch.distributed.ReduceOp.MAX)
+    rescale = torch.exp(m - max_)
+    parts = [s * rescale, torch.where(owned, a_t - max_, 0.0)]
+    if w is not None:
+        parts.append(rescale * (w + (m - max_) * s))
+    sums = _tp_all_reduce(torch.stack(parts))
+    log_z = sums[0].log()
+    expected = sums[2] / sums[0] if w is not None else None
+    return max_, log_z, sums[1] - log_z, expected
 
 
 def logprobs_and_entropy(

@@ -1,4 +1,5 @@
-"""The compiled (CUDA) log-prob and entropy function at a real vocabulary, against fp64 autograd.
+"""The CUDA log-prob and entropy function (its Triton passes, rlx.trainer.triton_logprobs) at a real
+vocabulary, against fp64 autograd.
 
 Skipped without a GPU. Run on the GPU machine:
     source .whl/install.sh && python3 -m pytest tests/gpu/test_logprobs_cuda.py -q -s
@@ -22,13 +23,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 B, L, V = 2, 1025, 151936
 
 
-def test_compiled_matches_fp64_and_keeps_no_fp32_copy():
+def test_triton_passes_match_fp64_and_keep_no_fp32_copy():
     gen = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(B, L, V, device="cuda", generator=gen) * 2).bfloat16().requires_grad_()
     tokens = torch.randint(0, V, (B, L), device="cuda", generator=gen)
     w_logp, w_ent = torch.randn(2, B, L - 1, device="cuda", generator=gen).unbind(0)
     with megatron_world():
-        for _ in range(2):  # the first call compiles
+        for _ in range(2):  # the first call compiles the kernels
             logits.grad = None
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
@@ -58,7 +59,7 @@ def test_compiled_matches_fp64_and_keeps_no_fp32_copy():
 
 
 def test_gradient_written_over_the_logits_takes_no_second_copy():
-    """The trainer's way (`grad_over_logits`, whole logits that are not a leaf): the compiled
+    """The trainer's way (`grad_over_logits`, whole logits that are not a leaf): the Triton
     backward writes the gradient into the logits' own storage, so the backward needs no second
     [B, L, V] tensor, and the gradient is the fp64 one within a bf16 rounding."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -72,7 +73,7 @@ def test_gradient_written_over_the_logits_takes_no_second_copy():
     ref_grad, ref = ref.grad, None
     base = torch.empty_like(values).requires_grad_()
     with megatron_world():
-        for _ in range(2):  # the first call compiles
+        for _ in range(2):  # the first call compiles the kernels
             base.grad = None
             with torch.no_grad():
                 base.copy_(values)

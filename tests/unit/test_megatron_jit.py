@@ -1,6 +1,6 @@
 """Without CUDA, megatron's torch.compile'd helpers load as plain functions once rlx is imported
-(rlx.compat.megatron_jit), which asks no CUDA to tell; each case imports in a fresh interpreter, as
-a new process would."""
+(rlx.compat.megatron_jit), which asks no CUDA to tell; with CUDA each is compiled when first
+called; each case imports in a fresh interpreter, as a new process would."""
 
 from __future__ import annotations
 
@@ -41,11 +41,34 @@ def _imports(before: str) -> list[str]:
         ("import rlx", ["True", "False", "False", "False", "False"]),
         # megatron first: too late to change it, megatron compiles as it always did
         ("import megatron.core; import rlx", ["False", "True", "True", "True", "True"]),
-        # a GPU machine (a CUDA build, the driver's device node): nothing changes, and CUDA is not
-        # asked (a Ray worker preloading megatron is told its GPU later: rlx.trainer.preload)
-        (GPU_MACHINE + "; import rlx", ["False", "True", "True", "True", "True"]),
+        # a GPU machine (a CUDA build, the driver's device node): compiled on the first call (below),
+        # so inductor is not loaded with megatron; CUDA is not asked (a Ray worker preloading
+        # megatron is told its GPU later: rlx.trainer.preload)
+        (GPU_MACHINE + "; import rlx", ["False", "False", "False", "False", "False"]),
     ],
     ids=["rlx first", "megatron first", "with CUDA"],
 )
 def test_megatron_helpers_are_compiled_only_with_cuda(before, expected):
     assert _imports(before) == expected
+
+
+def test_with_cuda_a_helper_compiles_at_its_first_call_once():
+    """torch.compile recorded instead of run: nothing compiled as megatron loads, swiglu at its
+    first call, and not again at its second; its result is the function's own."""
+    script = (
+        "import torch; " + GPU_MACHINE + "; import rlx\n"
+        "compiled = []\n"
+        "torch.compile = lambda fn: compiled.append(fn.__name__) or fn\n"
+        "from megatron.core.fusions import fused_bias_swiglu as f\n"
+        "print(len(compiled))\n"
+        "x = torch.randn(3, 8)\n"
+        "y = f.swiglu(x)\n"
+        "f.swiglu(x)\n"
+        "a, b = x.chunk(2, -1)\n"
+        "print(compiled, torch.equal(y, torch.nn.functional.silu(a) * b))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["0", "['swiglu'] True"]
