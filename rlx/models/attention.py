@@ -33,7 +33,6 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
-from torch.nn.attention.bias import causal_lower_right
 
 
 def load_balanced_positions(seq_len: int, cp_size: int, cp_rank: int, device=None) -> torch.Tensor:
@@ -170,6 +169,9 @@ class SDPAttention(MegatronModule):
     def _causal_cp(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of this CP rank's two query chunks ([b, h, s_local, d]) to the whole
         sequence's keys and values ([b, g, s, d]): each chunk sees the keys up to its own end."""
+        # imported here: torch.nn.attention.bias imports torch._dynamo (1.7 s of a GPU trainer's start)
+        from torch.nn.attention.bias import causal_lower_right
+
         cp_size, cp_rank = self.cp_group.size(), self.cp_group.rank()
         chunk = q.shape[2] // 2
         outs = []
