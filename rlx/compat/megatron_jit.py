@@ -12,8 +12,9 @@ So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes i
 `noop_decorator` (`megatron.core.jit.disable_jit_fuser`) as `megatron.core.jit` loads, before the
 modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU each is
 torch.compile'd as before, but on its first call (`compile_on_first_call`): with rlx's fused
-kernels none of them runs in a dense model's step, and the GPU machine's slower CPU took 4.0 s to
-import inductor with megatron (1xH200's host, 2026-11-30, `python -X importtime`). `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
+kernels none of them runs in a dense model's step, and megatron's import then loads no inductor
+(1xH200's host, 2026-11-30: `python -X importtime` put 4.0 s under `fused_bias_geglu`, the first
+helper; `import rlx.trainer.megatron` 7.9 -> 5.1 s). `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
 in a process that imported megatron before rlx it is too late, and megatron stays as it was.
 
 No torch at import time: `import rlx` stays light.
