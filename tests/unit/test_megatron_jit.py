@@ -72,3 +72,17 @@ def test_with_cuda_a_helper_compiles_at_its_first_call_once():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["0", "['swiglu'] True"]
+
+
+def test_the_trainer_loads_neither_dynamo_nor_inductor():
+    """A trainer rank's modules (`rlx.trainer.megatron`, megatron with them) import no torch._dynamo
+    or inductor on a machine without CUDA: both only where something compiles."""
+    script = (
+        "import sys, torch, rlx.trainer.megatron\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
