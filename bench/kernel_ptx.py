@@ -1,6 +1,7 @@
-"""The engine's Triton kernels compiled for a GPU on a machine without one: each kernel's global
-memory operations in program order (loads, stores, barriers, the PDL wait and launch), and its
-registers and local memory (spills) from the cubin; prints one JSON line.
+"""The engine's Triton kernels (and the trainer's log-prob passes) compiled for a GPU on a machine
+without one: each kernel's global memory operations in program order (loads, stores, barriers,
+the PDL wait and launch), and its registers and local memory (spills) from the cubin; prints one
+JSON line.
 
 A warp issues its instructions in order, so a load written after work on an earlier load's data
 is issued only once that data has arrived, and the compiler may not move a load above a store
@@ -81,6 +82,34 @@ def kernels() -> dict[str, tuple]:
             8,
         ),
         **truncation_kernels(triton_truncate),
+        **logprob_kernels(),
+    }
+
+
+def logprob_kernels() -> dict[str, tuple]:
+    """The trainer's log-prob and entropy passes (rlx.trainer.triton_logprobs: a program a position,
+    bf16 logits of any row strides, at a temperature, with the entropy), forward and backward."""
+    from rlx.trainer import triton_logprobs
+
+    rows = {"X": "*bf16", "T": "*i64", "OWNED": "*i1"} | _i32("n_pos", "V", "stride_b", "stride_s")
+    settings = {"SCALE": True, "ENTROPY": True, "BLOCK": triton_logprobs.BLOCK_V}
+    return {
+        "logprob_stats": (
+            triton_logprobs._stats_kernel,
+            rows | dict.fromkeys(["M", "S", "W", "A_T"], "*fp32") | {"inv_t": "fp32"},
+            settings,
+            triton_logprobs.NUM_WARPS,
+        ),
+        "logprob_grad": (
+            triton_logprobs._grad_kernel,
+            rows
+            | {"OUT": "*bf16"}
+            | dict.fromkeys(["MAX", "LOG_Z", "EXPECTED", "G_LOGP", "G_H"], "*fp32")
+            | _i32("out_stride_b", "out_stride_s")
+            | {"inv_t": "fp32"},
+            settings,
+            triton_logprobs.NUM_WARPS,
+        ),
     }
 
 

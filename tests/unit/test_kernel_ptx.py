@@ -1,6 +1,6 @@
-"""The engine's Triton kernels compiled for Hopper (sm90) on the CPU by bench/kernel_ptx.py, in a
-child process with the interpreter's Triton (`RLX_TRITON_DIR`, as tests/unit/test_triton_interpreted.py
-runs it): none spills to local memory; the RMSNorm, the engine's most called small kernel
+"""The engine's Triton kernels (and the trainer's log-prob passes) compiled for Hopper (sm90) on the
+CPU by bench/kernel_ptx.py, in a child process with the interpreter's Triton (`RLX_TRITON_DIR`, as
+tests/unit/test_triton_interpreted.py runs it): none spills to local memory; the RMSNorm, the engine's most called small kernel
 (57 calls a 1.7B decode step), loads its weight before its PDL wait and nothing after its first
 store, the q/k norm nothing after its first store, the sampler's second kernel its six inputs
 before its first reduction (a load written after work on earlier data is issued only once that
@@ -45,6 +45,8 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         "truncate_next_state",
         "truncate_kept_blocks",
         "truncate_select",
+        "logprob_stats",
+        "logprob_grad",
     }
     assert all(k["local_bytes"] == 0 for k in kernels.values()), kernels
     ops = {name: [op for op, _ in k["memory_order"]] for name, k in kernels.items()}
