@@ -1,10 +1,10 @@
 """The engine's Triton kernels (and the trainer's log-prob passes) compiled for Hopper (sm90) on the
 CPU by bench/kernel_ptx.py, in a child process with the interpreter's Triton (`RLX_TRITON_DIR`, as
-tests/unit/test_triton_interpreted.py runs it): none spills to local memory; the RMSNorm, the engine's most called small kernel
-(57 calls a 1.7B decode step), loads its weight before its PDL wait and nothing after its first
-store, the q/k norm nothing after its first store, the sampler's second kernel its six inputs
-before its first reduction (a load written after work on earlier data is issued only once that
-data has arrived: docs/benchmarks.md, Decisions, PDL)."""
+tests/unit/test_triton_interpreted.py runs it): none spills to local memory; the RMSNorm, the
+engine's most called small kernel (57 calls a 1.7B decode step), loads its weight before its PDL
+wait and nothing after its first store, the q/k norm nothing after its first store, the sampler's
+second kernel its six inputs before its first reduction (a load written after work on earlier data
+is issued only once that data has arrived: docs/benchmarks.md, Decisions, PDL)."""
 
 from __future__ import annotations
 
