@@ -19,9 +19,9 @@ each new shape); on the CPU the torch ops below run eagerly (the forward is the 
 arithmetic, op for op).
 
 Reductions over the vocabulary are all-reduced over the tensor-parallel group in the forward
-(max, then the sums, each shard's rescaled to the global max on CUDA); the backward needs none: every TP rank computes the same replicated loss
-from the reduced values, so each rank's gradient is that of its own vocabulary shard. With TP = 1
-the reductions are no-ops.
+(max, then the sums, each shard's rescaled to the global max on CUDA); the backward needs none:
+every TP rank computes the same replicated loss from the reduced values, so each rank's gradient
+is that of its own vocabulary shard. With TP = 1 the reductions are no-ops.
 """
 
 from __future__ import annotations
