@@ -1,12 +1,16 @@
-"""rlx.compat.liger: liger-kernel's modules import without peft, and peft stays importable.
+"""rlx.compat.liger: liger-kernel's modules import without peft or transformers, and both stay
+importable.
 
-The CPU machine has neither package: a stand-in `liger_kernel` whose `utils` begins as liger's does
-(`try: import peft` to set PEFT_AVAILABLE) and a stand-in `peft` that counts its imports are
-written to a temporary directory put first on the path.
+The CPU machine has no liger-kernel: a stand-in `liger_kernel` whose `utils` begins as liger's does
+(`try: import peft` to set PEFT_AVAILABLE) and asks transformers about an NPU as liger's does
+(`is_npu_available`, which its ops call as they load), and stand-ins for `peft` and `transformers`
+that count their imports, are written to a temporary directory put first on the path (the real
+transformers, where a test before loaded it, is set aside meanwhile).
 """
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import sys
 
@@ -21,7 +25,19 @@ try:
     PEFT_AVAILABLE = True
 except ImportError:
     PEFT_AVAILABLE = False
+
+
+def is_npu_available():
+    try:
+        from transformers.utils import is_torch_npu_available
+
+        return is_torch_npu_available()
+    except Exception:
+        return False
 """
+
+COUNTED = "import builtins\nbuiltins.{name}_imports = getattr(builtins, '{name}_imports', 0) + 1\n"
+STAND_INS = ("liger_kernel", "peft", "transformers")
 
 
 @pytest.fixture
@@ -30,38 +46,42 @@ def stand_ins(tmp_path, monkeypatch):
     (tmp_path / "liger_kernel" / "__init__.py").write_text("")
     (tmp_path / "liger_kernel" / "utils.py").write_text(UTILS)
     (tmp_path / "liger_kernel" / "ops" / "__init__.py").write_text(
-        "from liger_kernel.utils import PEFT_AVAILABLE\n"
+        "from liger_kernel.utils import PEFT_AVAILABLE, is_npu_available\nNPU = is_npu_available()\n"
     )
-    (tmp_path / "peft").mkdir()
-    (tmp_path / "peft" / "__init__.py").write_text(
-        "import builtins\nbuiltins.peft_imports = getattr(builtins, 'peft_imports', 0) + 1\n"
-    )
-    for name in [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "peft")]:
-        monkeypatch.delitem(sys.modules, name)
+    for name in ("peft", "transformers"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(COUNTED.format(name=name))
+    (tmp_path / "transformers" / "utils.py").write_text("def is_torch_npu_available():\n    return 'asked'\n")
+    for name in [m for m in sys.modules if m.split(".")[0] in STAND_INS]:
+        monkeypatch.delitem(sys.modules, name)  # the real ones come back after the test
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     yield
-    for name in [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "peft")]:
+    for name in [m for m in sys.modules if m.split(".")[0] in STAND_INS]:
         del sys.modules[name]
-    import builtins
+    for name in ("peft", "transformers"):
+        if hasattr(builtins, f"{name}_imports"):
+            delattr(builtins, f"{name}_imports")
 
-    if hasattr(builtins, "peft_imports"):
-        del builtins.peft_imports
 
-
-def test_liger_loads_without_peft_and_peft_imports_after(stand_ins):
-    import builtins
-
+def test_liger_loads_without_peft_or_transformers_and_both_import_after(stand_ins):
     ops = liger.module("liger_kernel.ops")
     assert ops.PEFT_AVAILABLE is False  # liger's `import peft` failed: it was never run
-    assert "peft" not in sys.modules and not hasattr(builtins, "peft_imports")
-    import peft  # noqa: F401  (the entry hiding it is gone)
+    assert ops.NPU is False  # nor was transformers asked
+    for name in ("peft", "transformers"):
+        assert name not in sys.modules and not hasattr(builtins, f"{name}_imports")
+    import peft  # noqa: F401  (the entries hiding them are gone)
+    import transformers.utils
 
-    assert builtins.peft_imports == 1
+    assert builtins.peft_imports == 1 and builtins.transformers_imports == 1
+    assert transformers.utils.is_torch_npu_available() == "asked"
     assert liger.module("liger_kernel.utils") is sys.modules["liger_kernel.utils"]
 
 
-def test_a_process_that_imported_peft_keeps_it_for_liger(stand_ins):
+def test_a_process_that_imported_them_keeps_them_for_liger(stand_ins):
     import peft  # noqa: F401
+    import transformers  # noqa: F401
 
-    assert liger.module("liger_kernel.ops").PEFT_AVAILABLE is True
+    ops = liger.module("liger_kernel.ops")
+    assert ops.PEFT_AVAILABLE is True and ops.NPU == "asked"
+    assert builtins.peft_imports == 1 and builtins.transformers_imports == 1
