@@ -11,13 +11,24 @@ Ascend NPU is there (`liger_kernel.utils.is_npu_available`, called by its cross 
 imports transformers for nothing else. So liger loads with both hidden (an import of either fails:
 liger records "no peft" and "no NPU", which rlx, CUDA only, never has), and both are importable as
 before once liger has loaded. A module a process imported before is left as it is.
+
+liger also marks its op dispatcher (`liger_kernel.backends.dispatch.dispatch`, its functional API,
+which rlx does not call) with `@torch.compiler.disable` as it loads, and that decorator imports
+dynamo, inductor's modules with it: 0.5 s of CPU here, 1.7 s of a GPU host's (`python -X
+importtime`), in a process that compiles nothing. While liger loads, the decorator is applied at
+the marked function's first call instead (`_disable_when_called`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import sys
+from collections.abc import Iterator
 from types import ModuleType
+
+import torch
 
 HIDDEN = ("peft", "transformers")
 
@@ -29,8 +40,35 @@ def module(name: str) -> ModuleType:
     for h in hidden:
         sys.modules[h] = None  # `import h` raises ImportError while this entry is None
     try:
-        return importlib.import_module(name)
+        with _disable_when_called():
+            return importlib.import_module(name)
     finally:
         for h in hidden:
             if sys.modules.get(h, 0) is None:
                 del sys.modules[h]
+
+
+@contextlib.contextmanager
+def _disable_when_called() -> Iterator[None]:
+    """`torch.compiler.disable` deferred to each marked function's first call, within the block."""
+    disable = torch.compiler.disable
+
+    def deferred(fn=None, recursive=True, **kwargs):
+        if fn is None:  # @torch.compiler.disable(recursive=...)
+            return functools.partial(deferred, recursive=recursive, **kwargs)
+        marked = None
+
+        @functools.wraps(fn)
+        def call(*args, **kw):
+            nonlocal marked
+            if marked is None:
+                marked = disable(fn, recursive, **kwargs)
+            return marked(*args, **kw)
+
+        return call
+
+    torch.compiler.disable = deferred
+    try:
+        yield
+    finally:
+        torch.compiler.disable = disable

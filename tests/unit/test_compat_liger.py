@@ -1,5 +1,5 @@
 """rlx.compat.liger: liger-kernel's modules import without peft or transformers, and both stay
-importable.
+importable; the functions liger marks with `torch.compiler.disable` are marked at their first call.
 
 The CPU machine has no liger-kernel: a stand-in `liger_kernel` whose `utils` begins as liger's does
 (`try: import peft` to set PEFT_AVAILABLE) and asks transformers about an NPU as liger's does
@@ -15,6 +15,7 @@ import importlib
 import sys
 
 import pytest
+import torch
 
 from rlx.compat import liger
 
@@ -36,6 +37,24 @@ def is_npu_available():
         return False
 """
 
+OPS = """\
+import torch
+
+from liger_kernel.utils import PEFT_AVAILABLE, is_npu_available
+
+NPU = is_npu_available()
+
+
+@torch.compiler.disable
+def dispatch(x):
+    return x + 1
+
+
+@torch.compiler.disable(recursive=False)
+def dispatch_flat(x):
+    return x * 2
+"""
+
 COUNTED = "import builtins\nbuiltins.{name}_imports = getattr(builtins, '{name}_imports', 0) + 1\n"
 STAND_INS = ("liger_kernel", "peft", "transformers")
 
@@ -45,9 +64,7 @@ def stand_ins(tmp_path, monkeypatch):
     (tmp_path / "liger_kernel" / "ops").mkdir(parents=True)
     (tmp_path / "liger_kernel" / "__init__.py").write_text("")
     (tmp_path / "liger_kernel" / "utils.py").write_text(UTILS)
-    (tmp_path / "liger_kernel" / "ops" / "__init__.py").write_text(
-        "from liger_kernel.utils import PEFT_AVAILABLE, is_npu_available\nNPU = is_npu_available()\n"
-    )
+    (tmp_path / "liger_kernel" / "ops" / "__init__.py").write_text(OPS)
     for name in ("peft", "transformers"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(COUNTED.format(name=name))
@@ -85,3 +102,21 @@ def test_a_process_that_imported_them_keeps_them_for_liger(stand_ins):
     ops = liger.module("liger_kernel.ops")
     assert ops.PEFT_AVAILABLE is True and ops.NPU == "asked"
     assert builtins.peft_imports == 1 and builtins.transformers_imports == 1
+
+
+def test_liger_marks_its_functions_not_compiled_when_they_are_first_called(stand_ins, monkeypatch):
+    """`torch.compiler.disable` imports dynamo: recorded here, it is not called while liger loads,
+    then once for each marked function at its first call (with the marker's arguments), and it
+    is torch's own again after the load."""
+    marked = []
+
+    def disable(fn=None, recursive=True, **kwargs):
+        marked.append((fn.__name__, recursive))
+        return fn
+
+    monkeypatch.setattr(torch.compiler, "disable", disable)
+    ops = liger.module("liger_kernel.ops")
+    assert marked == [] and torch.compiler.disable is disable
+    assert ops.dispatch(1) == 2 and ops.dispatch(2) == 3 and ops.dispatch_flat(3) == 6
+    assert marked == [("dispatch", True), ("dispatch_flat", False)]
+    assert ops.dispatch.__name__ == "dispatch"
