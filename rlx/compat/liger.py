@@ -30,6 +30,8 @@ from types import ModuleType
 
 import torch
 
+from rlx.compat.megatron_jit import at_first_call
+
 HIDDEN = ("peft", "transformers")
 
 
@@ -56,16 +58,7 @@ def _disable_when_called() -> Iterator[None]:
     def deferred(fn=None, recursive=True, **kwargs):
         if fn is None:  # @torch.compiler.disable(recursive=...)
             return functools.partial(deferred, recursive=recursive, **kwargs)
-        marked = None
-
-        @functools.wraps(fn)
-        def call(*args, **kw):
-            nonlocal marked
-            if marked is None:
-                marked = disable(fn, recursive, **kwargs)
-            return marked(*args, **kw)
-
-        return call
+        return at_first_call(fn, lambda fn: disable(fn, recursive, **kwargs))
 
     torch.compiler.disable = deferred
     try:

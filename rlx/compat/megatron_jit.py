@@ -11,11 +11,12 @@ few seconds each (dynamo retraces rlx's CPU device mode, rlx.compat.megatron_cpu
 So, without CUDA (`_has_gpu`, which leaves CUDA uninitialised), megatron takes its own
 `noop_decorator` (`megatron.core.jit.disable_jit_fuser`) as `megatron.core.jit` loads, before the
 modules that use `jit_fuser` import it; the functions then run eagerly. With a GPU each is
-torch.compile'd as before, but on its first call (`compile_on_first_call`): with rlx's fused
-kernels none of them runs in a dense model's step, and megatron's import then loads no inductor
-(1xH200's host, 2026-11-30: `python -X importtime` put 4.0 s under `fused_bias_geglu`, the first
-helper; `import rlx.trainer.megatron` 7.9 -> 5.1 s). `install()` runs when `rlx` is imported (rlx's modules import megatron only after that);
-in a process that imported megatron before rlx it is too late, and megatron stays as it was.
+torch.compile'd as before, but on its first call (`compile_on_first_call`): with rlx's fused kernels
+none of them runs in a dense model's step, and megatron's import then loads no inductor (1xH200's
+host, 2026-11-30: `python -X importtime` put 4.0 s under `fused_bias_geglu`, the first helper;
+`import rlx.trainer.megatron` 7.9 -> 5.1 s). `install()` runs when `rlx` is imported (rlx's modules
+import megatron only after that); in a process that imported megatron before rlx it is too late, and
+megatron stays as it was.
 
 No torch at import time: `import rlx` stays light.
 """
@@ -64,16 +65,26 @@ def _after_load(jit_module) -> None:
 
 def compile_on_first_call(fn):
     """megatron's `jit_fuser` on a GPU: `torch.compile(fn)`, made when `fn` is first called."""
-    compiled = None
+
+    def compile_(fn):
+        import torch
+
+        return torch.compile(fn)
+
+    return at_first_call(fn, compile_)
+
+
+def at_first_call(fn, decorate):
+    """`fn` as `decorate(fn)`, which is made when `fn` is first called (a decorator whose import
+    or work a process should pay only if it calls `fn`; rlx.compat.liger's too)."""
+    decorated = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        nonlocal compiled
-        if compiled is None:
-            import torch
-
-            compiled = torch.compile(fn)
-        return compiled(*args, **kwargs)
+        nonlocal decorated
+        if decorated is None:
+            decorated = decorate(fn)
+        return decorated(*args, **kwargs)
 
     return call
 
