@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -86,6 +87,10 @@ def main() -> None:
 
     events: list = []
     instrument(events)
+    # the trainer group's own split of its set-up (processes and imports; models and optimizers)
+    group_log = logging.getLogger("rlx.trainer.group")
+    group_log.setLevel(logging.INFO)
+    group_log.addHandler(logging.StreamHandler(sys.stdout))
     if args.shared_ray:
         start = time.perf_counter()
         ray_start.start_local()
