@@ -19,7 +19,11 @@ SHORT = [
     "run.progress=false",
     "run.loggers=[jsonl]",
     "rollout.weight_bucket_mb=1",
-]  # fmt: skip  (1 MiB buckets: the tiny models need several)
+    "algo.entropy_coef=0.01",
+]  # fmt: skip
+# 1 MiB buckets: the tiny models need several. The entropy bonus makes every step's gradient
+# non-zero whatever the rewards: a step whose groups all scored alike (a tiny model's rewards are
+# mostly 0) had no gradient, so its sync sent unchanged weights and the test could not tell.
 
 CASES = {
     "tensor": ["rollout.weight_sync=tensor"],
