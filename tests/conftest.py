@@ -108,7 +108,10 @@ def pytest_collection_modifyitems(config, items):
         seconds = FILE_SECONDS.get(item.path.relative_to(tests).as_posix(), 0)
         if item.get_closest_marker("own_ray") is not None:
             return (1, -seconds)
-        shares_ray = "integration" in item.path.parts
+        # tests/gpu's modules that use the GPU suite's Ray (`gpu_ray`, with its preloaded workers)
+        # share it as the integration tests share theirs: none may come after a last-band module
+        # has stopped it
+        shares_ray = "integration" in item.path.parts or "gpu_ray" in item.fixturenames
         return (0 if shares_ray or seconds >= LONG_S else 2, -seconds)
 
     items.sort(key=rank)  # stable: collection order within a rank
