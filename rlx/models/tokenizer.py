@@ -17,14 +17,12 @@ AutoTokenizer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import json
-import os
 from pathlib import Path
 
-from rlx.cache import cache_dir
+from rlx.cache import cache_dir, write_quietly
 
 DECIDING_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 
@@ -76,11 +74,4 @@ def _remembered(key: str) -> type | None:
 
 
 def _remember(key: str, cls: type) -> None:
-    """Write the record atomically (runs may start together); a cache that cannot be written only
-    means the next load asks AutoTokenizer again."""
-    path = _record(key)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(f"{cls.__module__}:{cls.__qualname__}\n")
-        os.replace(tmp, path)
+    write_quietly(_record(key), f"{cls.__module__}:{cls.__qualname__}\n")
