@@ -15,12 +15,14 @@ Each failure raises CheckpointError naming the file (and tensor) and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from rlx.cache import cache_dir, write_quietly
+from rlx.cache import cache_dir
 from rlx.errors import CheckpointError
 
 INDEX = "model.safetensors.index.json"
@@ -110,7 +112,7 @@ def expected_shapes(family: Any) -> dict[str, tuple[int, ...]]:
         shapes = {name: tuple(shape) for name, shape in json.loads(saved.read_text()).items()}
     except (OSError, ValueError, AttributeError):
         shapes = _model_shapes(family.hf_config())
-        write_quietly(saved, json.dumps(shapes))
+        _write_quietly(saved, json.dumps(shapes))
     if family.cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     return shapes
@@ -123,6 +125,18 @@ def _model_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if k.endswith((".weight", ".bias"))}
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    """`text` into `path` whole (a reader never sees half of it); a cache that cannot be written is skipped."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(text)
+        staging.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            staging.unlink()
 
 
 def check_tensor_shapes(family: Any, hf_dir: Path, found: dict[str, tuple[tuple[int, ...], Path]]) -> None:

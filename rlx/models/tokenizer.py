@@ -17,12 +17,14 @@ AutoTokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
+import os
 from pathlib import Path
 
-from rlx.cache import cache_dir, write_quietly
+from rlx.cache import cache_dir
 
 DECIDING_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 
@@ -74,4 +76,11 @@ def _remembered(key: str) -> type | None:
 
 
 def _remember(key: str, cls: type) -> None:
-    write_quietly(_record(key), f"{cls.__module__}:{cls.__qualname__}\n")
+    """Write the record atomically (runs may start together); a cache that cannot be written only
+    means the next load asks AutoTokenizer again."""
+    path = _record(key)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(f"{cls.__module__}:{cls.__qualname__}\n")
+        os.replace(tmp, path)
