@@ -103,15 +103,17 @@ def expected_shapes(family: Any) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape for `family`'s config, from transformers' model class built on the
     meta device (no memory). Fused parameters that transformers converts on load (names without
     a .weight/.bias suffix, e.g. MoE experts' gate_up_proj) and a tied lm_head are left out.
-    Remembered in rlx's cache by the config's class, kwargs and transformers' version
-    (`hf_config_key`): importing the config and model classes costs the driver seconds of CPU,
-    the shapes are the same every time."""
-    key = family.hf_config_key()
+    Remembered in rlx's cache by config.json's text and transformers' version: importing the
+    model classes costs the driver seconds of CPU, the shapes are the same every time."""
+    import transformers
+
+    hf_config = family.hf_config()
+    key = json.dumps([hf_config.to_json_string(), transformers.__version__])
     saved = cache_dir() / "hf_shapes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         shapes = {name: tuple(shape) for name, shape in json.loads(saved.read_text()).items()}
     except (OSError, ValueError, AttributeError):
-        shapes = _model_shapes(family.hf_config())
+        shapes = _model_shapes(hf_config)
         _write_quietly(saved, json.dumps(shapes))
     if family.cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)

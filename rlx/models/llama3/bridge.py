@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rlx.models.bridge import TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
 from rlx.models.hf_config import HFField, dense_hf_fields, dense_hf_kwargs
@@ -18,15 +16,16 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
     return dense_hf_fields(cfg, head_dim=head_dim, norm_epsilon_default=1e-6)
 
 
-HF_CONFIG = "LlamaConfig"  # the transformers config class of hf_config_kwargs
+def hf_config(cfg: ModelConfig):
+    """`transformers.LlamaConfig` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
+    from transformers import LlamaConfig
 
-
-def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
-    """`transformers.LlamaConfig`'s kwargs for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
-    return dense_hf_kwargs(
-        cfg,
-        attention_bias=False,
-        mlp_bias=False,
+    return LlamaConfig(
+        **dense_hf_kwargs(
+            cfg,
+            attention_bias=False,
+            mlp_bias=False,
+        )
     )
 
 
