@@ -8,6 +8,7 @@ live here. Config files name paths inside it as `${rlx.cache:SUBPATH}` (a resolv
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -30,3 +31,16 @@ def writer_hint(path: Path) -> str:
     except (ValueError, IndexError):
         return ""
     return f"; `{WRITERS[first]}` writes it" if first in WRITERS else ""
+
+
+def write_quietly(path: Path, text: str) -> None:
+    """`text` into `path` whole (a reader never sees half of it; runs may write it together); a
+    cache that cannot be written is skipped: the next reader only computes it again."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(text)
+        staging.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            staging.unlink()

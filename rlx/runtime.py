@@ -32,6 +32,7 @@ from rlx.gc_freeze import freeze_startup_objects
 from rlx.launcher import ray_start
 from rlx.memory import report
 from rlx.models.checkpoint_checks import check_checkpoint
+from rlx.models.tokenizer import load_tokenizer
 from rlx.placement import plan
 from rlx.rollout.buffer import RolloutBuffer
 from rlx.rollout.engines import EarlyEngines
@@ -263,7 +264,7 @@ def _prepare(cfg: DictConfig) -> _Job:
     resume = _find_resume(rc, out)  # before this run's record is written over an `auto` run's
     family = build(rc.model)
     hf_dir = family.checkpoint_dir()
-    tokenizer = _load_tokenizer(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     check_checkpoint(family, hf_dir, tokenizer)
     if errors := checkpoint_errors(rc.rollout, hf_dir):  # what the rollout's engines cannot serve of it
         raise ConfigError("\n".join(errors))
@@ -413,12 +414,6 @@ class _StopOnSignal:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def _load_tokenizer(hf_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(hf_dir))
 
 
 def _quietly(fn) -> None:

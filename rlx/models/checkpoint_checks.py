@@ -15,14 +15,12 @@ Each failure raises CheckpointError naming the file (and tensor) and the fix.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from rlx.cache import cache_dir
+from rlx.cache import cache_dir, write_quietly
 from rlx.errors import CheckpointError
 
 INDEX = "model.safetensors.index.json"
@@ -103,18 +101,16 @@ def expected_shapes(family: Any) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape for `family`'s config, from transformers' model class built on the
     meta device (no memory). Fused parameters that transformers converts on load (names without
     a .weight/.bias suffix, e.g. MoE experts' gate_up_proj) and a tied lm_head are left out.
-    Remembered in rlx's cache by config.json's text and transformers' version: importing the
-    model classes costs the driver seconds of CPU, the shapes are the same every time."""
-    import transformers
-
-    hf_config = family.hf_config()
-    key = json.dumps([hf_config.to_json_string(), transformers.__version__])
+    Remembered in rlx's cache by the config's class, kwargs and transformers' version
+    (`hf_config_key`): importing the config and model classes costs the driver seconds of CPU,
+    the shapes are the same every time."""
+    key = family.hf_config_key()
     saved = cache_dir() / "hf_shapes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         shapes = {name: tuple(shape) for name, shape in json.loads(saved.read_text()).items()}
     except (OSError, ValueError, AttributeError):
-        shapes = _model_shapes(hf_config)
-        _write_quietly(saved, json.dumps(shapes))
+        shapes = _model_shapes(family.hf_config())
+        write_quietly(saved, json.dumps(shapes))
     if family.cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     return shapes
@@ -127,18 +123,6 @@ def _model_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if k.endswith((".weight", ".bias"))}
-
-
-def _write_quietly(path: Path, text: str) -> None:
-    """`text` into `path` whole (a reader never sees half of it); a cache that cannot be written is skipped."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging.write_text(text)
-        staging.replace(path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            staging.unlink()
 
 
 def check_tensor_shapes(family: Any, hf_dir: Path, found: dict[str, tuple[tuple[int, ...], Path]]) -> None:

@@ -13,6 +13,7 @@ combination fails before any process starts). megatron is imported lazily, so HF
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import pkgutil
 import sys
@@ -60,9 +61,25 @@ class ModelFamily:
 
     # ---- family-specific pieces (subclasses override) --------------------------------------
 
+    def hf_config_args(self) -> tuple[str, dict[str, Any]]:
+        """(the transformers config class's name, its kwargs) for this shape: `hf_config` without
+        importing transformers' config class, which loads its auto-model factory (seconds)."""
+        return self.bridge_module.HF_CONFIG, self.bridge_module.hf_config_kwargs(self.cfg)
+
     def hf_config(self):
         """The transformers `PretrainedConfig` for this shape (pad/eos from the tiny vocabulary when tiny)."""
-        return self.bridge_module.hf_config(self.cfg)
+        import transformers
+
+        name, kwargs = self.hf_config_args()
+        return getattr(transformers, name)(**kwargs)
+
+    def hf_config_key(self) -> str:
+        """What `hf_config` is made of, and transformers' version (its defaults): a cache key for
+        what follows from the config alone (the tiny checkpoint's path, the tensor shapes)."""
+        import transformers
+
+        name, kwargs = self.hf_config_args()
+        return json.dumps([name, kwargs, transformers.__version__], sort_keys=True, default=str)
 
     def hf_fields(self) -> dict[str, HFField]:
         """`ModelConfig` key -> its place in config.json, for `check_hf_config`."""
@@ -90,9 +107,10 @@ class ModelFamily:
             return path
         if not self.cfg.tiny:
             raise ConfigError("model.hf_checkpoint is required when model.tiny is false")
-        hf_config = self.hf_config()
-        path = tiny_checkpoint_path(self.cfg.name, hf_config)
-        return write_tiny_checkpoint(hf_config, path, seed=self.cfg.init_seed, **write_args)
+        path = tiny_checkpoint_path(self.cfg.name, self.hf_config_key())
+        if (path / "config.json").is_file():
+            return path
+        return write_tiny_checkpoint(self.hf_config(), path, seed=self.cfg.init_seed, **write_args)
 
     def check_hf_config(self, hf_dir: str | Path) -> None:
         """Raise ConfigError listing every key where config.json disagrees with `model.*`: the

@@ -89,8 +89,9 @@ def _fill_zero_embedding_rows(model, std: float) -> None:
 _TINY_FORMAT = 2
 
 
-def tiny_checkpoint_path(name: str, hf_config) -> Path:
-    """Cache path of a tiny model, keyed by its architecture so a reshape gets a new directory."""
-    keyed = {"rlx_tiny_format": _TINY_FORMAT, **hf_config.to_dict()}
-    digest = hashlib.sha1(json.dumps(keyed, sort_keys=True, default=str).encode())
+def tiny_checkpoint_path(name: str, config_key: str) -> Path:
+    """Cache path of a tiny model, keyed by its architecture (`ModelFamily.hf_config_key`: the
+    config's class, kwargs and transformers' version) so a reshape gets a new directory."""
+    keyed = {"rlx_tiny_format": _TINY_FORMAT, "config": config_key}
+    digest = hashlib.sha1(json.dumps(keyed, sort_keys=True).encode())
     return cache_dir() / "models" / f"{name}-{digest.hexdigest()[:10]}"

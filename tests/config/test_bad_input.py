@@ -252,7 +252,7 @@ def test_checkpoint_errors_are_user_errors():
     assert issubclass(CheckpointError, UserError)  # launch.py prints them without a traceback
 
 
-def test_expected_shapes_are_remembered_by_config_json_and_a_tied_head_is_still_left_out(
+def test_expected_shapes_are_remembered_by_the_config_and_a_tied_head_is_still_left_out(
     tmp_path, monkeypatch
 ):
     from rlx.models import checkpoint_checks
@@ -266,5 +266,5 @@ def test_expected_shapes_are_remembered_by_config_json_and_a_tied_head_is_still_
     monkeypatch.setattr(checkpoint_checks, "_model_shapes", lambda hf_config: pytest.fail("built again"))
     assert checkpoint_checks.expected_shapes(tied) == shapes
     untied = build(to_object(compose(["model=tiny_qwen3", "model.tie_word_embeddings=false"])).model)
-    with pytest.raises(pytest.fail.Exception, match="built again"):  # another config.json
+    with pytest.raises(pytest.fail.Exception, match="built again"):  # another config
         checkpoint_checks.expected_shapes(untied)

@@ -54,9 +54,9 @@ class DeepseekV3(MoEFamily):
 
     bridge_module = bridge
 
-    def hf_config(self):
+    def hf_config_args(self) -> tuple[str, dict[str, Any]]:
         self.check_routing()
-        return super().hf_config()
+        return super().hf_config_args()
 
     def transformer_kwargs(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -84,17 +84,18 @@ def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def hf_config(cfg: ModelConfig):
-    """`transformers.DeepseekV3Config` for `cfg`'s shape (no multi-token-prediction layers)."""
-    from transformers import DeepseekV3Config
+HF_CONFIG = "DeepseekV3Config"  # the transformers config class of hf_config_kwargs
 
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """`transformers.DeepseekV3Config`'s kwargs for `cfg`'s shape (no multi-token-prediction layers)."""
     num_shared, rest = divmod(cfg.moe_shared_expert_intermediate_size or 0, cfg.moe_ffn_hidden_size)
     if rest:
         raise ConfigError(
             f"model.moe_shared_expert_intermediate_size={cfg.moe_shared_expert_intermediate_size} must be "
             f"a multiple of model.moe_ffn_hidden_size={cfg.moe_ffn_hidden_size} (HF counts shared experts)"
         )
-    return DeepseekV3Config(
+    return dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.ffn_hidden_size,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlx.models.bridge import FusedGatedMLP, FusedQKV, Replicated, TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
 from rlx.models.hf_config import HFField, dense_hf_fields, dense_hf_kwargs, rope_parameters
@@ -20,17 +22,16 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
     return fields
 
 
-def hf_config(cfg: ModelConfig):
-    """`transformers.Glm4Config` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
-    from transformers import Glm4Config
+HF_CONFIG = "Glm4Config"  # the transformers config class of hf_config_kwargs
 
-    return Glm4Config(
-        **dense_hf_kwargs(
-            cfg,
-            # Always written: Glm4Config assumes 0.5 when partial_rotary_factor is absent.
-            rope_parameters=rope_parameters(cfg) | {"partial_rotary_factor": cfg.rotary_percent},
-            attention_bias=cfg.add_qkv_bias,
-        )
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """`transformers.Glm4Config`'s kwargs for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
+    return dense_hf_kwargs(
+        cfg,
+        # Always written: Glm4Config assumes 0.5 when partial_rotary_factor is absent.
+        rope_parameters=rope_parameters(cfg) | {"partial_rotary_factor": cfg.rotary_percent},
+        attention_bias=cfg.add_qkv_bias,
     )
 
 

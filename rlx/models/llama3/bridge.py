@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlx.models.bridge import TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
 from rlx.models.hf_config import HFField, dense_hf_fields, dense_hf_kwargs
@@ -16,16 +18,15 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
     return dense_hf_fields(cfg, head_dim=head_dim, norm_epsilon_default=1e-6)
 
 
-def hf_config(cfg: ModelConfig):
-    """`transformers.LlamaConfig` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
-    from transformers import LlamaConfig
+HF_CONFIG = "LlamaConfig"  # the transformers config class of hf_config_kwargs
 
-    return LlamaConfig(
-        **dense_hf_kwargs(
-            cfg,
-            attention_bias=False,
-            mlp_bias=False,
-        )
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """`transformers.LlamaConfig`'s kwargs for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
+    return dense_hf_kwargs(
+        cfg,
+        attention_bias=False,
+        mlp_bias=False,
     )
 
 

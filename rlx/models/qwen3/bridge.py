@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlx.models.bridge import Replicated, TensorMapping, llama_style_mappings
 from rlx.models.config import ModelConfig
 from rlx.models.hf_config import HFField, dense_hf_fields, dense_hf_kwargs
@@ -12,15 +14,14 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
     return dense_hf_fields(cfg, head_dim=HFField(("head_dim",), default=128), norm_epsilon_default=1e-6)
 
 
-def hf_config(cfg: ModelConfig):
-    """`transformers.Qwen3Config` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
-    from transformers import Qwen3Config
+HF_CONFIG = "Qwen3Config"  # the transformers config class of hf_config_kwargs
 
-    return Qwen3Config(
-        **dense_hf_kwargs(
-            cfg,
-            attention_bias=False,
-        )
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """`transformers.Qwen3Config`'s kwargs for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
+    return dense_hf_kwargs(
+        cfg,
+        attention_bias=False,
     )
 
 

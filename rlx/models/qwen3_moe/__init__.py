@@ -32,9 +32,9 @@ class Qwen3Moe(MoEFamily):
 
     bridge_module = bridge
 
-    def hf_config(self):
+    def hf_config_args(self) -> tuple[str, dict[str, Any]]:
         self.check_routing()
-        return super().hf_config()
+        return super().hf_config_args()
 
     def transformer_kwargs(self) -> dict[str, Any]:
         return qwen3_spec.transformer_kwargs(self.cfg) | self.moe_kwargs()

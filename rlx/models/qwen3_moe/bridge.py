@@ -6,6 +6,8 @@ expert), so the dense pieces come from `rlx.models.qwen3.bridge`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlx.models.bridge import TensorMapping
 from rlx.models.config import ModelConfig
 from rlx.models.hf_config import HFField, dense_hf_kwargs
@@ -28,21 +30,20 @@ def hf_fields(cfg: ModelConfig) -> dict[str, HFField]:
     }
 
 
-def hf_config(cfg: ModelConfig):
-    """`transformers.Qwen3MoeConfig` for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
-    from transformers import Qwen3MoeConfig
+HF_CONFIG = "Qwen3MoeConfig"  # the transformers config class of hf_config_kwargs
 
-    return Qwen3MoeConfig(
-        **dense_hf_kwargs(
-            cfg,
-            attention_bias=False,
-            num_experts=cfg.num_moe_experts,
-            num_experts_per_tok=cfg.moe_router_topk,
-            moe_intermediate_size=cfg.moe_ffn_hidden_size,
-            norm_topk_prob=cfg.moe_router_norm_topk_prob,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-        )
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """`transformers.Qwen3MoeConfig`'s kwargs for `cfg`'s shape; tiny models get the tiny vocabulary's pad/eos ids."""
+    return dense_hf_kwargs(
+        cfg,
+        attention_bias=False,
+        num_experts=cfg.num_moe_experts,
+        num_experts_per_tok=cfg.moe_router_topk,
+        moe_intermediate_size=cfg.moe_ffn_hidden_size,
+        norm_topk_prob=cfg.moe_router_norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
     )
 
 
