@@ -5,28 +5,29 @@ With CUDA graphs and the overlap schedule (rlx/engine/engine.py) the host prepar
 the GPU runs step k, so the host's work is free while it is shorter than the GPU's step: 2.4-4.6 ms
 for Qwen3-0.6B / 1.7B at 64-256 rows on an H200, but well under a millisecond for a model of a
 few hundred million parameters, where the host sets the pace. Timed here: the scheduler's
-`continue_decode`, the pending-token bookkeeping of `Engine._launch` (`_advance`), `DecodeGraphs._fill_host`
-(the pinned input buffers), the truncation check of `ModelRunner.launch`, and the per-row part of
-`Engine._resolve` (the tokens read back). Not timed: the copies, the replay, the read-back wait.
+`continue_decode`, the pending-token bookkeeping of `Engine._launch` (`_advance`), `HostRows.fill`
+(the pinned input buffers), the truncation check of `ModelRunner.launch`, and the per-row part
+of `Engine._resolve` (the tokens read back); `--finish`: with that many sequences ending before
+each step, as an RL rollout's answers end on EOS. Not timed: the copies, the replay, the read-back wait.
 Then a whole rollout's KV-block traffic (`block_churn_ms`): admission, growth, release; and a
 prefill chunk's step inputs (`prefill_inputs_ms`), which the host builds while the chunk before
 runs on the GPU.
 
-    python bench/decode_host.py [--rows 64,256] [--steps 200] [--churn-rows 256,1024] [--prefill 32x256,8x1024]
+    python bench/decode_host.py [--rows 64,256] [--steps 200] [--finish 0,1,4] [--churn-rows 256,1024] [--prefill 32x256,8x1024]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 
-import numpy as np
 import torch
 
 from rlx.engine.block_manager import BlockManager
-from rlx.engine.cuda_graph import DecodeGraphs
 from rlx.engine.engine import Engine
+from rlx.engine.host_rows import HostRows
 from rlx.engine.scheduler import ScheduledBatch, Scheduler
 from rlx.engine.sequence import GenerateRequest, SamplingParams, Sequence, SequenceStatus
 from rlx.engine.step_inputs import build_step_inputs
@@ -63,37 +64,47 @@ def running(rows: int) -> tuple[Engine, list[Sequence]]:
     return engine, seqs
 
 
-def host_step_us(rows: int, steps: int) -> dict:
-    engine, seqs = running(rows)
-    sets = [  # two sets of host buffers, taken in turn, as DecodeGraphs does
-        (
-            np.zeros((6, rows), np.int64),
-            np.ones(rows, np.float32),
-            np.zeros((rows, 256), np.int32),
-            [(None, None, 0)] * rows,
-        )
-        for _ in range(2)
-    ]
+def host_step_us(rows: int, steps: int, finish: int = 0) -> dict:
+    """`rows` decoding; with `finish`, that many sequences end before each step at random rows
+    of the first half (an RL rollout's answers ending on EOS), shifting the rows after them, and
+    as many join at the end (admitted in their place), so that every step has `rows` rows."""
+    rng = random.Random(0)
+    engine, seqs = running(rows + finish * steps)
+    seqs, joining = seqs[:rows], seqs[rows:]
+    engine.scheduler.running = list(seqs)
+    sets = [HostRows(len(seqs), 256, pin=False) for _ in range(2)]  # taken in turn, as DecodeGraphs does
     parts = dict.fromkeys(("continue_decode", "launch", "fill_host", "truncation_check", "resolve"), 0.0)
     behind = None
     for step in range(steps):
+        for _ in range(finish):
+            seq = seqs.pop(rng.randrange(len(seqs) // 2))
+            engine.scheduler.running.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            seqs.append(joining.pop())
+            engine.scheduler.running.append(seqs[-1])
         marks = [time.perf_counter()]
         batch = engine.scheduler.continue_decode(seqs)
         marks.append(time.perf_counter())
         Engine._advance(batch)  # Engine._launch's bookkeeping: a PENDING token a row
         marks.append(time.perf_counter())
-        DecodeGraphs._fill_host(batch.seqs, list(range(rows)), rows, *sets[step % 2])
+        sets[step % 2].fill(batch.seqs, list(range(len(batch.seqs))), len(batch.seqs))
         marks.append(time.perf_counter())
         any(seq.truncates for seq in batch.seqs)
         marks.append(time.perf_counter())
         if behind is not None:
+            engine.runner.rows = len(behind.seqs)
             engine._resolve(behind, None)
         marks.append(time.perf_counter())
         behind = batch
         for name, start, end in zip(parts, marks[:-1], marks[1:], strict=True):
             parts[name] += end - start
     per_step = {name: round(seconds / steps * 1e6, 1) for name, seconds in parts.items()}
-    return {"rows": rows, "us_per_step": per_step, "total_us": round(sum(per_step.values()), 1)}
+    return {
+        "rows": rows,
+        "finish": finish,
+        "us_per_step": per_step,
+        "total_us": round(sum(per_step.values()), 1),
+    }
 
 
 def block_churn_ms(rows: int, new: int = 512, num_blocks: int = 60_000) -> dict:
@@ -151,12 +162,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,256")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--finish", default="0,1,4", help="sequences ending before each step")
     parser.add_argument("--churn-rows", default="256,1024", help="block_churn_ms's prompts")
     parser.add_argument("--prefill", default="32x256,256x32,8x1024", help="prefill chunks: rows x tokens")
     args = parser.parse_args()
     for rows in (int(r) for r in args.rows.split(",")):
-        host_step_us(rows, 10)  # warm
-        print(json.dumps({"bench": "decode_host", **host_step_us(rows, args.steps)}), flush=True)
+        for finish in (int(f) for f in args.finish.split(",")):
+            host_step_us(rows, 10, finish)  # warm
+            print(json.dumps({"bench": "decode_host", **host_step_us(rows, args.steps, finish)}), flush=True)
     for rows in (int(r) for r in args.churn_rows.split(",")):
         print(json.dumps({"bench": "decode_host", "blocks": block_churn_ms(rows)}), flush=True)
     for shape in args.prefill.split(","):

@@ -4,7 +4,7 @@ An eager decode step of a 28-layer model launches hundreds of small kernels and 
 launch latency (about 15 us each on the H200); a graph replays them in one launch. Each graph
 runs the forward, the LM head and the fused sampler (`triton_sample`), so a step costs the
 host three copies in (ids/positions/sampling keys, 1/T, block tables, from pinned buffers
-filled in one pass over the rows), one replay, and one copy out (tokens and logprobs). The
+that `host_rows.HostRows` fills), one replay, and one copy out (tokens and logprobs). The
 KV slots and context lengths are derived from positions and block tables inside the graph.
 
 The graphs bake in the addresses of the weights and the KV cache: weights are loaded in
@@ -26,16 +26,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from rlx.engine.attention import AttentionMetadata
-from rlx.engine.sampler import inverse_temperature, row_seed
-from rlx.engine.sequence import PENDING, Sequence
-
-# rows of the packed int64 inputs; SOURCES: the row of the previous step whose sampled token
-# (still on the device, in `out`) is this row's input, or -1 when the host gives the id
-IDS, POSITIONS, SEEDS, STEPS, GREEDY, SOURCES = range(6)
+from rlx.engine.host_rows import GREEDY, IDS, POSITIONS, SEEDS, SOURCES, STEPS, HostRows
+from rlx.engine.sequence import Sequence
 
 
 def batch_size_ladder(max_bs: int) -> list[int]:
@@ -58,20 +53,15 @@ class DecodeGraphs:
         self.model, self.kv_cache, self.block_size = model, kv_cache, kv_cache.block_size
         self.sizes = batch_size_ladder(max_bs)
         self.max_bs = self.sizes[-1]
-        pinned = dict(pin_memory=True)
-        # host side, two of each: with overlap, step k+1 is filled while step k's copies may
-        # still be queued; step k-1's, which used the other set, have completed (read back)
-        self.host_ints = torch.zeros(2, 6, self.max_bs, dtype=torch.int64, **pinned)
-        self.host_inv_t = torch.ones(2, self.max_bs, dtype=torch.float32, **pinned)
-        self.host_tables = torch.zeros(2, self.max_bs, max_blocks, dtype=torch.int32, **pinned)
-        self.host_out = torch.zeros(2, 2, self.max_bs, dtype=torch.float32, **pinned)
-        # per set and row: the sequence, block table and table length written there (`_fill_host`)
-        self.written = [[(None, None, 0)] * self.max_bs for _ in range(2)]
+        # host side, two sets: with overlap, step k+1 is filled while step k's copies may still
+        # be queued; step k-1's, which used the other set, have completed (read back)
+        self.host = [HostRows(self.max_bs, max_blocks), HostRows(self.max_bs, max_blocks)]
+        self.host_out = torch.zeros(2, 2, self.max_bs, dtype=torch.float32, pin_memory=True)
         self.ready = [torch.cuda.Event(), torch.cuda.Event()]
         self.turn = 0
-        self.ints = torch.zeros_like(self.host_ints[0], device=device)
-        self.inv_t = torch.ones_like(self.host_inv_t[0], device=device)
-        self.tables = torch.zeros_like(self.host_tables[0], device=device)
+        self.ints = torch.zeros_like(self.host[0].ints, device=device)
+        self.inv_t = torch.ones_like(self.host[0].inv_t, device=device)
+        self.tables = torch.zeros_like(self.host[0].tables, device=device)
         self.out = torch.zeros_like(self.host_out[0], device=device)  # [token, logprob] per row
         # every graph's logits, in one buffer (a graph's own output would outlive its capture, and
         # the ladder's add up: 10.1 GB to 1,024 rows at Qwen3's vocabulary, against 0.31 here)
@@ -164,61 +154,14 @@ class DecodeGraphs:
         if size not in self.graphs:
             self.capture([size])
         self.turn ^= 1
-        ints, inv_t, tables = (
-            self.host_ints[self.turn],
-            self.host_inv_t[self.turn],
-            self.host_tables[self.turn],
-        )
-        self._fill_host(
-            seqs, sources, size, ints.numpy(), inv_t.numpy(), tables.numpy(), self.written[self.turn]
-        )
-        self.ints[:, :size].copy_(ints[:, :size], non_blocking=True)
-        self.inv_t[:size].copy_(inv_t[:size], non_blocking=True)
-        self.tables[:size].copy_(tables[:size], non_blocking=True)
+        host = self.host[self.turn]
+        host.fill(seqs, sources, size)
+        self.ints[:, :size].copy_(host.ints[:, :size], non_blocking=True)
+        self.inv_t[:size].copy_(host.inv_t[:size], non_blocking=True)
+        self.tables[:size].copy_(host.tables[:size], non_blocking=True)
         graph, logits = self.graphs[size]
         graph.replay()
         return logits
-
-    @staticmethod
-    def _fill_host(seqs: list[Sequence], sources: list[int], size: int, ints, inv_t, tables, written) -> None:
-        """The rows' inputs into one set of pinned buffers, a column of Python ints at a time;
-        padded rows: token 0 at position 0 of block 0, greedy. What a row held when this set was
-        last filled (`written[row]`: the sequence, its block table and the table's length) is
-        not written again: a sequence's seed and sampling never change and its table only grows
-        (a preempted sequence readmitted brings a new list), so a decode step writes the new
-        blocks, and the rows from the first that changed sequence (a finished one shifts the rows
-        after it) whole. At 256 rows `bench/decode_host.py`'s fill took 345 µs writing all."""
-        rows = len(seqs)
-        last = [seq.token_ids[-1] for seq in seqs]
-        ints[IDS, :rows] = last
-        np.maximum(ints[IDS, :rows], 0, out=ints[IDS, :rows])  # a PENDING id is read on the device
-        ints[POSITIONS, :rows] = [seq.num_tokens - 1 for seq in seqs]
-        ints[STEPS, :rows] = [seq.num_output for seq in seqs]
-        ints[SOURCES, :rows] = [
-            source if token == PENDING else -1 for source, token in zip(sources, last, strict=True)
-        ]
-        first = rows  # the first row whose sequence changed
-        for row, seq in enumerate(seqs):
-            before, table_before, num = written[row]
-            table = seq.block_table
-            if seq is not before:
-                first = min(first, row)
-            if seq is not before or table is not table_before:
-                num = 0  # another sequence, or a new table: the whole of it
-            if num < len(table):
-                tables[row, num : len(table)] = table[num:]
-                written[row] = (seq, table, len(table))
-        changed = seqs[first:]
-        ints[SEEDS, first:rows] = [row_seed(seq) for seq in changed]
-        ints[GREEDY, first:rows] = [seq.sampling.greedy for seq in changed]
-        inv_t[first:rows] = [inverse_temperature(seq.sampling) for seq in changed]
-        if size > rows:
-            ints[:, rows:size] = 0
-            ints[GREEDY, rows:size] = 1
-            ints[SOURCES, rows:size] = -1
-            inv_t[rows:size] = 1.0
-            tables[rows:size, 0] = 0
-            written[rows:size] = [(None, None, 0)] * (size - rows)
 
     def read_async(self, rows: int) -> tuple[int, int]:
         """Queue the copy of the last step's [tokens, logprobs] to the host; `collect` waits."""

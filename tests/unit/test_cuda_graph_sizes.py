@@ -43,13 +43,10 @@ def test_the_smallest_graph_that_holds_the_rows():
 
 
 def test_a_steps_inputs_land_in_the_pinned_buffers_by_row():
-    """`DecodeGraphs._fill_host` by hand: a sampled row whose last token is still on the device
-    (PENDING: its input comes from row 2 of the step before), a greedy row with its own seed, and
-    two padded rows (token 0 at position 0 of block 0, greedy, no source), over buffers full of
-    stale values."""
-    import numpy as np
-
-    from rlx.engine.cuda_graph import GREEDY, IDS, POSITIONS, SEEDS, SOURCES, STEPS, DecodeGraphs
+    """`HostRows.fill` by hand: a sampled row whose last token is still on the device (PENDING: its
+    input comes from row 2 of the step before), a greedy row with its own seed, and two padded
+    rows (token 0 at position 0 of block 0, greedy, no source), over buffers full of stale values."""
+    from rlx.engine.host_rows import GREEDY, IDS, POSITIONS, SEEDS, SOURCES, STEPS, HostRows
     from rlx.engine.sequence import PENDING, GenerateRequest, SamplingParams, Sequence
 
     sampled = Sequence(0, GenerateRequest([5, 6, 7], SamplingParams(temperature=0.5)), 16, seed=11)
@@ -60,11 +57,10 @@ def test_a_steps_inputs_land_in_the_pinned_buffers_by_row():
     )
     greedy.token_ids += [8]
     greedy.block_table = [7]
-    ints = np.full((6, 4), 77, np.int64)
-    inv_t = np.full(4, 77.0, np.float32)
-    tables = np.full((4, 3), 77, np.int32)
-    written = [(None, None, 0)] * 4
-    DecodeGraphs._fill_host([sampled, greedy], [2, 0], 4, ints, inv_t, tables, written)
+    host = HostRows(4, 3, pin=False)
+    host.ints.fill_(77), host.inv_t.fill_(77.0), host.tables.fill_(77)
+    host.fill([sampled, greedy], [2, 0], 4)
+    ints, inv_t, tables = host.ints, host.inv_t, host.tables
     assert ints[IDS].tolist() == [0, 8, 0, 0]  # a pending id is read on the device (SOURCES)
     assert ints[POSITIONS].tolist() == [4, 2, 0, 0]
     assert ints[SEEDS].tolist() == [11, 99, 0, 0]
@@ -77,16 +73,15 @@ def test_a_steps_inputs_land_in_the_pinned_buffers_by_row():
 
 def test_block_tables_written_where_they_changed_equal_tables_written_whole():
     """A rollout's rows as the engine fills them, two buffer sets taken in turn: tables grow,
-    sequences finish (the rows after them shift up), one is preempted and readmitted (a new
-    table of the same length), new ones arrive, the graph size pads. Every step, each row of the
-    set just filled holds what a fill from scratch writes: each row's whole table, its seed,
-    sampling and position."""
+    sequences finish (the rows after them shift up, up to two a step), one is preempted and
+    readmitted (a new table of the same length), new ones arrive between others, one sits a step
+    out and comes back at another row, the graph size pads. Every step, each row of the set just
+    filled holds what a fill from scratch writes: each row's whole table, its seed, sampling and
+    position."""
     import random
 
-    import numpy as np
-
     from rlx.engine.block_manager import BlockManager
-    from rlx.engine.cuda_graph import DecodeGraphs
+    from rlx.engine.host_rows import HostRows
     from rlx.engine.sequence import GenerateRequest, SamplingParams, Sequence
 
     rng = random.Random(0)
@@ -101,26 +96,26 @@ def test_block_tables_written_where_they_changed_equal_tables_written_whole():
         return seq
 
     seqs = [arrive() for _ in range(6)]
-    sets = [
-        (
-            np.zeros((6, 16), np.int64),
-            np.ones(16, np.float32),
-            np.zeros((16, 32), np.int32),
-            [(None, None, 0)] * 16,
-        )
-        for _ in range(2)
-    ]
-    grew = readmitted = 0
-    for step in range(60):
+    sets = [HostRows(16, 32, pin=False), HostRows(16, 32, pin=False)]
+    grew = readmitted = moved = 0
+    out = None  # a sequence sitting out a step (overlap: its token still being sampled)
+    for step in range(90):
         for seq in seqs:
             seq.token_ids.append(rng.randrange(2, 50))
             before = len(seq.block_table)
             blocks.grow_to(seq, seq.num_tokens)
             grew += len(seq.block_table) > before
-        if step % 7 == 3:
-            blocks.release(seqs.pop(rng.randrange(len(seqs))))
-        if step % 11 == 5:
-            seqs.append(arrive())
+        if out is not None:  # back, at another row
+            seqs.insert(rng.randrange(len(seqs) + 1), out)
+            out = None
+        for _ in range(rng.choice([0, 0, 1, 2])):  # finished: the rows after them shift up
+            if len(seqs) > 2:
+                moved += 1
+                blocks.release(seqs.pop(rng.randrange(len(seqs) - 1)))
+        if step % 5 == 4 and len(seqs) < 12:
+            seqs.insert(rng.randrange(len(seqs) + 1), arrive())
+        if step % 9 == 2 and len(seqs) > 2:
+            out = seqs.pop(rng.randrange(len(seqs)))
         if step == 20:  # preempted, then readmitted: a new list of the same length
             victim = seqs[1]
             table = victim.block_table
@@ -128,13 +123,18 @@ def test_block_tables_written_where_they_changed_equal_tables_written_whole():
             blocks.allocate(victim)
             readmitted = victim.block_table is not table and len(victim.block_table) == len(table)
         size = 1 << (len(seqs) - 1).bit_length()
-        ints, inv_t, tables, written = sets[step % 2]
-        DecodeGraphs._fill_host(seqs, [-1] * len(seqs), size, ints, inv_t, tables, written)
-        fresh = np.full((6, 16), -7, np.int64), np.full(16, -7.0, np.float32), np.full((16, 32), -7, np.int32)
-        DecodeGraphs._fill_host(seqs, [-1] * len(seqs), size, *fresh, [(None, None, 0)] * 16)
-        assert (ints[:, :size] == fresh[0][:, :size]).all() and (inv_t[:size] == fresh[1][:size]).all()
+        host = sets[step % 2]
+        host.fill(seqs, [-1] * len(seqs), size)
+        fresh = HostRows(16, 32, pin=False)
+        fresh.ints.fill_(-7), fresh.inv_t.fill_(-7.0), fresh.tables.fill_(-7)
+        fresh.fill(seqs, [-1] * len(seqs), size)
+        assert host.ints[:, :size].equal(fresh.ints[:, :size]), step
+        assert host.inv_t[:size].equal(fresh.inv_t[:size]), step
         for row, seq in enumerate(seqs):
             n = len(seq.block_table)
-            assert tables[row, :n].tolist() == seq.block_table == fresh[2][row, :n].tolist(), (step, row)
-        assert (tables[len(seqs) : size, 0] == 0).all()
-    assert grew > 20 and readmitted
+            assert host.tables[row, :n].tolist() == seq.block_table == fresh.tables[row, :n].tolist(), (
+                step,
+                row,
+            )
+        assert (host.tables[len(seqs) : size, 0] == 0).all()
+    assert grew > 20 and readmitted and moved > 20

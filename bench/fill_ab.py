@@ -1,0 +1,97 @@
+"""The decode graph's input fill, `HostRows` against the rule before it, in one engine process:
+rounds of one rollout batch alternate between the two, so that what varies between processes
+(on the H200's host, ±50% for the same work) does not decide. Prints one JSON line.
+
+The rule before (`Rewrite`): every row whose sequence moved since the buffer set last held it was
+written again from its Sequence (seed, sampling, the whole block table), as
+`DecodeGraphs._fill_host` did until `rlx/engine/host_rows.py`. Needs a GPU (decode graphs).
+
+    python3 bench/fill_ab.py --rounds 8 +experiment=smollm2_arithmetic
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from short_rollout import StepTimer, _engine_round, _requests  # noqa: E402
+
+from rlx.config import build  # noqa: E402
+from rlx.config.compose import compose, to_object  # noqa: E402
+from rlx.config.validate import run_max_prompt_len  # noqa: E402
+from rlx.engine.host_rows import GREEDY, SEEDS, HostRows  # noqa: E402
+from rlx.engine.sampler import inverse_temperature, row_seed  # noqa: E402
+
+
+class Rewrite(HostRows):
+    """Rows `first`.. written again from their Sequences, whole tables included."""
+
+    def _place(self, seqs, first: int) -> None:
+        for row in range(first, len(seqs)):
+            seq = seqs[row]
+            self._ints[SEEDS, row] = row_seed(seq)
+            self._ints[GREEDY, row] = seq.sampling.greedy
+            self._inv_t[row] = inverse_temperature(seq.sampling)
+            self.lists[row], self.lens[row] = None, 0  # `_grow_tables` writes the whole table
+        self.seqs[first : len(seqs)] = seqs[first:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="timed rounds of each fill")
+    parser.add_argument("overrides", nargs="*", default=["+experiment=smollm2_arithmetic"])
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from rlx.rollout.launchers import LocalLauncher
+    from rlx.trainer.config import PRECISION_DTYPES
+
+    rc = to_object(compose(["run.output_dir=/tmp/rlx_fill_ab", *args.overrides]))
+    hf_dir = build(rc.model).checkpoint_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=run_max_prompt_len(rc))
+    prompts, n = data.take(rc.rollout.batch_size), rc.rollout.n_samples_per_prompt
+    params = rc.rollout.sampling_params()
+    rollout = LocalLauncher.for_run(
+        rc.rollout,
+        colocated=False,
+        precision_dtype=PRECISION_DTYPES[rc.train.precision],
+        hf_dir=hf_dir,
+        gpus=True,
+    )
+    launcher = LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
+    engine = launcher.server.engine
+    launcher.shutdown()  # its scheduler thread ends: the engine is this thread's (`_engine_round`)
+    graphs = engine.runner.graphs
+    shape = graphs.host[0].tables.shape
+    timer = StepTimer(engine)
+    walls: dict[str, list[float]] = {"host_rows": [], "rewrite": []}
+    for r in range(2 * args.rounds + 2):  # the first two warm up
+        name, cls = ("host_rows", HostRows) if r % 2 else ("rewrite", Rewrite)
+        graphs.host = [cls(*shape), cls(*shape)]
+        timer.take()
+        start = time.perf_counter()
+        _engine_round(engine, _requests(prompts, n, params, r))
+        if r >= 2:
+            walls[name].append(time.perf_counter() - start)
+    result = {"overrides": args.overrides, "steps_a_round": timer.take()[0]}
+    for name, values in walls.items():
+        result[name] = {
+            "median_s": statistics.median(values),
+            "min_s": min(values),
+            "rounds_s": [round(v, 4) for v in values],
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
