@@ -20,11 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from short_rollout import StepTimer, _engine_round, _requests  # noqa: E402
+from short_rollout import StepTimer, _engine_round, _requests, local_engine  # noqa: E402
 
-from rlx.config import build  # noqa: E402
-from rlx.config.compose import compose, to_object  # noqa: E402
-from rlx.config.validate import run_max_prompt_len  # noqa: E402
 from rlx.engine.host_rows import GREEDY, SEEDS, HostRows  # noqa: E402
 from rlx.engine.sampler import inverse_temperature, row_seed  # noqa: E402
 
@@ -50,25 +47,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", default=["+experiment=smollm2_arithmetic"])
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
-
-    from rlx.rollout.launchers import LocalLauncher
-    from rlx.trainer.config import PRECISION_DTYPES
-
-    rc = to_object(compose(["run.output_dir=/tmp/rlx_fill_ab", *args.overrides]))
-    hf_dir = build(rc.model).checkpoint_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=run_max_prompt_len(rc))
-    prompts, n = data.take(rc.rollout.batch_size), rc.rollout.n_samples_per_prompt
-    params = rc.rollout.sampling_params()
-    rollout = LocalLauncher.for_run(
-        rc.rollout,
-        colocated=False,
-        precision_dtype=PRECISION_DTYPES[rc.train.precision],
-        hf_dir=hf_dir,
-        gpus=True,
-    )
-    launcher = LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
+    rc, prompts, launcher = local_engine(args.overrides, "/tmp/rlx_fill_ab")
+    n, params = rc.rollout.n_samples_per_prompt, rc.rollout.sampling_params()
     engine = launcher.server.engine
     launcher.shutdown()  # its scheduler thread ends: the engine is this thread's (`_engine_round`)
     graphs = engine.runner.graphs

@@ -209,6 +209,28 @@ def _cprofile(path: str, one_round) -> None:
     Path(path).write_text(out.getvalue())
 
 
+def local_engine(overrides: list[str], output_dir: str):
+    """The run's config, its first rollout batch's prompts, and a LocalLauncher serving its
+    checkpoint as the loop's engine would (its dtype as the loop picks it)."""
+    from transformers import AutoTokenizer
+
+    from rlx.rollout.launchers import LocalLauncher
+    from rlx.trainer.config import PRECISION_DTYPES
+
+    rc = to_object(compose([f"run.output_dir={output_dir}", *overrides]))
+    hf_dir = build(rc.model).checkpoint_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=run_max_prompt_len(rc))
+    rollout = LocalLauncher.for_run(
+        rc.rollout,
+        colocated=False,
+        precision_dtype=PRECISION_DTYPES[rc.train.precision],
+        hf_dir=hf_dir,
+        gpus=rc.cluster.gpus_per_node > 0,
+    )
+    return rc, data.take(rc.rollout.batch_size), LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -224,31 +246,14 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", default=["+experiment=reverse8_1gpu"])
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
-
     from rlx.gc_freeze import freeze_startup_objects
-    from rlx.rollout.launchers import LocalLauncher
-    from rlx.trainer.config import PRECISION_DTYPES
 
-    rc = to_object(compose(["run.output_dir=/tmp/rlx_short_rollout", *args.overrides]))
-    hf_dir = build(rc.model).checkpoint_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    data = build(rc.data, tokenizer, seed=rc.run.seed, max_prompt_len=run_max_prompt_len(rc))
-    prompts = data.take(rc.rollout.batch_size)
+    rc, prompts, launcher = local_engine(args.overrides, "/tmp/rlx_short_rollout")
     n = rc.rollout.n_samples_per_prompt
     params = rc.rollout.sampling_params()  # as RolloutPool sends them
     turns = tuple(int(t) for t in args.turns.split(",")) if args.turns else None
     if turns:  # fixed lengths, so that both paths generate the same tokens
         params |= {"max_new_tokens": turns[0] + turns[2], "ignore_eos": True}
-    gpus = rc.cluster.gpus_per_node > 0  # the engine's dtype as the loop picks it
-    rollout = LocalLauncher.for_run(
-        rc.rollout,
-        colocated=False,
-        precision_dtype=PRECISION_DTYPES[rc.train.precision],
-        hf_dir=hf_dir,
-        gpus=gpus,
-    )
-    launcher = LocalLauncher(rollout, str(hf_dir), seed=rc.run.seed)
     freeze_startup_objects()  # as the engine's actor process does (rlx.gc_freeze)
     server = launcher.server
     engine = server.engine
