@@ -35,6 +35,7 @@ class Rewrite(HostRows):
             self._ints[SEEDS, row] = row_seed(seq)
             self._ints[GREEDY, row] = seq.sampling.greedy
             self._inv_t[row] = inverse_temperature(seq.sampling)
+            self.prompts[row] = seq.num_prompt
             self.lists[row], self.lens[row] = None, 0  # `_grow_tables` writes the whole table
         self.seqs[first : len(seqs)] = seqs[first:]
 

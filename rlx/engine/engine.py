@@ -18,6 +18,7 @@ from rlx.engine.attention import flash_prefill
 from rlx.engine.block_manager import BlockManager
 from rlx.engine.checkpoint import eos_ids, read_checkpoint
 from rlx.engine.config import EngineArgs
+from rlx.engine.host_rows import rows_in
 from rlx.engine.kv_cache import KVCache, num_blocks_for_budget
 from rlx.engine.memory_saver import supported as saver_supported
 from rlx.engine.model_runner import EagerStep
@@ -224,8 +225,7 @@ class Engine:
         gets a PENDING token, and the rows of `behind` (a decode graph still in flight) feed
         pending inputs from the device."""
         if self.runner.can_launch(batch):
-            rows = {s.seq_id: row for row, s in enumerate(behind.seqs)} if behind is not None else {}
-            handle = self.runner.launch(batch.seqs, [rows.get(s.seq_id, -1) for s in batch.seqs])
+            handle = self.runner.launch(batch.seqs, rows_in(batch.seqs, behind.seqs if behind else []))
         else:
             handle = self.runner.launch_eager(batch)
         self._advance(batch)
@@ -263,16 +263,23 @@ class Engine:
         PENDING places); the sequences that finished."""
         for owner, value in prompt_logprobs:
             owner.input_logprobs.append(value)
-        finished = []
-        for seq, token, logprob in sampled:
-            if seq.status is SequenceStatus.FINISHED:  # aborted, or finished by the step before
+        finished, eos, stopped = [], self.eos_token_ids, SequenceStatus.FINISHED
+        for seq, token, logprob in sampled:  # a hot loop: a decode step's every row
+            if seq.status is stopped:  # aborted, or finished by the step before
                 continue
             token, num_output = int(token), None
             if seq.max_new > 0:
-                index = seq.num_prompt + len(seq.output_logprobs)  # this step's PENDING token
-                seq.token_ids[index] = token
-                seq.output_logprobs.append(logprob)
-                num_output = index + 1 - seq.num_prompt
+                outputs = seq.output_logprobs
+                seq.token_ids[seq.num_prompt + len(outputs)] = token  # this step's PENDING place
+                outputs.append(logprob)
+                num_output = len(outputs)
+                sampling = seq.request.sampling
+                if (  # `_check_finished`'s answer None, without its call: short of the length, no stop
+                    num_output < seq.max_new
+                    and not sampling.stop
+                    and (sampling.ignore_eos or (token not in eos and token not in sampling.stop_token_ids))
+                ):
+                    continue
             seq.finish_reason = self._check_finished(seq, token, num_output)
             if seq.finish_reason is not None:
                 del seq.token_ids[seq.num_prompt + len(seq.output_logprobs) :]  # a step behind's

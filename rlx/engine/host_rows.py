@@ -4,19 +4,20 @@ holds.
 A decode step's rows are the running sequences in the scheduler's order, so a sequence that
 finishes moves every row after it up by one. Per row a step needs its last token, position,
 output count and source row, which change every step and are written whole; and its seed, its
-sampling (greedy, 1/T) and its block table, which are fixed or grow by a block every
+sampling (greedy, 1/T), its prompt's length and its block table, which are fixed or grow by a block every
 `block_size` tokens. Those are written from the Sequence once: a row whose sequence moved since
 this set was last filled is copied from its old row in one gather over the moved rows (found by
 id), rows that gained a block get it in one scatter, and only new sequences are written from
-Python. A rollout whose sequences end at different lengths (an RL batch: EOS) moves rows every
-step; rewriting each moved row from its Sequence took 0.78-0.84 ms a step at 512 rows with one
-sequence ending a step, against 0.22 with none; this takes 0.42-0.46 and 0.24-0.26
-(`bench/decode_host.py --finish 0,1,4`, this machine's CPU; 0.47-0.50 / 0.86-0.88 with four).
+Python; the per-step columns (ids, positions, outputs, sources) are numpy arithmetic over the
+rows' token lists. A rollout whose sequences end at different lengths (an RL batch: EOS) moves
+rows every step; rewriting each moved row from its Sequence took 0.78-0.84 ms a step at 512 rows
+with one sequence ending a step, against 0.22 with none; this takes 0.39 and 0.20
+(`bench/decode_host.py --finish 0,1,4`, CI's kind of CPU).
 """
 
 from __future__ import annotations
 
-from operator import is_
+from operator import attrgetter, is_, itemgetter
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from rlx.engine.sequence import PENDING, Sequence
 # rows of the packed int64 inputs; SOURCES: the row of the previous step whose sampled token
 # (still on the device) is this row's input, or -1 when the host gives the id
 IDS, POSITIONS, SEEDS, STEPS, GREEDY, SOURCES = range(6)
+TOKEN_IDS, BLOCK_TABLE, LAST = attrgetter("token_ids"), attrgetter("block_table"), itemgetter(-1)
 
 
 class HostRows:
@@ -44,6 +46,7 @@ class HostRows:
         self.seqs: list[Sequence | None] = [None] * max_bs
         self.lists = np.full(max_bs, None, object)
         self.lens = np.zeros(max_bs, np.int64)
+        self.prompts = np.zeros(max_bs, np.int64)  # each row's prompt length (its outputs: STEPS)
         self.top = 0  # rows from here on have never held a sequence
 
     def fill(self, seqs: list[Sequence], sources: list[int], size: int) -> None:
@@ -51,17 +54,16 @@ class HostRows:
         samples row i's input when its token is PENDING), padded to `size` rows: token 0 at
         position 0 of block 0, greedy."""
         ints, rows = self._ints, len(seqs)
-        last = [seq.token_ids[-1] for seq in seqs]
-        ints[IDS, :rows] = last
-        np.maximum(ints[IDS, :rows], 0, out=ints[IDS, :rows])  # a PENDING id is read on the device
-        ints[POSITIONS, :rows] = [seq.num_tokens - 1 for seq in seqs]
-        ints[STEPS, :rows] = [seq.num_output for seq in seqs]
-        ints[SOURCES, :rows] = [
-            source if token == PENDING else -1 for source, token in zip(sources, last, strict=True)
-        ]
-        same = list(map(is_, seqs, self.seqs))  # a C loop, as are the maps below
+        tokens = list(map(TOKEN_IDS, seqs))  # C loops over the rows (a property a row: 70 ns each)
+        last = np.fromiter(map(LAST, tokens), np.int64, rows)
+        lens = np.fromiter(map(len, tokens), np.int64, rows)
+        same = list(map(is_, seqs, self.seqs))
         if False in same:
             self._place(seqs, same.index(False))
+        np.maximum(last, 0, out=ints[IDS, :rows])  # a PENDING id is read on the device
+        np.subtract(lens, 1, out=ints[POSITIONS, :rows])
+        np.subtract(lens, self.prompts[:rows], out=ints[STEPS, :rows])
+        ints[SOURCES, :rows] = np.where(last == PENDING, sources, -1)
         self._grow_tables(seqs)
         self.top = max(self.top, rows)
         if size > rows:
@@ -93,6 +95,7 @@ class HostRows:
         self._ints[SEEDS, to] = self._ints[SEEDS, frm]
         self._ints[GREEDY, to] = self._ints[GREEDY, frm]
         self._inv_t[to] = self._inv_t[frm]
+        self.prompts[to] = self.prompts[frm]
         self.lists[to], self.lens[to] = self.lists[frm], self.lens[frm]
         self.seqs[first:rows] = seqs[first:]
         new = dest[~moved]
@@ -102,12 +105,13 @@ class HostRows:
             self._ints[SEEDS, row] = row_seed(seq)
             self._ints[GREEDY, row] = seq.sampling.greedy
             self._inv_t[row] = inverse_temperature(seq.sampling)
+            self.prompts[row] = seq.num_prompt
 
     def _grow_tables(self, seqs: list[Sequence]) -> None:
         """Write what each row's block table gained since this set held it (all of a new list):
         the rows that gained one block (every `block_size` tokens) in one scatter, others one by one."""
         rows = len(seqs)
-        lists = [seq.block_table for seq in seqs]
+        lists = list(map(BLOCK_TABLE, seqs))
         lens = np.fromiter(map(len, lists), np.int64, rows)
         held = self.lens[:rows]  # a view: written below
         for row in np.flatnonzero(~np.fromiter(map(is_, lists, self.lists[:rows]), bool, rows)).tolist():
@@ -123,3 +127,12 @@ class HostRows:
             table, num = lists[row], int(held[row])
             self._tables[row, num : len(table)] = table[num:]
         held[grew] = lens[grew]
+
+
+def rows_in(seqs: list[Sequence], behind: list[Sequence]) -> list[int]:
+    """Each sequence's row in the decode step `behind`, -1 where it has none (`HostRows.fill`'s
+    sources): the same rows (a decode chain's step where none finished) without a dict of ids."""
+    if len(seqs) == len(behind) and all(map(is_, seqs, behind)):
+        return list(range(len(seqs)))
+    rows = {s.seq_id: row for row, s in enumerate(behind)}
+    return [rows.get(s.seq_id, -1) for s in seqs]

@@ -101,12 +101,18 @@ class Scheduler:
         the caller reads the step back and calls `schedule`. Requests that cannot be admitted
         (the running cap reached, or too few free blocks) would get the same decode batch from
         `schedule`, so they do not stop the overlap."""
-        live = [s for s in seqs if s.status is SequenceStatus.RUNNING]
-        if len(live) < len(self.running) or self._can_admit():
+        size, running = self.blocks.block_size, SequenceStatus.RUNNING
+        live, rows, short = 0, [], []  # one pass over the rows (a decode step's hot loop)
+        for s in seqs:
+            if s.status is running:
+                live += 1
+                tokens = len(s.token_ids)
+                if tokens - s.num_prompt < s.max_new:
+                    rows.append(s)
+                    if len(s.block_table) * size < tokens:  # its table cannot hold its tokens
+                        short.append(s)
+        if live < len(self.running) or self._can_admit():
             return None  # running sequences are not in `seqs`, or a request can join
-        rows = [s for s in live if len(s.token_ids) - s.num_prompt < s.max_new]
-        size = self.blocks.block_size  # a row whose table holds its tokens needs no block
-        short = [s for s in rows if len(s.block_table) * size < len(s.token_ids)]
         needed = sum(self.blocks.blocks_for(len(s.token_ids)) - len(s.block_table) for s in short)
         if not rows or needed > self.blocks.num_free:
             return None
