@@ -114,7 +114,7 @@ def _persistent_decode_kernel(
         heads = kv_head * GROUP + g
         q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
         # finite from the first tile on: a unit's first tile holds a key
-        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
+        m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale, IEEE)
         last = tile == TILES - 1
         at = item * GROUP + g
         tl.store(Part + at[:, None] * D + d[None, :], acc / l_i[:, None], mask=q_mask & last)
@@ -223,7 +223,7 @@ def _tma_decode_kernel(
         valid = p * PAGE + t < context_len
         k = Kd.load([at, 0])
         v = tl.where(valid[:, None], Vd.load([at, 0]), 0.0)
-        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
+        m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale, IEEE)
     store_output(
         Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP, BLOCK_G, D, NUM_SPLITS
     )
@@ -363,6 +363,9 @@ def compare(
     engine = [
         dict(block_n=n, num_stages=st, num_splits=k)
         for n, st, k in itertools.product(tiles, (4, 5, 6, 8), (1, 2))
+    ] + [  # several KV heads a program (`launch_settings` from 15 pairs an SM on sm90)
+        dict(block_n=n, num_stages=st, num_splits=1, heads_per_program=h)
+        for n, st, h in itertools.product((16, 32), (2, 3, 4), (2, 4))
     ]
     wrong = result["wrong"] = []
     if "tma" in kernels:

@@ -74,7 +74,7 @@ def _vpages_kernel(
         v_ok = (first[:, None, None] + slots[None, None, :]) < context_len
         vt3 = tl.load(VT + v_at + slots[None, None, :], mask=v_ok, other=0.0)  # [PAGES, D, PAGE]
         vt = tl.reshape(tl.permute(vt3, (1, 0, 2)), (D, BLOCK_N)).to(tl.float16)  # V^T [D, tokens]
-        m_i, l_i, acc = attend_tile(q, k, tl.trans(vt), valid, m_i, l_i, acc, scale, False)
+        m_i, l_i, acc = attend_tile(q, k, tl.trans(vt), valid[None, :], m_i, l_i, acc, scale, False)
     tl.store(
         Out + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
         (acc / l_i[:, None]).to(Out.dtype.element_ty),

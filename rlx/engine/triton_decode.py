@@ -5,6 +5,10 @@ share of the sequence's K/V blocks BLOCK_N tokens at a time through the block ta
 an online softmax in fp32, so each K/V byte is read exactly once per step. The group's queries
 are padded to 16 rows for tl.dot; decode is bound by memory, so the idle rows cost nothing.
 An fp8 cache's tiles are widened as they arrive (half the bytes read; `paged_decode` says to what).
+With many rows a program takes several KV heads of its sequence (HEADS): a tile holds each head's
+BLOCK_N tokens side by side (a page's heads lie next to each other in the cache, so a tile is a
+few long reads) and a mask keeps each query to its own head's keys; fewer, longer programs pay
+their pipelines' fill and drain fewer times (`launch_settings`).
 
 With few rows (rows x kv heads well under the GPU's SMs) one program per sequence leaves most
 SMs idle: the context is then split into `num_splits` shares (flash-decoding), each program
@@ -25,15 +29,16 @@ from rlx.engine.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
-def attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE: tl.constexpr):
-    """A tile of keys k and values v [BLOCK_N, D] (the `valid` ones) into the online softmax of
-    the queries q [BLOCK_G, D]: returns the running max, sum and output (fp32), updated. The
-    first tile must hold a valid key: a masked tile while the max is still -inf gives NaN."""
+def attend_tile(q, k, v, keep, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+    """A tile of keys k and values v [BLOCK_N, D] into the online softmax of the queries q
+    [BLOCK_G, D], each query attending the keys `keep` marks ([1 or BLOCK_G, BLOCK_N]): returns
+    the running max, sum and output (fp32), updated. A query's first tile must hold a key it
+    keeps: a masked row while its max is still -inf gives NaN."""
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
         s = tl.dot(q, tl.trans(k)) * scale
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
@@ -94,11 +99,11 @@ def _paged_decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr, WIDEN: tl.constexpr = 0,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, HEADS: tl.constexpr = 1,
 ):  # fmt: skip
     pdl_prologue(PDL)
     row = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1)  # the program's first KV head is kv_head * HEADS
     split = tl.program_id(2)
     context_len = tl.load(CL + row)
     if NUM_SPLITS == 1:
@@ -107,26 +112,41 @@ def _paged_decode_kernel(
         share = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = split * share
         hi = tl.minimum(lo + share, context_len)
-    q, heads = group_queries(Q, row, kv_head, stride_qt, stride_qh, GROUP, BLOCK_G, D)
+    q, heads = group_queries(Q, row, kv_head, stride_qt, stride_qh, GROUP * HEADS, BLOCK_G, D)
     if WIDEN == 1:  # an fp8 cache beside 2-byte queries: the dots in fp16 (see `paged_decode`)
         q = q.to(tl.float16)
     d = tl.arange(0, D)
+    # a tile's keys: BLOCK_N tokens of each of the HEADS heads, side by side (a page's heads are
+    # contiguous in the cache); each query keeps its own head's (a padded query row every head's:
+    # finite, never stored)
+    if HEADS > 1:
+        column = tl.arange(0, HEADS * BLOCK_N)
+        key_head, token = column // BLOCK_N, column % BLOCK_N
+        own = (tl.arange(0, BLOCK_G) // GROUP)[:, None]
+        own_head = (own == key_head[None, :]) | (own >= HEADS)
+    else:
+        key_head, token = 0, tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
+        n = start + token
         valid = n < hi
         page = tl.load(BT + row * stride_bt + n // PAGE, mask=valid, other=0).to(tl.int64)
-        offset = page * stride_kb + kv_head * stride_kh + (n % PAGE) * D
+        offset = page * stride_kb + (kv_head * HEADS + key_head) * stride_kh + (n % PAGE) * D
         k = tl.load(K + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(V + offset[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         if WIDEN != 0:  # to the queries' dtype (fp16 already with WIDEN 1)
             k, v = k.to(q.dtype), v.to(q.dtype)
-        m_i, l_i, acc = attend_tile(q, k, v, valid, m_i, l_i, acc, scale, IEEE)
+        if HEADS > 1:
+            keep = valid[None, :] & own_head
+        else:
+            keep = valid[None, :]
+        m_i, l_i, acc = attend_tile(q, k, v, keep, m_i, l_i, acc, scale, IEEE)
     store_output(
-        Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP, BLOCK_G, D, NUM_SPLITS
-    )
+        Out, Part, Lse, row, split, heads, m_i, l_i, acc, stride_ot, stride_oh, GROUP * HEADS, BLOCK_G, D,
+        NUM_SPLITS,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -187,7 +207,10 @@ def launch_settings(
     of more than 128 dimensions: the 2-byte settings, whose shared memory they fill). 1xH200,
     2026-11-29 (docs/benchmarks.md, Decisions): at batch 64 the one-byte tiles took 38.2 us a layer
     at context 520 against the bf16 settings' 48.3 (the bf16 cache 38.3); at 128-256 rows
-    64-token tiles won up to context 520 and lost at 1,024 (228 against 208 us at 256 rows)."""
+    64-token tiles won up to context 520 and lost at 1,024 (228 against 208 us at 256 rows).
+    2 bytes on sm90 from 15 (sequence, KV head) pairs an SM, KV heads in fours: four heads a
+    program, 16-token tiles, 2 stages: at 256 rows 3.79 -> 4.11 TB/s of KV at context 300, 3.92
+    -> 4.25 at 520, 4.31 -> 4.37 at 1,024; at 128 rows within -3 to +2% (1xH200, 2026-11-30)."""
     settings = {"block_n": 64, "num_stages": 4 if kv_bytes <= 2 else 2}
     one_byte = (
         kv_bytes == 1
@@ -199,6 +222,15 @@ def launch_settings(
         programs = rows * num_kv_heads
         settings = {"block_n": 128 if programs <= 4 * sm_count(device) else 64, "num_stages": 5}
     settings["num_splits"] = default_splits(rows, num_kv_heads, device, per_sm=1 if one_byte else 2)
+    settings["heads_per_program"] = 1
+    if (
+        kv_bytes == 2
+        and num_kv_heads % 4 == 0
+        and device.type == "cuda"
+        and rows * num_kv_heads >= 15 * sm_count(device)
+        and _sm90(device.index if device.index is not None else torch.cuda.current_device())
+    ):  # many rows: four heads' 16-token tiles a program, 2 stages (measured on sm90)
+        settings.update(block_n=16, num_stages=2, heads_per_program=4)
     return settings
 
 
@@ -213,6 +245,7 @@ def paged_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     num_splits: int | None = None,
+    heads_per_program: int | None = None,
 ) -> torch.Tensor:
     """q [rows, heads, D]; caches [blocks, kv_heads, page, D]; every row has context_len >= 1.
     The launch settings are arguments so that the benches can sweep them; None chooses
@@ -227,6 +260,10 @@ def paged_decode(
     block_n = chosen["block_n"] if block_n is None else block_n
     num_stages = chosen["num_stages"] if num_stages is None else num_stages
     num_splits = chosen["num_splits"] if num_splits is None else num_splits
+    per_program = chosen["heads_per_program"] if heads_per_program is None else heads_per_program
+    assert per_program & (per_program - 1) == 0 and num_kv_heads % per_program == 0, (
+        f"{num_kv_heads} KV heads in programs of {per_program} (a power of 2 dividing them)"
+    )
     assert num_splits & (num_splits - 1) == 0, f"num_splits={num_splits} must be a power of 2"
     if num_splits > 1:
         part = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -241,13 +278,13 @@ def paged_decode(
     fp8_beside_half = k_cache.element_size() == 1 and q.element_size() == 2
     widen = 0 if k_cache.dtype == q.dtype else 1 if fp8_beside_half else 2
     pdl = pdl_launch(q.device)
-    _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
+    _paged_decode_kernel[(rows, num_kv_heads // per_program, num_splits)](
         q, k_cache, v_cache, out, part, lse, block_tables, context_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim, PAGE=page,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * per_program)), D=head_dim, PAGE=page,
         BLOCK_N=block_n, IEEE=q.dtype == torch.float32, NUM_SPLITS=num_splits, WIDEN=widen,
-        num_warps=num_warps, num_stages=num_stages, **pdl,
+        HEADS=per_program, num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(rows, num_heads)](

@@ -17,7 +17,7 @@ from helpers import (
 )  # tests/ is on sys.path (conftest)
 
 
-def decode_error(device, dtype, heads, kv_heads, dim, page, num_splits, kv_dtype=None) -> float:
+def decode_error(device, dtype, heads, kv_heads, dim, page, num_splits, kv_dtype=None, **settings) -> float:
     """The kernel's largest difference from gather + SDPA over the same cache (`kv_dtype`, None:
     the queries' `dtype`): rows of 1 token to a whole table of 20 pages of 16 tokens' worth."""
     from rlx.engine.attention import gather_attention
@@ -32,7 +32,7 @@ def decode_error(device, dtype, heads, kv_heads, dim, page, num_splits, kv_dtype
     lens = torch.tensor([1, 17, 64, 300, 1000 % 320], device=device, dtype=torch.int32)
     tables = torch.randint(1, blocks, (5, table), device=device, generator=g, dtype=torch.int32)
     q = torch.randn(5, heads, dim, device=device, generator=g).to(dtype)
-    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits)
+    out = paged_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, num_splits=num_splits, **settings)
     mask = (torch.arange(table * page, device=device)[None, :] < lens[:, None])[:, None, None, :]
     ref = gather_attention(q[:, :, None], k_cache, v_cache, tables.long(), mask, dim**-0.5)[:, :, 0]
     return (out.float() - ref.float()).abs().max().item()
@@ -53,6 +53,23 @@ def test_paged_decode_matches_gather_attention(num_splits, heads, kv_heads, dim,
     assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize(
+    "heads,kv_heads,per_program,block_n",
+    [(16, 8, 4, 16), (16, 8, 2, 32), (32, 4, 4, 16), (4, 4, 4, 16)],
+    ids=["Qwen3's group of 2, 4 heads", "2 heads, 32-token tiles", "group 8: 32 query rows", "no grouping"],
+)
+def test_paged_decode_with_several_kv_heads_a_program(
+    num_splits, heads, kv_heads, per_program, block_n, device, dtype
+):
+    """`heads_per_program` (many rows on sm90: `launch_settings`): a program's tile holds each of
+    its KV heads' tokens side by side and each query keeps its own head's keys; the same output."""
+    error = decode_error(
+        device, dtype, heads, kv_heads, 128, 16, num_splits, heads_per_program=per_program, block_n=block_n
+    )
+    assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
 # None: launch_settings (on an sm90 GPU one-byte tiles of 128 tokens, 5 stages, 4 shares)
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("num_splits", [1, 4, None])
@@ -65,9 +82,11 @@ def test_paged_decode_reads_an_fp8_cache(kv_dtype, num_splits, device, dtype):
 
 
 def test_the_decode_kernels_launch_settings_follow_the_rows_and_the_caches_element_size(device, monkeypatch):
-    """(tile tokens, pipeline stages, context shares), hand-computed for 8 KV heads (Qwen3's) on a
-    132-SM GPU: 2-byte caches split below two programs an SM (264), one-byte ones (fp8, sm90+)
-    below one (132) and take 128-token tiles up to four programs an SM (528 programs: 66 rows)."""
+    """(tile tokens, pipeline stages, context shares, KV heads a program), hand-computed for 8 KV
+    heads (Qwen3's) on a 132-SM GPU: 2-byte caches split below two programs an SM (264), and from
+    15 (sequence, KV head) pairs an SM (1,980: 248 rows) on sm90 take four heads' 16-token tiles
+    a program, 2 stages; one-byte ones (fp8, sm90+) split below one (132) and take 128-token tiles
+    up to four programs an SM (528 programs: 66 rows)."""
     import rlx.engine.triton_decode as td  # (`device`: where Triton imports, as the others)
 
     monkeypatch.setattr(td, "_sm_count", lambda index: 132)
@@ -75,27 +94,35 @@ def test_the_decode_kernels_launch_settings_follow_the_rows_and_the_caches_eleme
     monkeypatch.setattr(td, "_sm90", lambda index: sm90)
     gpu = torch.device("cuda", 0)
 
-    def settings(rows: int, kv_bytes: int) -> tuple[int, int, int]:
+    def settings(rows: int, kv_bytes: int) -> tuple[int, int, int, int]:
         return tuple(td.launch_settings(rows, 8, kv_bytes, gpu).values())
 
-    # 16 rows: 128 programs, x2 = 256 < 264, x4 = 512; 32 rows: 256, x2 = 512; 64 rows: 512
-    assert [settings(r, 2) for r in (16, 32, 64, 256)] == [(64, 4, 4), (64, 4, 2), (64, 4, 1), (64, 4, 1)]
+    # 16 rows: 128 programs, x2 = 256 < 264, x4 = 512; 32 rows: 256, x2 = 512; 64 rows: 512;
+    # 247 rows: 1,976 pairs < 1,980; 248: 1,984
+    assert [settings(r, 2) for r in (16, 32, 64, 247, 248, 1024)] == [
+        (64, 4, 4, 1), (64, 4, 2, 1), (64, 4, 1, 1), (64, 4, 1, 1), (16, 2, 1, 4), (16, 2, 1, 4)
+    ]  # fmt: skip
     # 16 rows: 128 < 132, x2; 32 rows: 256 >= 132
     assert [settings(r, 1) for r in (16, 32, 66, 67, 256)] == [
-        (128, 5, 2), (128, 5, 1), (128, 5, 1), (64, 5, 1), (64, 5, 1)
+        (128, 5, 2, 1), (128, 5, 1, 1), (128, 5, 1, 1), (64, 5, 1, 1), (64, 5, 1, 1)
     ]  # fmt: skip
-    assert settings(16, 4) == (64, 2, 4)  # fp32: tiles twice a bf16 tile's bytes
+    assert settings(16, 4) == (64, 2, 4, 1)  # fp32: tiles twice a bf16 tile's bytes
+    assert settings(256, 4) == (64, 2, 1, 1)
+    assert td.launch_settings(256, 6, 2, gpu)["heads_per_program"] == 1  # 6 KV heads: not in fours
     assert td.launch_settings(16, 8, 1, gpu, head_dim=256) == {
         "block_n": 64,
         "num_stages": 4,
         "num_splits": 4,
+        "heads_per_program": 1,
     }
     sm90 = False  # an sm80 GPU (less shared memory, not measured): the 2-byte settings
-    assert [settings(r, 1) for r in (16, 64)] == [(64, 4, 4), (64, 4, 1)]
+    assert [settings(r, 1) for r in (16, 64)] == [(64, 4, 4, 1), (64, 4, 1, 1)]
+    assert settings(256, 2) == (64, 4, 1, 1)
     assert td.launch_settings(16, 8, 1, torch.device("cpu")) == {
         "block_n": 64,
         "num_stages": 4,
         "num_splits": 1,
+        "heads_per_program": 1,
     }
 
 
