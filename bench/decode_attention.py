@@ -2,7 +2,8 @@
 streams fixed-size chunks of every sequence; one JSON line per (batch, context), on the GPU.
 
 The engine's kernel (`rlx.engine.triton_decode.paged_decode`) runs a program a (sequence, KV
-head): at RL's batches each program reads 150-500 KB, so its pipeline's fill and drain (about a
+head), or, from 15 such pairs an SM on sm90, a program a sequence and four KV heads (its sweep
+here: `heads_per_program`): at RL's batches each program reads 150-500 KB, so its pipeline's fill and drain (about a
 microsecond each; at 4 stages a program takes 128 registers a thread and 39 KB of shared memory,
 so four share an SM, compiled for sm90 with the strides divisible by 16 as they are at run time)
 are a large part of its life: 66% of the HBM bandwidth at batch 64 and context 300, 78% at 256
