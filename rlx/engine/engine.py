@@ -225,7 +225,8 @@ class Engine:
         gets a PENDING token, and the rows of `behind` (a decode graph still in flight) feed
         pending inputs from the device."""
         if self.runner.can_launch(batch):
-            handle = self.runner.launch(batch.seqs, rows_in(batch.seqs, behind.seqs if behind else []))
+            sources = rows_in(batch.seqs, behind.seqs if behind is not None else [])
+            handle = self.runner.launch(batch.seqs, sources)
         else:
             handle = self.runner.launch_eager(batch)
         self._advance(batch)
