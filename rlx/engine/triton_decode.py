@@ -212,24 +212,17 @@ def launch_settings(
     program, 16-token tiles, 2 stages: at 256 rows 3.79 -> 4.11 TB/s of KV at context 300, 3.92
     -> 4.25 at 520, 4.31 -> 4.37 at 1,024; at 128 rows within -3 to +2% (1xH200, 2026-11-30)."""
     settings = {"block_n": 64, "num_stages": 4 if kv_bytes <= 2 else 2}
-    one_byte = (
-        kv_bytes == 1
-        and head_dim <= 128
-        and device.type == "cuda"
-        and _sm90(device.index if device.index is not None else torch.cuda.current_device())
+    sm90 = device.type == "cuda" and _sm90(
+        device.index if device.index is not None else torch.cuda.current_device()
     )
+    one_byte = kv_bytes == 1 and head_dim <= 128 and sm90
     if one_byte:  # measured on sm90; elsewhere (sm80's smaller shared memory) the 2-byte settings
         programs = rows * num_kv_heads
         settings = {"block_n": 128 if programs <= 4 * sm_count(device) else 64, "num_stages": 5}
     settings["num_splits"] = default_splits(rows, num_kv_heads, device, per_sm=1 if one_byte else 2)
     settings["heads_per_program"] = 1
-    if (
-        kv_bytes == 2
-        and num_kv_heads % 4 == 0
-        and device.type == "cuda"
-        and rows * num_kv_heads >= 15 * sm_count(device)
-        and _sm90(device.index if device.index is not None else torch.cuda.current_device())
-    ):  # many rows: four heads' 16-token tiles a program, 2 stages (measured on sm90)
+    if sm90 and kv_bytes == 2 and num_kv_heads % 4 == 0 and rows * num_kv_heads >= 15 * sm_count(device):
+        # many rows: four heads' 16-token tiles a program, 2 stages (measured on sm90)
         settings.update(block_n=16, num_stages=2, heads_per_program=4)
     return settings
 
