@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from short_rollout import StepTimer, _engine_round, _requests, local_engine  # noqa: E402
 
-from rlx.engine.host_rows import GREEDY, SEEDS, HostRows  # noqa: E402
-from rlx.engine.sampler import inverse_temperature, row_seed  # noqa: E402
+from rlx.engine.host_rows import HostRows  # noqa: E402
 
 
 class Rewrite(HostRows):
@@ -31,12 +30,7 @@ class Rewrite(HostRows):
 
     def _place(self, seqs, first: int) -> None:
         for row in range(first, len(seqs)):
-            seq = seqs[row]
-            self._ints[SEEDS, row] = row_seed(seq)
-            self._ints[GREEDY, row] = seq.sampling.greedy
-            self._inv_t[row] = inverse_temperature(seq.sampling)
-            self.prompts[row] = seq.num_prompt
-            self.lists[row], self.lens[row] = None, 0  # `_grow_tables` writes the whole table
+            self._write(row, seqs[row])
         self.seqs[first : len(seqs)] = seqs[first:]
 
 

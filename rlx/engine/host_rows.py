@@ -98,14 +98,16 @@ class HostRows:
         self.prompts[to] = self.prompts[frm]
         self.lists[to], self.lens[to] = self.lists[frm], self.lens[frm]
         self.seqs[first:rows] = seqs[first:]
-        new = dest[~moved]
-        self.lists[new], self.lens[new] = None, 0
-        for row in new.tolist():
-            seq = seqs[row]
-            self._ints[SEEDS, row] = row_seed(seq)
-            self._ints[GREEDY, row] = seq.sampling.greedy
-            self._inv_t[row] = inverse_temperature(seq.sampling)
-            self.prompts[row] = seq.num_prompt
+        for row in dest[~moved].tolist():
+            self._write(row, seqs[row])
+
+    def _write(self, row: int, seq: Sequence) -> None:
+        """`seq`'s fixed inputs into `row`, from the Sequence; its table whole at the next growth."""
+        self._ints[SEEDS, row] = row_seed(seq)
+        self._ints[GREEDY, row] = seq.sampling.greedy
+        self._inv_t[row] = inverse_temperature(seq.sampling)
+        self.prompts[row] = seq.num_prompt
+        self.lists[row], self.lens[row] = None, 0  # `_grow_tables` writes the whole table
 
     def _grow_tables(self, seqs: list[Sequence]) -> None:
         """Write what each row's block table gained since this set held it (all of a new list):
