@@ -30,6 +30,12 @@ under `wrong`, not timed. Measured (docs/benchmarks.md, Decisions): the engine's
 1.7% of its best setting, the persistent kernel 9-28% slower, the TMA one 3-11% slower at batch
 64 and within -1.4 to +3.7% at 256 (1×H200).
 
+The kernel alone does not rank settings as a rollout does at many rows: at 256 rows this bench
+puts one KV head a program with 64-token tiles above the engine's four heads with 16-token
+tiles, and a rollout the other way round (the 1.7B: 67.2% of the roofline against 64.5%;
+not the pages' order, not PDL: docs/benchmarks.md, Decisions). A setting found here is kept only
+after `bench/rollout_throughput.py --engine-only` runs it against the current one.
+
     source .whl/install.sh && python3 bench/decode_attention.py [--batches 64,256] [--contexts 300,520] \
         [--spread 0.5] [--kernels engine,tma,persistent] [--pages 16,64] [--kernels engine --kv-dtype fp8_e4m3]
 """
