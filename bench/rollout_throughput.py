@@ -28,6 +28,12 @@ the engine's memory saver (the decode graphs kept) and without (cleared; padded)
 one-byte elements). `--top-p 0.9` / `--top-k 50`: every request of the dense runs samples so
 (the engine draws those rows again after each decode graph: rlx/engine/triton_truncate.py).
 
+`--decode-launch 64,3,1`: every decode-attention launch of the dense runs takes that tile
+(tokens), pipeline stages and KV heads a program instead of the engine's rule
+(`rlx.engine.triton_decode.launch_settings`; its context shares stay the rule's). A setting is
+judged here, in the whole step, not by `bench/decode_attention.py` alone, whose ranking at 256
+rows is not the rollout's (docs/benchmarks.md, Decisions).
+
 `--handover`: the engine's side of a colocated step on the 1.7B shape (0.6B with `--quick`):
 release, resume, weights received, and the rollout of 128 x 512 tokens after it against a warm
 one, with the engine's CPU weight backup on and off (`run_handover`).
@@ -380,6 +386,20 @@ def handover(engine, named: list, batch: int) -> dict:
     return entry
 
 
+def override_decode_launch(spec: str) -> None:
+    """`--decode-launch N,S,H`: every decode launch in this process takes N-token tiles, S stages
+    and H KV heads a program (the rule's shares kept)."""
+    from rlx.engine import triton_decode
+
+    block_n, stages, heads = (int(x) for x in spec.split(","))
+    rule = triton_decode.launch_settings
+
+    def fixed(*args, **kwargs) -> dict:
+        return rule(*args, **kwargs) | {"block_n": block_n, "num_stages": stages, "heads_per_program": heads}
+
+    triton_decode.launch_settings = fixed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="0.6B only, batch 256")
@@ -402,7 +422,12 @@ def main() -> None:
     )
     parser.add_argument("--top-p", type=float, help="the dense runs sample with this top_p (default 1: off)")
     parser.add_argument("--top-k", type=int, help="the dense runs sample with this top_k (default -1: off)")
+    parser.add_argument(
+        "--decode-launch", help="the dense runs' decode attention: tile,stages,heads (docstring)"
+    )
     args = parser.parse_args()
+    if args.decode_launch:
+        override_decode_launch(args.decode_launch)
     sampling = {k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k)) if v is not None}
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     root = Path(args.model_root or tempfile.mkdtemp())
@@ -423,6 +448,8 @@ def main() -> None:
             ours = with_roofline(engine, batch, run_engine(engine, batch, sampling=sampling))
             entry = {"model": name, "batch": batch, "kv_cache_dtype": args.kv_cache_dtype, "rlx": ours}
             entry["sampling"] = sampling
+            if args.decode_launch:
+                entry["decode_launch"] = args.decode_launch
             entry["prefill"] = prefill
             results["runs"].append(entry)
             print(json.dumps(entry), flush=True)
