@@ -27,7 +27,9 @@ import re
 import subprocess
 import tempfile
 
-MEMORY_OPS = re.compile(r"\b(ld\.global[.\w]*|st\.global[.\w]*|griddepcontrol\.\w+|bar\.sync)\b")
+MEMORY_OPS = re.compile(
+    r"\b(ld\.global[.\w]*|st\.global[.\w]*|cp\.async\.[.\w]*global|prefetch\.global[.\w]*|griddepcontrol\.\w+|bar\.sync)\b"
+)
 
 
 def _i32(*names: str) -> dict[str, str]:
@@ -35,8 +37,8 @@ def _i32(*names: str) -> dict[str, str]:
 
 
 def kernels() -> dict[str, tuple]:
-    """name -> (the jit function, its signature's types, its constexprs, num_warps)."""
-    from rlx.engine import triton_layers, triton_sample, triton_truncate
+    """name -> (the jit function, its signature's types, its constexprs, num_warps[, num_stages])."""
+    from rlx.engine import triton_gemm, triton_layers, triton_sample, triton_truncate
 
     bf16 = "*bf16"
     return {
@@ -80,6 +82,14 @@ def kernels() -> dict[str, tuple]:
             | {"V": "i32"},
             {"NB": 75, "NB_P2": 128, "BLOCK": triton_sample.BLOCK, "PDL": 2},
             8,
+        ),
+        "small_gemm": (  # Qwen3-0.6B's qkv at 64 rows, as small_gemm_settings launches it
+            triton_gemm._small_gemm_kernel,
+            dict.fromkeys(["X", "W", "B", "Out"], bf16) | _i32("M", "N", "K", "stride_xm", "stride_om"),
+            {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
+            | {"PDL": 2},
+            4,
+            6,
         ),
         **truncation_kernels(triton_truncate),
         **logprob_kernels(),
@@ -203,7 +213,9 @@ def resources(cubin: bytes, bin_dir: str) -> dict[str, int]:
     return {"registers": int(found["REG"]), "local_bytes": int(found["LOCAL"])}
 
 
-def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int, arch: int) -> dict:
+def compile_kernel(
+    fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3, *, arch: int
+) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -214,7 +226,9 @@ def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int, arch: 
     # launches (its shapes and strides are)
     aligned = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] in "*i"}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     return {"memory_order": memory_order(compiled.asm["ptx"]), **resources(compiled.asm["cubin"], bin_dir)}
 

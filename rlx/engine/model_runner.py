@@ -74,6 +74,8 @@ def build_model(
     model.tie_weights()  # each module has its own tensor now
     model.build_rotary(device)
     load_weights(model.weight_views(), args.model_path, require_all=True)
+    if device.type == "cuda":
+        model.enable_small_gemms()
     return model.eval()
 
 

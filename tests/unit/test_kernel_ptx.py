@@ -2,7 +2,8 @@
 CPU by bench/kernel_ptx.py, in a child process with the interpreter's Triton (`RLX_TRITON_DIR`, as
 tests/unit/test_triton_interpreted.py runs it): none spills to local memory; the RMSNorm, the
 engine's most called small kernel (57 calls a 1.7B decode step), loads its weight before its PDL
-wait and nothing after its first store, the q/k norm nothing after its first store, the sampler's
+wait and nothing after its first store, the small GEMM asks the L2 for its weight before the wait
+and reads nothing before it, the q/k norm nothing after its first store, the sampler's
 second kernel its six inputs before its first reduction (a load written after work on earlier data
 is issued only once that data has arrived: docs/benchmarks.md, Decisions, PDL)."""
 
@@ -35,6 +36,7 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         "add_rms_norm",
         "qk_norm_rope_store",
         "silu_mul",
+        "small_gemm",
         "sample_blocks",
         "sample_select",
         "truncate_row_stats",
@@ -56,6 +58,12 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
     for name in ("add_rms_norm", "qk_norm_rope_store"):
         first_store = next(i for i, op in enumerate(ops[name]) if op.startswith("st.global"))
         assert not any(op.startswith("ld.global") for op in ops[name][first_store:]), (name, ops[name])
+
+    gemm = ops["small_gemm"]  # its weight asked of the L2 first, x and the weight read after the wait
+    wait = gemm.index("griddepcontrol.wait")
+    assert gemm[0].startswith("prefetch.global"), gemm
+    assert not any(op.startswith(("ld.global", "cp.async")) for op in gemm[:wait]), gemm
+    assert any(op.startswith("cp.async") for op in gemm[wait:]), gemm
 
     def loads_before(name: str, prefix: str) -> int:
         order = kernels[name]["memory_order"]

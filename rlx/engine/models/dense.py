@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rlx.engine.attention import AttentionMetadata, paged_attention
-from rlx.engine.models.layers import FusedGatedMLP, GatedMLP, MergedLinear, RMSNorm, RotaryTable
+from rlx.engine.models.layers import FusedGatedMLP, GatedMLP, Linear, MergedLinear, RMSNorm, RotaryTable
 
 
 class Attention(nn.Module):
@@ -33,7 +33,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias and family != "glm4")
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=bias and family != "glm4")
         self.qk_norm = family in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -178,6 +178,19 @@ class CausalLM(nn.Module):
         for module in list(self.modules()):
             if isinstance(module, Attention | GatedMLP):
                 module.merge_projections()
+
+    def enable_small_gemms(self) -> bool:
+        """The layers' GEMMs at up to `triton_gemm.SMALL_ROWS` rows in `small_gemm` where it pays
+        for this model (`small_gemms_pay`: CUDA sm90+ under PDL, every such weight small); whether
+        they are. After the weights are on their device (CUDA builds)."""
+        from rlx.engine.triton_gemm import SMALL_ROWS, small_gemm_settings, small_gemms_pay
+
+        layers = [m for m in self.model.layers.modules() if isinstance(m, Linear)]
+        if not layers or not small_gemms_pay([m.weight for m in layers], layers[0].weight.device):
+            return False
+        for module in layers:
+            module.small_settings, module.small_rows = small_gemm_settings(*module.weight.shape), SMALL_ROWS
+        return True
 
     def weight_views(self) -> dict[str, torch.Tensor]:
         """Checkpoint name -> the live tensor (or view of it) that name loads into."""

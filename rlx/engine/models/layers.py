@@ -26,7 +26,22 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-class MergedLinear(nn.Linear):
+class Linear(nn.Linear):
+    """nn.Linear whose GEMM at few rows may be `rlx.engine.triton_gemm.small_gemm` (CUDA):
+    `small_settings` its launch settings, set by `CausalLM.enable_small_gemms`; None: F.linear."""
+
+    small_settings: dict | None = None
+    small_rows = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_settings is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
+            from rlx.engine.triton_gemm import small_gemm
+
+            return small_gemm(x, self.weight, self.bias, self.small_settings)
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
     """Several HF linears stacked along the output dim, so a small-batch decode runs one GEMM
     instead of two or three launch-bound ones. `parts` are the HF module names and their output
     sizes: their checkpoint tensors load into row views of this one weight (`part_views`)."""
@@ -53,7 +68,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.gate_up: MergedLinear | None = None
 
     def merge_projections(self) -> None:
