@@ -43,6 +43,7 @@ from engine_step_profile import time_cuda
 from rollout_throughput import bandwidth
 
 from rlx.engine.pdl import pdl_prologue
+from rlx.engine.triton_gemm import prefetch_weight_rows
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
 LAYERS = 28
@@ -64,14 +65,7 @@ def _pdl_gemm(
     rounds the GEMM's bf16 output (bench/decode_gemm_fused.py)."""
     pid = tl.program_id(0)
     if PREFETCH:  # this program's BLOCK_N rows of W are BLOCK_N * K contiguous elements
-        base = W + pid.to(tl.int64) * BLOCK_N * K
-        lines = BLOCK_N * K // LINE
-        for start in range(0, lines, 128):
-            at = tl.minimum(start + tl.arange(0, 128), lines - 1).to(tl.int64)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
+        prefetch_weight_rows(W, pid, BLOCK_N, K, LINE)
     pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)

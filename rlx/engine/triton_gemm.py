@@ -33,6 +33,20 @@ MAX_WEIGHT_BYTES = 16 << 20
 
 
 @triton.jit
+def prefetch_weight_rows(W, pid, BLOCK_N: tl.constexpr, K, LINE: tl.constexpr):
+    """Ask the L2 for rows pid * BLOCK_N .. of W [N, K] (contiguous: one run of BLOCK_N * K
+    elements), LINE elements (128 bytes) a prefetch."""
+    base = W + pid.to(tl.int64) * BLOCK_N * K
+    lines = BLOCK_N * K // LINE
+    for start in range(0, lines, 128):
+        at = tl.minimum(start + tl.arange(0, 128), lines - 1).to(tl.int64)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+
+@triton.jit
 def _small_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -43,14 +57,7 @@ def _small_gemm_kernel(
     contiguous run) asked of the L2 before the PDL wait, LINE elements (128 bytes) a prefetch."""
     pid = tl.program_id(0)
     if PREFETCH:
-        base = W + pid.to(tl.int64) * BLOCK_N * K
-        lines = BLOCK_N * K // LINE
-        for start in range(0, lines, 128):
-            at = tl.minimum(start + tl.arange(0, 128), lines - 1).to(tl.int64)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
+        prefetch_weight_rows(W, pid, BLOCK_N, K, LINE)
     pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
