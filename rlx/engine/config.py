@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,22 @@ KV_CACHE_DTYPES |= {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 # the HF model types the engine runs on its own model code (`rlx.engine.models.FAMILIES`); any
 # other runs in transformers' model, whose cache holds the model's dtype
 MODEL_TYPES = ("qwen3", "llama", "glm4", "qwen3_moe")
+# the engine's switches read from its environment, to compare or rule out a fast path: name ->
+# (the values it takes, its default, what they mean); rlx/engine/pdl.py, triton_gemm.py
+ENV_SWITCHES = {
+    "RLX_ENGINE_PDL": (("0", "1", "2"), "2", "0 (off), 1 (wait) or 2 (wait, then launch the next)"),
+    "RLX_ENGINE_SMALL_GEMM": (("0", "1"), "1", "1 (on, where it pays) or 0 (off)"),
+}
+
+
+def env_switch(name: str) -> str:
+    """Switch `name` of ENV_SWITCHES as this process's environment sets it (its default where
+    unset); a value it does not take is refused, naming the ones it does."""
+    values, default, meaning = ENV_SWITCHES[name]
+    raw = os.environ.get(name, default)
+    if raw not in values:
+        raise ValueError(f"{name}={raw!r}: use {meaning}")
+    return raw
 
 
 @dataclass

@@ -13,20 +13,18 @@ only; 0 is off. `RLX_ENGINE_PDL` sets the mode; GPUs before sm90 (and a Triton w
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
+from rlx.engine.config import env_switch
+
 
 @functools.cache
 def pdl_mode(device: torch.device) -> int:
-    raw = os.environ.get("RLX_ENGINE_PDL", "2")
-    if raw not in ("0", "1", "2"):
-        raise ValueError(f"RLX_ENGINE_PDL={raw!r}: use 0 (off), 1 (wait) or 2 (wait, then launch the next)")
-    mode = int(raw)
+    mode = int(env_switch("RLX_ENGINE_PDL"))
     if device.type != "cuda":  # Triton's CPU interpreter (tests/kernels)
         return 0
     if mode and (torch.cuda.get_device_capability(device) < (9, 0) or not hasattr(tlc, "gdc_wait")):

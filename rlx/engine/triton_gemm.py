@@ -20,12 +20,11 @@ in another order than cuBLAS's: the same products to a bf16 rounding.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from rlx.engine.config import env_switch
 from rlx.engine.pdl import pdl_launch, pdl_mode, pdl_prologue
 
 SMALL_ROWS = 64
@@ -115,10 +114,12 @@ def small_gemms_pay(weights: list[torch.Tensor], device: torch.device) -> bool:
     """Whether a model whose layer GEMMs have these weights takes `small_gemm` at few rows on
     `device`: an sm90+ GPU under PDL, 2-byte weights, each at most MAX_WEIGHT_BYTES and of a shape
     the kernel takes; unless `RLX_ENGINE_SMALL_GEMM=0`."""
-    raw = os.environ.get("RLX_ENGINE_SMALL_GEMM", "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"RLX_ENGINE_SMALL_GEMM={raw!r}: use 1 (on, where it pays) or 0 (off)")
-    if raw == "0" or not weights or device.type != "cuda" or not pdl_mode(device):
+    if (
+        env_switch("RLX_ENGINE_SMALL_GEMM") == "0"
+        or not weights
+        or device.type != "cuda"
+        or not pdl_mode(device)
+    ):
         return False
     return all(
         w.element_size() == 2

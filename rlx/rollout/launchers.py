@@ -109,16 +109,23 @@ class LocalLauncher(EngineLauncher):
 
     @classmethod
     def config_errors(cls, cfg: RolloutConfig) -> list[str]:
-        """A KV cache dtype rlx's engine would refuse as it starts, refused when composing."""
-        from rlx.engine.config import KV_CACHE_DTYPES  # the names (torch's dtypes beside them)
+        """A KV cache dtype rlx's engine would refuse as it starts, or a switch of its environment
+        (`rlx.engine.config.ENV_SWITCHES`, which its processes inherit), refused when composing."""
+        from rlx.engine.config import ENV_SWITCHES, KV_CACHE_DTYPES, env_switch
 
+        errors = []
+        for name in ENV_SWITCHES:
+            try:
+                env_switch(name)
+            except ValueError as e:
+                errors.append(f"{e}, or unset it (the environment rlx's engines inherit, rollout=local)")
         kv = cfg.engine_args.get("kv_cache_dtype", "auto")
-        if kv == "auto" or kv in KV_CACHE_DTYPES:
-            return []
-        return [
-            f"rollout.engine_args.kv_cache_dtype={kv} is no KV cache dtype of rlx's engine (rollout=local); "
-            f"set it to auto or one of {', '.join(KV_CACHE_DTYPES)}"
-        ]
+        if kv != "auto" and kv not in KV_CACHE_DTYPES:
+            errors.append(
+                f"rollout.engine_args.kv_cache_dtype={kv} is no KV cache dtype of rlx's engine (rollout=local); "
+                f"set it to auto or one of {', '.join(KV_CACHE_DTYPES)}"
+            )
+        return errors
 
     @classmethod
     def checkpoint_errors(cls, cfg: RolloutConfig, hf_dir: Path) -> list[str]:

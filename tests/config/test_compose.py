@@ -315,6 +315,24 @@ def test_each_rule_fails_naming_its_keys(overrides, fragments, tmp_path):
         assert fragment in str(e.value)
 
 
+def test_an_engine_switch_the_engine_would_refuse_is_refused_when_composing(monkeypatch):
+    """RLX_ENGINE_PDL and RLX_ENGINE_SMALL_GEMM, which rlx's engines read from the environment they
+    inherit, are checked before anything starts (the engine itself would refuse them mid-start)."""
+    monkeypatch.setenv("RLX_ENGINE_PDL", "on")
+    monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "yes")
+    with pytest.raises(ConfigError, match=r"invalid config \(2 problems\)") as e:
+        compose([])
+    for fragment in (
+        "RLX_ENGINE_PDL='on': use 0 (off), 1 (wait) or 2 (wait, then launch the next), or unset it",
+        "RLX_ENGINE_SMALL_GEMM='yes': use 1 (on, where it pays) or 0 (off), or unset it",
+        "(the environment rlx's engines inherit, rollout=local)",
+    ):
+        assert fragment in str(e.value)
+    monkeypatch.setenv("RLX_ENGINE_PDL", "0")
+    monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "0")
+    compose([])
+
+
 def test_all_violations_are_reported_together():
     with pytest.raises(ConfigError, match=r"invalid config \(3 problems\)") as e:
         compose(["algo.eps_clip=0", "train.lr=0", "train.precision=fp8"])
