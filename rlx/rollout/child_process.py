@@ -3,6 +3,7 @@ once it answers, stopped with everything it started (rlx's engine servers, SGLan
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -12,6 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+
+log = logging.getLogger(__name__)
+# a port found free, then taken by another process before the child bound it (the child exits
+# with "Address already in use"): a service whose port is its own picks another, this many times
+PORT_ATTEMPTS = 3
 
 
 class ChildProcess:
@@ -130,9 +136,24 @@ class ChildService:
         return f"http://{self.host}:{self.port}"
 
     def start(self):
-        """Start the child and return once its /health answers 200 (else raise with its output)."""
-        self._child.start()
-        return self
+        """Start the child and return once its /health answers 200 (else raise with its output).
+        A port of its own that another process took between being picked and being bound is
+        picked again (`_repick_ports`), up to PORT_ATTEMPTS times."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._child.start()
+                return self
+            except RuntimeError as e:
+                last = attempt == PORT_ATTEMPTS - 1
+                if "Address already in use" not in str(e) or last or not self._repick_ports():
+                    raise
+                log.warning("%s: a port was taken before it bound it; picking new ones", self._child.name)
+        raise AssertionError("unreachable")
+
+    def _repick_ports(self) -> bool:
+        """Pick the ports this service chose itself again, with a new child for them; False where
+        they are the caller's (then a taken port is the caller's error)."""
+        return False
 
     def running(self) -> bool:
         return self._child.running()

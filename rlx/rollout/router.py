@@ -16,7 +16,6 @@ a failed engine out and puts its replacement in.
 from __future__ import annotations
 
 import asyncio
-import logging
 import subprocess
 import sys
 import time
@@ -31,8 +30,6 @@ from rlx.rollout.child_process import ChildProcess, ChildService
 from rlx.rollout.client import EngineError
 from rlx.rollout.sglang import cli_flags, key_env, module_cmd
 
-log = logging.getLogger(__name__)
-PORT_ATTEMPTS = 3
 LAUNCHER = "sglang_router.launch_router"
 _imports: set[str] = set()  # modules start_import_check found importable (this environment: once a process)
 
@@ -153,27 +150,27 @@ class Router(ChildService):
         return not self._missing
 
     def start(self):
-        """Start the router; a port of its own that another process took between being picked and
-        being bound (the router exits: "Address already in use") is picked again, up to 3 times."""
-        for attempt in range(PORT_ATTEMPTS):
-            try:
-                return super().start()
-            except TimeoutError as e:
-                if self._missing is None:
-                    raise
-                raise TimeoutError(
-                    f"sglang-router did not list {self._missing} as healthy workers in time: check that "
-                    f"each answers GET /health and /server_info (or /get_server_info).\n{e}"
-                ) from None
-            except RuntimeError as e:
-                own = self._own_port or self._own_metrics_port
-                if "Address already in use" not in str(e) or not own or attempt == PORT_ATTEMPTS - 1:
-                    raise
-                log.warning("sglang-router: a port was taken before it bound it; picking new ones")
-                self.port = free_port(self.host) if self._own_port else self.port
-                if self._own_metrics_port:
-                    self._args["prometheus_port"] = free_port(self.host)
-                self._child = self._new_child()
+        """Start the router (a port of its own taken before it bound it: picked again,
+        `ChildService.start`) and wait until it lists every worker as healthy."""
+        try:
+            return super().start()
+        except TimeoutError as e:
+            if self._missing is None:
+                raise
+            raise TimeoutError(
+                f"sglang-router did not list {self._missing} as healthy workers in time: check that "
+                f"each answers GET /health and /server_info (or /get_server_info).\n{e}"
+            ) from None
+
+    def _repick_ports(self) -> bool:
+        if not (self._own_port or self._own_metrics_port):
+            return False
+        if self._own_port:
+            self.port = free_port(self.host)
+        if self._own_metrics_port:
+            self._args["prometheus_port"] = free_port(self.host)
+        self._child = self._new_child()
+        return True
 
     @property
     def cmd(self) -> list[str]:

@@ -86,14 +86,29 @@ class ServerProcess(ChildService):
         api_key: str | None = None,
     ):
         self.host = host
+        self._own_port = port is None  # picked here: picked again if taken before the server binds it
         self.port = port or free_port(host)
+        self._launch = dict(model_path=model_path, engine_args=engine_args, module=module, api_key=api_key)
+        self._startup_timeout_s, self._env = startup_timeout_s, {**(env or {}), **key_env(api_key)}
+        self._child = self._new_child()
+
+    def _new_child(self) -> ChildProcess:
+        launch = self._launch
         cmd = launch_server_cmd(
-            model_path, self.port, engine_args, module=module, host=host, keyed=bool(api_key)
-        )
-        self._child = ChildProcess(
-            cmd, self.url, name=module.replace(".", "-"), startup_timeout_s=startup_timeout_s,
-            env={**(env or {}), **key_env(api_key)},
+            launch["model_path"], self.port, launch["engine_args"], module=launch["module"],
+            host=self.host, keyed=bool(launch["api_key"]),
         )  # fmt: skip
+        return ChildProcess(
+            cmd, self.url, name=launch["module"].replace(".", "-"), startup_timeout_s=self._startup_timeout_s,
+            env=self._env,
+        )  # fmt: skip
+
+    def _repick_ports(self) -> bool:
+        if not self._own_port:
+            return False
+        self.port = free_port(self.host)
+        self._child = self._new_child()
+        return True
 
     @property
     def pid(self) -> int | None:
