@@ -32,7 +32,7 @@ from rlx.errors import ConfigError
 from rlx.lora.adapter import is_adapter_key
 from rlx.lora.apply import apply_lora
 from rlx.lora.peft import peft_tensors, unsupported, write_peft
-from rlx.ports import free_port
+from rlx.ports import LOOPBACK
 from rlx.trainer.weights import write_weight_shards
 
 
@@ -43,7 +43,7 @@ def export(
     `adapter` (a LoRA run) its adapters as a PEFT directory; return it."""
     from megatron.core import dist_checkpointing
 
-    from rlx.trainer.parallel import destroy_distributed, init_distributed
+    from rlx.trainer.parallel import destroy_distributed, init_distributed, rendezvous_store
 
     run_dir = Path(run_dir).resolve()
     # before anything of it is read: config.yaml names classes to build, the checkpoint is unpickled
@@ -66,7 +66,8 @@ def export(
     out = Path(out) if out else run_dir / ("hf_adapter_export" if adapter else "hf_export")
 
     family = build(rc.model)
-    init_distributed(0, 1, "127.0.0.1", free_port())
+    store = rendezvous_store(LOOPBACK)  # a port it holds: none found free, then taken before the bind
+    init_distributed(0, 1, LOOPBACK, store.port, store=store)
     try:
         model = family.build_model()
         state = model.sharded_state_dict()
