@@ -139,16 +139,16 @@ class ChildService:
         """Start the child and return once its /health answers 200 (else raise with its output).
         A port of its own that another process took between being picked and being bound is
         picked again (`_repick_ports`), up to PORT_ATTEMPTS times."""
-        for attempt in range(PORT_ATTEMPTS):
+        for _ in range(PORT_ATTEMPTS - 1):
             try:
                 self._child.start()
                 return self
             except RuntimeError as e:
-                last = attempt == PORT_ATTEMPTS - 1
-                if "Address already in use" not in str(e) or last or not self._repick_ports():
+                if "Address already in use" not in str(e) or not self._repick_ports():
                     raise
                 log.warning("%s: a port was taken before it bound it; picking new ones", self._child.name)
-        raise AssertionError("unreachable")
+        self._child.start()  # the last attempt: its error is the caller's
+        return self
 
     def _repick_ports(self) -> bool:
         """Pick the ports this service chose itself again, with a new child for them; False where

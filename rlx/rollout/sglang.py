@@ -10,6 +10,7 @@ HTTP API: `rlx.rollout.client` speaks it, `rlx.engine.serve.protocol` serves it 
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -88,20 +89,23 @@ class ServerProcess(ChildService):
         self.host = host
         self._own_port = port is None  # picked here: picked again if taken before the server binds it
         self.port = port or free_port(host)
-        self._launch = dict(model_path=model_path, engine_args=engine_args, module=module, api_key=api_key)
-        self._startup_timeout_s, self._env = startup_timeout_s, {**(env or {}), **key_env(api_key)}
+        self._cmd = functools.partial(
+            launch_server_cmd,
+            model_path,
+            engine_args=engine_args,
+            module=module,
+            host=host,
+            keyed=bool(api_key),
+        )  # the command line for a port
+        self._child_args = dict(
+            name=module.replace(".", "-"),
+            startup_timeout_s=startup_timeout_s,
+            env={**(env or {}), **key_env(api_key)},
+        )
         self._child = self._new_child()
 
     def _new_child(self) -> ChildProcess:
-        launch = self._launch
-        cmd = launch_server_cmd(
-            launch["model_path"], self.port, launch["engine_args"], module=launch["module"],
-            host=self.host, keyed=bool(launch["api_key"]),
-        )  # fmt: skip
-        return ChildProcess(
-            cmd, self.url, name=launch["module"].replace(".", "-"), startup_timeout_s=self._startup_timeout_s,
-            env=self._env,
-        )  # fmt: skip
+        return ChildProcess(self._cmd(port=self.port), self.url, **self._child_args)
 
     def _repick_ports(self) -> bool:
         if not self._own_port:
