@@ -39,12 +39,10 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 from engine_step_profile import time_cuda
 from rollout_throughput import bandwidth
 
-from rlx.engine.pdl import pdl_prologue
-from rlx.engine.triton_gemm import prefetch_weight_rows
+from rlx.engine.triton_gemm import _small_gemm_kernel
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
 LAYERS = 28
@@ -54,54 +52,17 @@ SHAPES = {  # hidden, query heads × head dim, q + k + v outputs, intermediate
 }
 
 
-@triton.jit
-def _pdl_gemm(
-    X, W, Out, M, N, K, stride_xm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, SWIGLU: tl.constexpr = False,
-):  # fmt: skip
-    """Out[:, tile] = X @ W[tile]^T for W [N, K] contiguous; all M rows in one tile. PREFETCH:
-    the tile's rows of W asked of the L2 first, LINE elements (128 bytes) a prefetch. SWIGLU:
-    W holds gate and up ([2N, K]), Out = silu(X @ gate^T) * (X @ up^T), rounded as silu_mul
-    rounds the GEMM's bf16 output (bench/decode_gemm_fused.py)."""
-    pid = tl.program_id(0)
-    if PREFETCH:  # this program's BLOCK_N rows of W are BLOCK_N * K contiguous elements
-        prefetch_weight_rows(W, pid, BLOCK_N, K, LINE)
-    pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    rows = rm[:, None] < M
-    x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]
-    w_ptrs = W + rn[None, :].to(tl.int64) * K + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        x = tl.load(x_ptrs, mask=rows, other=0.0)
-        acc = tl.dot(x, tl.load(w_ptrs), acc)
-        if SWIGLU:
-            acc_up = tl.dot(x, tl.load(w_ptrs + N.to(tl.int64) * K), acc_up)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    dt = Out.dtype.element_ty
-    out = acc.to(dt)
-    if SWIGLU:  # each half rounded, then silu(gate), then the product
-        gate = out.to(tl.float32)
-        out = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
-    tl.store(Out + rm[:, None] * stride_om + rn[None, :], out, mask=rows)
-
-
 def pdl_gemm(x, w, setting: dict, pdl: bool, prefetch: bool, swiglu: bool = False) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     assert w.is_contiguous() and x.stride(1) == 1 and n % setting["block_n"] == 0
     assert k % setting["block_k"] == 0
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _pdl_gemm[(n // setting["block_n"],)](
-        x, w, out, m, n, k, x.stride(0), out.stride(0),
-        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"],
-        BLOCK_K=setting["block_k"], PDL=2 if pdl else 0, PREFETCH=prefetch, LINE=128 // w.element_size(),
-        SWIGLU=swiglu, num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,
+    _small_gemm_kernel[(n // setting["block_n"],)](  # the engine's kernel (rlx/engine/triton_gemm.py)
+        x, w, w, out, m, n, k, x.stride(0), out.stride(0),
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"], BLOCK_K=setting["block_k"],
+        HAS_BIAS=False, PREFETCH=prefetch, LINE=128 // w.element_size(), SWIGLU=swiglu,
+        PDL=2 if pdl else 0, num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,
     )  # fmt: skip
     return out
 

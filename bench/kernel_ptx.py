@@ -87,6 +87,7 @@ def kernels() -> dict[str, tuple]:
             triton_gemm._small_gemm_kernel,
             dict.fromkeys(["X", "W", "B", "Out"], bf16) | _i32("M", "N", "K", "stride_xm", "stride_om"),
             {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
+            | {"SWIGLU": False}
             | {"PDL": 2},
             4,
             6,

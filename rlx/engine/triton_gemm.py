@@ -49,14 +49,18 @@ def prefetch_weight_rows(W, pid, BLOCK_N: tl.constexpr, K, LINE: tl.constexpr):
 def _small_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PREFETCH: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr = 0,
+    PREFETCH: tl.constexpr, LINE: tl.constexpr, SWIGLU: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Out[:, tile] = X @ W[tile]^T (+ B[tile]) for W [N, K] contiguous, every row of X in one
     tile; N and K multiples of BLOCK_N and BLOCK_K. PREFETCH: the tile's BLOCK_N rows of W (one
-    contiguous run) asked of the L2 before the PDL wait, LINE elements (128 bytes) a prefetch."""
+    contiguous run) asked of the L2 before the PDL wait, LINE elements (128 bytes) a prefetch.
+    SWIGLU: W [2N, K] holds gate and up (B too), Out = silu(gate) * up, each rounded to Out's
+    dtype where `triton_layers.silu_mul` rounds (the GEMM's bf16 gate and up, then silu)."""
     pid = tl.program_id(0)
     if PREFETCH:
         prefetch_weight_rows(W, pid, BLOCK_N, K, LINE)
+        if SWIGLU:
+            prefetch_weight_rows(W + N.to(tl.int64) * K, pid, BLOCK_N, K, LINE)
     pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,13 +69,25 @@ def _small_gemm_kernel(
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]
     w_ptrs = W + rn[None, :].to(tl.int64) * K + rk[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
-        acc = tl.dot(tl.load(x_ptrs, mask=rows, other=0.0), tl.load(w_ptrs), acc)
+        x = tl.load(x_ptrs, mask=rows, other=0.0)
+        acc = tl.dot(x, tl.load(w_ptrs), acc)
+        if SWIGLU:
+            acc_up = tl.dot(x, tl.load(w_ptrs + N.to(tl.int64) * K), acc_up)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(B + rn).to(tl.float32)[None, :]
-    tl.store(Out + rm[:, None] * stride_om + rn[None, :], acc.to(Out.dtype.element_ty), mask=rows)
+        if SWIGLU:
+            acc_up += tl.load(B + N + rn).to(tl.float32)[None, :]
+    dt = Out.dtype.element_ty
+    out = acc.to(dt)
+    if SWIGLU:
+        gate = out.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        out = (silu * acc_up.to(dt).to(tl.float32)).to(dt)
+    tl.store(Out + rm[:, None] * stride_om + rn[None, :], out, mask=rows)
 
 
 def small_gemm_settings(n: int, k: int) -> dict | None:
@@ -92,19 +108,20 @@ def small_gemm_settings(n: int, k: int) -> dict | None:
 
 
 def small_gemm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, settings: dict
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, settings: dict, swiglu: bool = False
 ) -> torch.Tensor:
     """x [M <= SMALL_ROWS, K] @ weight [N, K]^T (+ bias) in x's dtype; `settings` from
-    `small_gemm_settings(N, K)`."""
+    `small_gemm_settings(N, K)`. `swiglu`: weight [2N, K] is gate and up, the product
+    silu(x @ gate^T) * (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it."""
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     _small_gemm_kernel[(n // settings["block_n"],)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), out.stride(0),
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=settings["block_n"], BLOCK_K=settings["block_k"],
-        HAS_BIAS=bias is not None, PREFETCH=x.is_cuda, LINE=128 // weight.element_size(),
+        HAS_BIAS=bias is not None, PREFETCH=x.is_cuda, LINE=128 // weight.element_size(), SWIGLU=swiglu,
         num_warps=settings["num_warps"], num_stages=settings["num_stages"], **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -37,6 +37,28 @@ def test_small_gemm_matches_f_linear(rows, k, n, bias, device, dtype):
     assert (out.float() - ref).abs().max().item() < tolerance
 
 
+@pytest.mark.parametrize(
+    "rows,k,n,bias", [(5, 576, 1536, False), (64, 1024, 3072, True)], ids=["SmolLM2", "0.6B, bias"]
+)
+def test_small_gemm_swiglu_matches_the_gemm_then_silu_mul(rows, k, n, bias, device, dtype):
+    """gate_up's GEMM, silu and the product in one kernel (bench/decode_gemm_fused.py times it):
+    silu(gate) * up rounded where the GEMM's output and `silu_mul` round (gate and up, then
+    silu, then the product)."""
+    from rlx.engine.triton_gemm import small_gemm, small_gemm_settings
+
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(rows, k, device=device, generator=g).to(dtype)
+    w = (torch.randn(2 * n, k, device=device, generator=g) * 0.05).to(dtype)
+    b = torch.randn(2 * n, device=device, generator=g).to(dtype) if bias else None
+    out = small_gemm(x, w, b, small_gemm_settings(n, k), swiglu=True)
+    gate_up = F.linear(x.float(), w.float(), None if b is None else b.float()).to(dtype).float()
+    gate, up = gate_up[:, :n], gate_up[:, n:]
+    ref = F.silu(gate).to(dtype).float() * up
+    assert out.shape == (rows, n)
+    tolerance = 2e-2 * ref.abs().max().item() if dtype == torch.bfloat16 else 1e-4
+    assert (out.float() - ref).abs().max().item() < tolerance
+
+
 def test_small_gemm_settings_by_the_weights_shape(device):
     """About 96 column tiles or more, tiles of 16-128 outputs dividing N; 128-element K steps (64
     beside 128-output tiles, or where 128 does not divide K); None where 16 does not divide."""
