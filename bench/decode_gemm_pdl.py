@@ -59,7 +59,7 @@ def pdl_gemm(x, w, setting: dict, pdl: bool, prefetch: bool, swiglu: bool = Fals
     assert k % setting["block_k"] == 0
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     _small_gemm_kernel[(n // setting["block_n"],)](  # the engine's kernel (rlx/engine/triton_gemm.py)
-        x, w, w, out, m, n, k, x.stride(0), out.stride(0),
+        x, w, w, out, m, n, k, x.stride(0), out.stride(0), 0,
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"], BLOCK_K=setting["block_k"],
         HAS_BIAS=False, PREFETCH=prefetch, LINE=128 // w.element_size(), SWIGLU=swiglu,
         PDL=2 if pdl else 0, num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,

@@ -41,15 +41,19 @@ def kernels() -> dict[str, tuple]:
     from rlx.engine import triton_gemm, triton_layers, triton_sample, triton_truncate
 
     bf16 = "*bf16"
+    norm_ints = _i32("stride_x", "stride_r", "stride_o", "stride_split", "N") | {"eps": "fp32"}
+    gemm_ints = _i32("M", "N", "K", "stride_xm", "stride_om", "stride_os")
     return {
         "add_rms_norm": (
             triton_layers._add_rms_norm_kernel,
-            {
-                **dict.fromkeys(["X", "R", "W", "Out", "ResOut"], bf16),
-                **_i32("stride_x", "stride_r", "stride_o", "N"),
-            }
-            | {"eps": "fp32"},
-            {"HAS_RES": True, "BLOCK": 2048, "PDL": 2},
+            dict.fromkeys(["X", "R", "W", "Out", "ResOut"], bf16) | norm_ints,
+            {"HAS_RES": True, "BLOCK": 2048, "SPLIT": 1, "PDL": 2},
+            4,
+        ),
+        "add_rms_norm_split": (  # summing a split o or down's two fp32 partials (Qwen3-0.6B: hidden 1,024)
+            triton_layers._add_rms_norm_kernel,
+            {"X": "*fp32"} | dict.fromkeys(["R", "W", "Out", "ResOut"], bf16) | norm_ints,
+            {"HAS_RES": True, "BLOCK": 1024, "SPLIT": 2, "PDL": 2},
             4,
         ),
         "qk_norm_rope_store": (
@@ -85,10 +89,25 @@ def kernels() -> dict[str, tuple]:
         ),
         "small_gemm": (  # Qwen3-0.6B's qkv at 64 rows, as small_gemm_settings launches it
             triton_gemm._small_gemm_kernel,
-            dict.fromkeys(["X", "W", "B", "Out"], bf16) | _i32("M", "N", "K", "stride_xm", "stride_om"),
+            dict.fromkeys(["X", "W", "B", "Out"], bf16) | gemm_ints,
             {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
-            | {"SWIGLU": False}
-            | {"PDL": 2},
+            | {"SWIGLU": False, "SPLIT": 1, "PDL": 2},
+            4,
+            6,
+        ),
+        "small_gemm_split": (  # its o at 64 rows in two fp32 partials, as small_split_settings launches it
+            triton_gemm._small_gemm_kernel,
+            dict.fromkeys(["X", "W", "B"], bf16) | {"Out": "*fp32"} | gemm_ints,
+            {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
+            | {"SWIGLU": False, "SPLIT": 2, "PDL": 2},
+            4,
+            6,
+        ),
+        "small_swiglu": (  # its gate_up at 64 rows with SwiGLU, as small_swiglu_settings launches it
+            triton_gemm._small_gemm_kernel,
+            dict.fromkeys(["X", "W", "B", "Out"], bf16) | gemm_ints,
+            {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
+            | {"SWIGLU": True, "SPLIT": 1, "PDL": 2},
             4,
             6,
         ),

@@ -1,4 +1,4 @@
-"""The layers' GEMMs of a small model at few rows: a Triton GEMM under programmatic dependent launch
+"""The layers' GEMMs of small weights at few rows: a Triton GEMM under programmatic dependent launch
 (CUDA, sm90+).
 
 At a decode step of 64 rows a Qwen3-0.6B layer's four GEMMs (qkv, o, gate_up, down: 4-13 MB of
@@ -6,16 +6,22 @@ weights each) take cuBLAS 24.9 µs where their 31.5 MB take 6.6 at 4.8 TB/s: eac
 launch, its ramp and its tail (1xH200, docs/benchmarks.md). cuBLAS's kernels cannot be
 launched under PDL (two of its decode kernels do not wait: bench/cublas_pdl_edges.py); this one
 is, like the engine's other Triton kernels (rlx/engine/pdl.py): each program first asks the L2
-for its rows of the weight, which no kernel of a forward writes, then waits for the kernel ahead,
+for its part of the weight, which no kernel of a forward writes, then waits for the kernel ahead,
 so its launch and its weight's first bytes overlap the norm or attention before it. All the rows
-in one tile, a program a column tile of `block_n` outputs (`small_gemm_settings`). Decode alone
-at batch 64 (1xH200, 2026-12-01, `RLX_ENGINE_SMALL_GEMM=1|0|1 python3 bench/rollout_throughput.py
---engine-only --batches 64 --shapes qwen3_0.6b`): Qwen3-0.6B 29,680 -> 31,437-31,439 tokens/s
-(47.9 -> 50.7% of the roofline). Qwen3-1.7B (its gate_up 50 MB) lost, 23,608 -> 23,014 (a
-one-off wrapper of the same bench), so the engine takes it only where every layer GEMM's weight
-is at most `MAX_WEIGHT_BYTES` (`small_gemms_pay`), at most `SMALL_ROWS` rows (at 128 rows it lost
-on the 0.6B too: bench/decode_gemm_pdl.py). `RLX_ENGINE_SMALL_GEMM=0` turns it off. Its sums run
-in another order than cuBLAS's: the same products to a bf16 rounding.
+in one tile, a program a column tile of `block_n` outputs (`small_gemm_settings`). Two of a
+layer's GEMMs go further: gate_up computes its SwiGLU in its epilogue (`small_swiglu_settings`:
+no silu_mul kernel), and o and down, whose outputs only the next `add_rms_norm` reads, split
+their K while their programs stay within one wave of the SMs (`small_split_settings`: the
+0.6B's in halves), the norm summing the fp32 partials. `RLX_ENGINE_SMALL_GEMM=0` turns it all off.
+
+Decode alone at batch 64 (1xH200, 2026-12-01, a one-off wrapper of `bench/rollout_throughput.py`:
+the variants in one process, a fresh engine each; docs/benchmarks.md, Decisions): Qwen3-0.6B
+47.8% of the roofline with cuBLAS, 51.6% with this kernel alone, 52.7% with the SwiGLU, 54.5%
+with the split, 55.4-55.5% with both. A weight takes it where it is at most `MAX_WEIGHT_BYTES`
+(`small_gemm_takes`): Qwen3-1.7B's qkv and o (16 and 8 MiB) 55.9 -> 57.8%, where its down
+(25 MB) or gate_up (50 MB) as well lost. At most `SMALL_ROWS` rows (at 128 rows it lost on
+the 0.6B: bench/decode_gemm_pdl.py). Its sums run in another order than cuBLAS's: the same
+products to a bf16 rounding.
 """
 
 from __future__ import annotations
@@ -29,48 +35,57 @@ from rlx.engine.pdl import pdl_launch, pdl_mode, pdl_prologue
 
 SMALL_ROWS = 64
 MAX_WEIGHT_BYTES = 16 << 20
+SHARED_BYTES = 200 << 10  # a program's pipelined tiles (H100 and H200 give a block up to 227 KB)
 
 
 @triton.jit
-def prefetch_weight_rows(W, pid, BLOCK_N: tl.constexpr, K, LINE: tl.constexpr):
-    """Ask the L2 for rows pid * BLOCK_N .. of W [N, K] (contiguous: one run of BLOCK_N * K
-    elements), LINE elements (128 bytes) a prefetch."""
-    base = W + pid.to(tl.int64) * BLOCK_N * K
-    lines = BLOCK_N * K // LINE
+def prefetch_weight_rows(W, row0, ROWS: tl.constexpr, K, k0, KS, LINE: tl.constexpr):
+    """Ask the L2 for W[row0 : row0 + ROWS, k0 : k0 + KS] (W [N, K] contiguous; one run of ROWS * K
+    elements where KS is K), LINE elements (128 bytes) a prefetch."""
+    base = W + row0.to(tl.int64) * K + k0
+    per_row = KS // LINE
+    lines = ROWS * per_row
     for start in range(0, lines, 128):
-        at = tl.minimum(start + tl.arange(0, 128), lines - 1).to(tl.int64)
+        at = tl.minimum(start + tl.arange(0, 128), lines - 1)
+        offset = (at // per_row).to(tl.int64) * K + (at % per_row) * LINE
         tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + at * LINE],
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + offset],
             dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
 
 
 @triton.jit
 def _small_gemm_kernel(
-    X, W, B, Out, M, N, K, stride_xm, stride_om,
+    X, W, B, Out, M, N, K, stride_xm, stride_om, stride_os,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PREFETCH: tl.constexpr, LINE: tl.constexpr, SWIGLU: tl.constexpr = False, PDL: tl.constexpr = 0,
+    PREFETCH: tl.constexpr, LINE: tl.constexpr, SWIGLU: tl.constexpr = False, SPLIT: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Out[:, tile] = X @ W[tile]^T (+ B[tile]) for W [N, K] contiguous, every row of X in one
-    tile; N and K multiples of BLOCK_N and BLOCK_K. PREFETCH: the tile's BLOCK_N rows of W (one
-    contiguous run) asked of the L2 before the PDL wait, LINE elements (128 bytes) a prefetch.
+    tile; N and K / SPLIT multiples of BLOCK_N and BLOCK_K. PREFETCH: the program's part of W
+    asked of the L2 before the PDL wait, LINE elements (128 bytes) a prefetch.
     SWIGLU: W [2N, K] holds gate and up (B too), Out = silu(gate) * up, each rounded to Out's
-    dtype where `triton_layers.silu_mul` rounds (the GEMM's bf16 gate and up, then silu)."""
+    dtype where `triton_layers.silu_mul` rounds (the GEMM's bf16 gate and up, then silu).
+    SPLIT > 1: program (tile, s) sums the s-th of SPLIT equal runs of K into Out[s] (fp32, unrounded,
+    `stride_os` apart; B in Out[0]): their sum is the product (`triton_layers.add_rms_norm` sums them)."""
     pid = tl.program_id(0)
+    part = tl.program_id(1)
+    k_part = K // SPLIT
+    k0 = part * k_part
     if PREFETCH:
-        prefetch_weight_rows(W, pid, BLOCK_N, K, LINE)
+        prefetch_weight_rows(W, pid * BLOCK_N, BLOCK_N, K, k0, k_part, LINE)
         if SWIGLU:
-            prefetch_weight_rows(W + N.to(tl.int64) * K, pid, BLOCK_N, K, LINE)
+            prefetch_weight_rows(W, N + pid * BLOCK_N, BLOCK_N, K, k0, k_part, LINE)
     pdl_prologue(PDL)  # after the prefetch: the weight is no kernel's output
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rk = k0 + tl.arange(0, BLOCK_K)
     rows = rm[:, None] < M
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]
     w_ptrs = W + rn[None, :].to(tl.int64) * K + rk[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
+    for _ in range(0, k_part, BLOCK_K):
         x = tl.load(x_ptrs, mask=rows, other=0.0)
         acc = tl.dot(x, tl.load(w_ptrs), acc)
         if SWIGLU:
@@ -78,16 +93,20 @@ def _small_gemm_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_BIAS:
-        acc += tl.load(B + rn).to(tl.float32)[None, :]
+        bias = tl.load(B + rn).to(tl.float32)
+        acc += tl.where(part == 0, bias, 0.0)[None, :]  # a split product's bias once, in Out[0]
         if SWIGLU:
             acc_up += tl.load(B + N + rn).to(tl.float32)[None, :]
-    dt = Out.dtype.element_ty
-    out = acc.to(dt)
-    if SWIGLU:
-        gate = out.to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        out = (silu * acc_up.to(dt).to(tl.float32)).to(dt)
-    tl.store(Out + rm[:, None] * stride_om + rn[None, :], out, mask=rows)
+    if SPLIT > 1:
+        tl.store(Out + part * stride_os + rm[:, None] * stride_om + rn[None, :], acc, mask=rows)
+    else:
+        dt = Out.dtype.element_ty
+        out = acc.to(dt)
+        if SWIGLU:
+            gate = out.to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+            out = (silu * acc_up.to(dt).to(tl.float32)).to(dt)
+        tl.store(Out + rm[:, None] * stride_om + rn[None, :], out, mask=rows)
 
 
 def small_gemm_settings(n: int, k: int) -> dict | None:
@@ -107,41 +126,73 @@ def small_gemm_settings(n: int, k: int) -> dict | None:
     return {"block_n": block_n, "block_k": block_k, "num_stages": 6, "num_warps": 4}
 
 
+def small_swiglu_settings(n: int, k: int) -> dict | None:
+    """The launch settings for gate_up [2n, k] with its SwiGLU (`small_gemm(swiglu=True)`): the
+    tiles `small_gemm_settings(n, k)` gives a half, and as many stages (at most its 6) as the rows'
+    tile and two weight tiles a stage fit in SHARED_BYTES."""
+    settings = small_gemm_settings(n, k)
+    if settings is not None:
+        stage_bytes = (SMALL_ROWS + 2 * settings["block_n"]) * settings["block_k"] * 2
+        settings["num_stages"] = min(settings["num_stages"], SHARED_BYTES // stage_bytes)
+    return settings
+
+
+def small_split_settings(n: int, k: int, programs: int = 128) -> dict | None:
+    """The launch settings for a weight [n, k] whose product is read only as the sum of its
+    partial products (a layer's o and down, summed by `add_rms_norm`): `small_gemm_settings`'
+    tiles, and K halved into `split` runs while the programs stay at most `programs` (about one
+    wave of an H100's or H200's 132 SMs) and the runs whole `block_k` steps. Qwen3-0.6B's o and down
+    (64 column tiles of 16) split in 2."""
+    settings = small_gemm_settings(n, k)
+    if settings is not None:
+        tiles, split = n // settings["block_n"], 1
+        while tiles * split * 2 <= programs and k % (split * 2 * settings["block_k"]) == 0:
+            split *= 2
+        settings["split"] = split
+    return settings
+
+
 def small_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, settings: dict, swiglu: bool = False
 ) -> torch.Tensor:
     """x [M <= SMALL_ROWS, K] @ weight [N, K]^T (+ bias) in x's dtype; `settings` from
-    `small_gemm_settings(N, K)`. `swiglu`: weight [2N, K] is gate and up, the product
-    silu(x @ gate^T) * (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it."""
+    `small_gemm_settings(N, K)`. `swiglu` (`small_swiglu_settings`): weight [2N, K] is gate and
+    up, the product silu(x @ gate^T) * (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it.
+    A `split` of S > 1 (`small_split_settings`): the S partial products [S, M, N] in fp32, whose
+    sum is the product before its rounding."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    split = settings.get("split", 1)
+    assert not (swiglu and split > 1), "SwiGLU needs the whole product"
     if x.stride(1) != 1:
         x = x.contiguous()
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _small_gemm_kernel[(n // settings["block_n"],)](
-        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), out.stride(0),
+    if split > 1:
+        out = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+    else:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _small_gemm_kernel[(n // settings["block_n"], split)](
+        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), n, m * n,
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=settings["block_n"], BLOCK_K=settings["block_k"],
         HAS_BIAS=bias is not None, PREFETCH=x.is_cuda, LINE=128 // weight.element_size(), SWIGLU=swiglu,
-        num_warps=settings["num_warps"], num_stages=settings["num_stages"], **pdl_launch(x.device),
+        SPLIT=split, num_warps=settings["num_warps"], num_stages=settings["num_stages"], **pdl_launch(x.device),
     )  # fmt: skip
     return out
 
 
-def small_gemms_pay(weights: list[torch.Tensor], device: torch.device) -> bool:
-    """Whether a model whose layer GEMMs have these weights takes `small_gemm` at few rows on
-    `device`: an sm90+ GPU under PDL, 2-byte weights, each at most MAX_WEIGHT_BYTES and of a shape
-    the kernel takes; unless `RLX_ENGINE_SMALL_GEMM=0`."""
-    if (
-        env_switch("RLX_ENGINE_SMALL_GEMM") == "0"
-        or not weights
-        or device.type != "cuda"
-        or not pdl_mode(device)
-    ):
+def small_gemms_on(device: torch.device) -> bool:
+    """Whether the engine on `device` takes `small_gemm` at few rows at all: an sm90+ GPU under
+    PDL, unless `RLX_ENGINE_SMALL_GEMM=0`."""
+    if env_switch("RLX_ENGINE_SMALL_GEMM") == "0":
         return False
-    return all(
-        w.element_size() == 2
-        and w.is_contiguous()
-        and w.numel() * 2 <= MAX_WEIGHT_BYTES
-        and small_gemm_settings(*w.shape) is not None
-        for w in weights
+    return device.type == "cuda" and pdl_mode(device) > 0
+
+
+def small_gemm_takes(weight: torch.Tensor) -> bool:
+    """Whether a layer GEMM of this weight takes `small_gemm` at few rows: 2-byte, contiguous, at
+    most MAX_WEIGHT_BYTES, of a shape the kernel takes."""
+    return (
+        weight.element_size() == 2
+        and weight.is_contiguous()
+        and weight.numel() * 2 <= MAX_WEIGHT_BYTES
+        and small_gemm_settings(*weight.shape) is not None
     )

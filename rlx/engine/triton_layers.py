@@ -29,8 +29,8 @@ from rlx.engine.pdl import pdl_launch, pdl_prologue
 
 @triton.jit
 def _add_rms_norm_kernel(
-    X, R, W, Out, ResOut, stride_x, stride_r, stride_o, N, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
+    X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_split, N, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -43,28 +43,36 @@ def _add_rms_norm_kernel(
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
+    dt = ResOut.dtype.element_ty
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if SPLIT > 1:  # X holds a product's SPLIT fp32 partials: their sum, rounded as the GEMM's output
+        for part in tl.static_range(1, SPLIT):
+            x += tl.load(X + part * stride_split + row * stride_x + cols, mask=mask, other=0.0)
+        x = x.to(dt)
     if HAS_RES:
         r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
         tl.store(ResOut + row * stride_o + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
-    y = (xf * inv).to(X.dtype.element_ty).to(tl.float32)
+    y = (xf * inv).to(dt).to(tl.float32)
     tl.store(Out + row * stride_o + cols, (w * y).to(Out.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(
     h: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + h) * weight, residual + h) for 2-D [T, N]; h None: no add."""
+    """(rms_norm(residual + h) * weight, residual + h) for 2-D [T, N]; h None: no add. h may be
+    3-D [S, T, N]: a product's S fp32 partials (`triton_gemm.small_gemm` split), summed and
+    rounded to residual's dtype first."""
     rows, n = residual.shape
     out = torch.empty_like(residual)
     new_residual = torch.empty_like(residual) if h is not None else residual
     x, r = (h, residual) if h is not None else (residual, residual)
+    split = x.shape[0] if x.dim() == 3 else 1
     _add_rms_norm_kernel[(rows,)](
-        x, r, weight, out, new_residual, x.stride(0), r.stride(0), out.stride(0), n, eps,
-        HAS_RES=h is not None, BLOCK=triton.next_power_of_2(n), num_warps=4,
+        x, r, weight, out, new_residual, x.stride(-2), r.stride(0), out.stride(0), x.stride(0), n, eps,
+        HAS_RES=h is not None, BLOCK=triton.next_power_of_2(n), SPLIT=split, num_warps=4,
         **pdl_launch(x.device),
     )  # fmt: skip
     return out, new_residual

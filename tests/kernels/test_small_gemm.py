@@ -1,6 +1,6 @@
-"""rlx.engine.triton_gemm: the layers' GEMMs of a small model at few rows, against F.linear in fp32
-(bf16 on a GPU, fp32 in Triton's interpreter: conftest.py), its launch settings and when the
-engine takes it."""
+"""rlx.engine.triton_gemm: the layers' GEMMs of small weights at few rows, against F.linear in fp32
+(bf16 on a GPU, fp32 in Triton's interpreter: conftest.py), gate_up's SwiGLU, o's and down's
+split partials and the norm that sums them, the launch settings and when the engine takes it."""
 
 from __future__ import annotations
 
@@ -59,6 +59,79 @@ def test_small_gemm_swiglu_matches_the_gemm_then_silu_mul(rows, k, n, bias, devi
     assert (out.float() - ref).abs().max().item() < tolerance
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+def test_small_gemm_split_partials_sum_to_f_linear(bias, device, dtype):
+    """Qwen3-0.6B's o at 40 rows, K in two runs of 1,024: two fp32 partials whose sum is the
+    product, the bias in the first alone."""
+    from rlx.engine.triton_gemm import small_gemm, small_split_settings
+
+    rows, k, n = 40, 2048, 1024
+    g = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(rows, k, device=device, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=device, generator=g) * 0.02).to(dtype)
+    b = torch.randn(n, device=device, generator=g).to(dtype) if bias else None
+    settings = small_split_settings(n, k)
+    assert settings["split"] == 2
+    parts = small_gemm(x, w, b, settings)
+    assert parts.dtype == torch.float32 and parts.shape == (2, rows, n)
+    half = F.linear(x[:, k // 2 :].float(), w[:, k // 2 :].float())  # the second run of K, no bias
+    tolerance = 1e-3 * half.abs().max().item() if dtype == torch.bfloat16 else 1e-4
+    assert (parts[1] - half).abs().max().item() < tolerance
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert (parts.sum(0) - ref).abs().max().item() < 2 * tolerance
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_add_rms_norm_sums_partials_as_the_rounded_product(split, device, dtype):
+    """`add_rms_norm` of S fp32 partials is `add_rms_norm` of their sum (in order) rounded to the
+    activation dtype, bit for bit: the product a whole GEMM would have rounded."""
+    from rlx.engine.triton_layers import add_rms_norm
+
+    rows, n = 7, 1024
+    g = torch.Generator(device=device).manual_seed(3)
+    parts = torch.randn(split, rows, n, device=device, generator=g)
+    residual = torch.randn(rows, n, device=device, generator=g).to(dtype)
+    weight = torch.randn(n, device=device, generator=g).to(dtype)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    out, new_residual = add_rms_norm(parts, residual, weight, 1e-6)
+    ref_out, ref_residual = add_rms_norm(total.to(dtype), residual, weight, 1e-6)
+    assert out.dtype == new_residual.dtype == dtype
+    assert torch.equal(new_residual, ref_residual) and torch.equal(out, ref_out)
+
+
+def test_gated_mlp_swiglu_and_split_down_give_the_norms_input(device, dtype):
+    """A gated MLP whose gate_up takes its SwiGLU in the GEMM and whose down returns two partials
+    (as `enable_small_gemms` sets it up): the norm after it gets what the plain MLP gives it."""
+    from rlx.engine import triton_gemm as tg
+    from rlx.engine.models.layers import GatedMLP
+    from rlx.engine.triton_layers import add_rms_norm
+
+    hidden, inter, rows = 64, 256, 12
+    torch.manual_seed(4)
+    mlp = GatedMLP(hidden, inter)
+    mlp.merge_projections()
+    mlp = mlp.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.normal_(0, 0.1)
+    x = torch.randn(rows, hidden, device=device).to(dtype)
+    residual = torch.randn(rows, hidden, device=device).to(dtype)
+    weight = torch.ones(hidden, device=device, dtype=dtype)
+    with torch.no_grad():
+        ref, ref_residual = add_rms_norm(mlp(x), residual, weight, 1e-6)
+        mlp.small_swiglu, mlp.small_rows = tg.small_swiglu_settings(inter, hidden), tg.SMALL_ROWS
+        mlp.down_proj.small_settings = tg.small_split_settings(hidden, inter)
+        mlp.down_proj.small_rows = tg.SMALL_ROWS
+        parts = mlp(x)
+        out, new_residual = add_rms_norm(parts, residual, weight, 1e-6)
+    assert parts.shape == (2, rows, hidden)
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (new_residual.float() - ref_residual.float()).abs().max().item() < tolerance * 4
+    assert (out.float() - ref.float()).abs().max().item() < tolerance * ref.abs().max().item()
+
+
 def test_small_gemm_settings_by_the_weights_shape(device):
     """About 96 column tiles or more, tiles of 16-128 outputs dividing N; 128-element K steps (64
     beside 128-output tiles, or where 128 does not divide K); None where 16 does not divide."""
@@ -80,41 +153,64 @@ def test_small_gemm_settings_by_the_weights_shape(device):
     assert tiles(1024, 1000) is None
 
 
-def test_small_gemms_pay_only_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
-    """On an sm90+ GPU under PDL, every weight 2-byte and at most 16 MiB (Qwen3-0.6B's four: 4-13
-    MB), unless RLX_ENGINE_SMALL_GEMM=0; not with one weight past it (1.7B's gate_up, 50 MB), in
-    fp32, off CUDA or without PDL; a setting other than 0 or 1 is refused by its text."""
+def test_split_and_swiglu_settings(device):
+    """K split in halves while the programs stay at most 128 and each run is whole K steps;
+    SwiGLU's stages as many (at most 6) as the rows' tile and two weight tiles fit in 200 KB."""
+    from rlx.engine.triton_gemm import small_gemm_settings, small_split_settings, small_swiglu_settings
+
+    def split(n: int, k: int):
+        return small_split_settings(n, k)["split"]
+
+    # Qwen3-0.6B's o and down: 64 tiles of 16 -> 128 programs; SmolLM2's down: 36 tiles -> 72;
+    # SmolLM2's o (576 x 576): 576 is 9 steps of 64, no halves; 1.7B's o 128 tiles of 16: whole
+    assert [split(1024, 2048), split(1024, 3072), split(576, 1536), split(576, 576)] == [2, 2, 2, 1]
+    assert split(2048, 2048) == 1
+    assert small_split_settings(1024, 2048, programs=256)["split"] == 4
+    assert small_split_settings(1000, 2048) is None
+    # 0.6B's gate_up halves (3,072 x 1,024): (64 + 64) x 128 x 2 B = 32 KB a stage -> 6;
+    # 1.7B's (6,144 x 2,048): tiles of 64 x 128 -> 48 KB -> 4; 128-output tiles of 64 -> 40 KB -> 5
+    assert small_swiglu_settings(3072, 1024)["num_stages"] == 6
+    assert small_swiglu_settings(6144, 2048)["num_stages"] == 4
+    assert small_gemm_settings(12288, 2048)["block_n"] == 128
+    assert small_swiglu_settings(12288, 2048)["num_stages"] == 5
+
+
+def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
+    """The engine takes the kernel on an sm90+ GPU under PDL unless RLX_ENGINE_SMALL_GEMM=0 (a
+    setting other than 0 or 1 is refused by its text); a weight takes it where it is 2-byte and at
+    most 16 MiB (Qwen3-0.6B's four: 4-13 MB; 1.7B's qkv 16 MiB, not its gate_up, 50 MB)."""
     import rlx.engine.triton_gemm as tg
 
     pdl = 2
     monkeypatch.setattr(tg, "pdl_mode", lambda device: pdl)
     monkeypatch.delenv("RLX_ENGINE_SMALL_GEMM", raising=False)
     gpu = torch.device("cuda", 0)
-
-    def weights(*shapes, dtype=torch.bfloat16):
-        return [torch.empty(shape, dtype=dtype, device="meta") for shape in shapes]
-
-    small = weights((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))
-    assert tg.small_gemms_pay(small, gpu)
-    assert not tg.small_gemms_pay(small + weights((12288, 2048)), gpu)
-    assert tg.small_gemms_pay(weights((4096, 2048)), gpu)  # 16 MiB exactly
-    assert not tg.small_gemms_pay(weights((4096, 2064)), gpu)  # a shape it takes, 16.9 MB
-    assert not tg.small_gemms_pay(weights((1024, 1024), dtype=torch.float32), gpu)
-    assert not tg.small_gemms_pay(small, torch.device("cpu"))
-    assert not tg.small_gemms_pay([], gpu)
+    assert tg.small_gemms_on(gpu) and not tg.small_gemms_on(torch.device("cpu"))
     monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "0")
-    assert not tg.small_gemms_pay(small, gpu)
+    assert not tg.small_gemms_on(gpu)
     monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "on")
     with pytest.raises(ValueError, match=r"RLX_ENGINE_SMALL_GEMM='on': use 1 \(on, where it pays\) or 0"):
-        tg.small_gemms_pay(small, gpu)
+        tg.small_gemms_on(gpu)
     monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "1")
+    assert tg.small_gemms_on(gpu)
     pdl = 0  # before sm90, or PDL turned off
-    assert not tg.small_gemms_pay(small, gpu)
+    assert not tg.small_gemms_on(gpu)
+
+    def takes(*shape, dtype=torch.bfloat16):
+        return tg.small_gemm_takes(torch.empty(shape, dtype=dtype, device="meta"))
+
+    assert all(takes(*shape) for shape in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)))
+    assert takes(4096, 2048)  # 16 MiB exactly
+    assert not takes(12288, 2048) and not takes(4096, 2064)  # 50 MB; a shape it takes, 16.9 MB
+    assert not takes(1024, 1024, dtype=torch.float32) and not takes(1000, 1024)
+    assert not tg.small_gemm_takes(torch.empty(2048, 1024, dtype=torch.bfloat16, device="meta").t())
 
 
 def test_the_models_layer_gemms_take_it_at_few_rows_where_it_pays(device, dtype, monkeypatch):
-    """`CausalLM.enable_small_gemms` gives every layer GEMM (merged qkv and gate_up, o, down) its
-    settings where `small_gemms_pay` says so, never the LM head; a layer GEMM then runs
+    """`CausalLM.enable_small_gemms` gives each layer GEMM (merged qkv and gate_up, o, down) its
+    settings where the engine takes the kernel and the weight is small enough, never the LM head;
+    o and down (summed by the next add_rms_norm) with a split, gate_up's MLP its SwiGLU, not
+    where a layer's post-norms (GLM-4) add their outputs itself. A layer GEMM then runs
     `small_gemm` up to 64 rows and F.linear past them, the same product either way."""
     from helpers import tiny_qwen3_config  # tests/ is on sys.path (conftest)
 
@@ -122,17 +218,41 @@ def test_the_models_layer_gemms_take_it_at_few_rows_where_it_pays(device, dtype,
     import rlx.engine.triton_gemm as tg
     from rlx.engine.models.dense import CausalLM
 
-    with torch.device("meta"):
-        model = CausalLM(tiny_qwen3_config(), 64)
-        model.merge_projections()
-    monkeypatch.setattr(tg, "small_gemms_pay", lambda weights, device: False)
-    assert not model.enable_small_gemms()
-    assert all(m.small_settings is None for m in model.modules() if isinstance(m, layers.Linear))
-    monkeypatch.setattr(tg, "small_gemms_pay", lambda weights, device: True)
+    def tiny(post_norms: bool = False) -> CausalLM:
+        with torch.device("meta"):
+            model = CausalLM(tiny_qwen3_config(), 64)
+            model.merge_projections()  # as the engine builds it: merged, then in the serving dtype
+            model = model.to(torch.bfloat16)
+        for layer in model.model.layers:
+            layer.post_norms = post_norms
+        return model
+
+    def chosen(model) -> set[str]:
+        return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if getattr(m, "small_settings", None)}
+
+    model = tiny()
+    monkeypatch.setattr(tg, "small_gemms_on", lambda device: False)
+    assert not model.enable_small_gemms() and not chosen(model)
+    monkeypatch.setattr(tg, "small_gemms_on", lambda device: True)
     assert model.enable_small_gemms()
-    chosen = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if getattr(m, "small_settings", None)}
-    assert chosen == {"qkv_proj", "o_proj", "gate_up", "down_proj"}
+    assert chosen(model) == {"qkv_proj", "o_proj", "gate_up", "down_proj"}
     assert not hasattr(model.lm_head, "small_settings")  # a plain nn.Linear: cuBLAS at any rows
+    for layer in model.model.layers:
+        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
+        assert "split" in o.small_settings and "split" in down.small_settings
+        assert "split" not in layer.self_attn.qkv_proj.small_settings
+        assert layer.mlp.small_swiglu == tg.small_swiglu_settings(128, 64) and layer.mlp.small_rows == 64
+    model = tiny(post_norms=True)
+    assert model.enable_small_gemms()
+    assert not any("split" in m.small_settings for m in model.modules() if isinstance(m, layers.Linear))
+    # weights of the tiny layer: qkv 128 x 64 and down 64 x 128 (16 KB), o 8 KB, gate_up 32 KB
+    monkeypatch.setattr(tg, "MAX_WEIGHT_BYTES", 16 << 10)
+    model = tiny()
+    assert model.enable_small_gemms() and chosen(model) == {"qkv_proj", "o_proj", "down_proj"}
+    assert all(layer.mlp.small_swiglu is None for layer in model.model.layers)
+    monkeypatch.setattr(tg, "MAX_WEIGHT_BYTES", 4 << 10)
+    model = tiny()
+    assert not model.enable_small_gemms() and not chosen(model)
 
     linear = layers.Linear(64, 32, bias=False, device=device, dtype=dtype)
     linear.small_settings, linear.small_rows = tg.small_gemm_settings(32, 64), 64

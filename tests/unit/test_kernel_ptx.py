@@ -2,8 +2,8 @@
 CPU by bench/kernel_ptx.py, in a child process with the interpreter's Triton (`RLX_TRITON_DIR`, as
 tests/unit/test_triton_interpreted.py runs it): none spills to local memory; the RMSNorm, the
 engine's most called small kernel (57 calls a 1.7B decode step), loads its weight before its PDL
-wait and nothing after its first store, the small GEMM asks the L2 for its weight before the wait
-and reads nothing before it, the q/k norm nothing after its first store, the sampler's
+wait and nothing after its first store (summing a split GEMM's partials too), the small GEMM (its
+split and SwiGLU forms too) asks the L2 for its weight before the wait and reads nothing before it, the q/k norm nothing after its first store, the sampler's
 second kernel its six inputs before its first reduction (a load written after work on earlier data
 is issued only once that data has arrived: docs/benchmarks.md, Decisions, PDL)."""
 
@@ -34,9 +34,12 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
     kernels = {name: k for name, k in report.items() if isinstance(k, dict)}
     assert set(kernels) == {
         "add_rms_norm",
+        "add_rms_norm_split",
         "qk_norm_rope_store",
         "silu_mul",
         "small_gemm",
+        "small_gemm_split",
+        "small_swiglu",
         "sample_blocks",
         "sample_select",
         "truncate_row_stats",
@@ -52,18 +55,19 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
     }
     assert all(k["local_bytes"] == 0 for k in kernels.values()), kernels
     ops = {name: [op for op, _ in k["memory_order"]] for name, k in kernels.items()}
-    norm = ops["add_rms_norm"]
-    weight = norm[: norm.index("griddepcontrol.wait")]
-    assert any(op.startswith("ld.global") for op in weight), norm
-    for name in ("add_rms_norm", "qk_norm_rope_store"):
+    for name in ("add_rms_norm", "add_rms_norm_split"):
+        weight = ops[name][: ops[name].index("griddepcontrol.wait")]
+        assert any(op.startswith("ld.global") for op in weight), ops[name]
+    for name in ("add_rms_norm", "add_rms_norm_split", "qk_norm_rope_store"):
         first_store = next(i for i, op in enumerate(ops[name]) if op.startswith("st.global"))
         assert not any(op.startswith("ld.global") for op in ops[name][first_store:]), (name, ops[name])
 
-    gemm = ops["small_gemm"]  # its weight asked of the L2 first, x and the weight read after the wait
-    wait = gemm.index("griddepcontrol.wait")
-    assert gemm[0].startswith("prefetch.global"), gemm
-    assert not any(op.startswith(("ld.global", "cp.async")) for op in gemm[:wait]), gemm
-    assert any(op.startswith("cp.async") for op in gemm[wait:]), gemm
+    for name in ("small_gemm", "small_gemm_split", "small_swiglu"):
+        gemm = ops[name]  # its weight asked of the L2 first, x and the weight read after the wait
+        wait = gemm.index("griddepcontrol.wait")
+        assert gemm[0].startswith("prefetch.global"), (name, gemm)
+        assert not any(op.startswith(("ld.global", "cp.async")) for op in gemm[:wait]), (name, gemm)
+        assert any(op.startswith("cp.async") for op in gemm[wait:]), (name, gemm)
 
     def loads_before(name: str, prefix: str) -> int:
         order = kernels[name]["memory_order"]

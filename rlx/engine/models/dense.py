@@ -180,17 +180,29 @@ class CausalLM(nn.Module):
                 module.merge_projections()
 
     def enable_small_gemms(self) -> bool:
-        """The layers' GEMMs at up to `triton_gemm.SMALL_ROWS` rows in `small_gemm` where it pays
-        for this model (`small_gemms_pay`: CUDA sm90+ under PDL, every such weight small); whether
-        they are. After the weights are on their device (CUDA builds)."""
-        from rlx.engine.triton_gemm import SMALL_ROWS, small_gemm_settings, small_gemms_pay
+        """The layers' GEMMs at up to `triton_gemm.SMALL_ROWS` rows in `small_gemm` where the
+        engine takes it (`small_gemms_on`: CUDA sm90+ under PDL) and each weight is small enough
+        (`small_gemm_takes`); whether any is. gate_up takes its SwiGLU along; where the layers'
+        fused forward sums o's and down's outputs in `add_rms_norm` (not GLM's post-norms), those
+        split K in partials. After the weights are on their device (CUDA builds)."""
+        from rlx.engine import triton_gemm as tg
 
-        layers = [m for m in self.model.layers.modules() if isinstance(m, Linear)]
-        if not layers or not small_gemms_pay([m.weight for m in layers], layers[0].weight.device):
+        if not tg.small_gemms_on(self.model.embed_tokens.weight.device):
             return False
-        for module in layers:
-            module.small_settings, module.small_rows = small_gemm_settings(*module.weight.shape), SMALL_ROWS
-        return True
+        taken = False
+        for layer in self.model.layers:
+            mlp = layer.mlp if isinstance(layer.mlp, GatedMLP) and layer.mlp.gate_up is not None else None
+            if mlp is not None and tg.small_gemm_takes(mlp.gate_up.weight):
+                mlp.small_swiglu = tg.small_swiglu_settings(mlp.gate_up.sizes[0], mlp.gate_up.in_features)
+                mlp.small_rows = tg.SMALL_ROWS
+            down = getattr(layer.mlp, "down_proj", None)
+            summed = () if layer.post_norms else (layer.self_attn.o_proj, down)
+            for module in layer.modules():
+                if isinstance(module, Linear) and tg.small_gemm_takes(module.weight):
+                    settings = tg.small_split_settings if module in summed else tg.small_gemm_settings
+                    module.small_settings, module.small_rows = settings(*module.weight.shape), tg.SMALL_ROWS
+                    taken = True
+        return taken
 
     def weight_views(self) -> dict[str, torch.Tensor]:
         """Checkpoint name -> the live tensor (or view of it) that name loads into."""

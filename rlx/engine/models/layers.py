@@ -28,7 +28,9 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear):
     """nn.Linear whose GEMM at few rows may be `rlx.engine.triton_gemm.small_gemm` (CUDA):
-    `small_settings` its launch settings, set by `CausalLM.enable_small_gemms`; None: F.linear."""
+    `small_settings` its launch settings, set by `CausalLM.enable_small_gemms`; None: F.linear.
+    Settings with a `split` (a layer's o and down, whose output only `add_rms_norm` reads) make
+    it return the product's fp32 partials [split, rows, out] there, which that norm sums."""
 
     small_settings: dict | None = None
     small_rows = 0
@@ -62,7 +64,13 @@ class MergedLinear(Linear):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), HF names gate_proj / up_proj / down_proj."""
+    """down(silu(gate(x)) * up(x)), HF names gate_proj / up_proj / down_proj. `small_swiglu`:
+    gate_up's launch settings with SwiGLU (`triton_gemm.small_swiglu_settings`, set by
+    `CausalLM.enable_small_gemms`), the GEMM, silu and the product in one kernel up to
+    `small_rows` rows."""
+
+    small_swiglu: dict | None = None
+    small_rows = 0
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -81,6 +89,11 @@ class GatedMLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_swiglu is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
+            from rlx.engine.triton_gemm import small_gemm
+
+            gated = small_gemm(x, self.gate_up.weight, self.gate_up.bias, self.small_swiglu, swiglu=True)
+            return self.down_proj(gated)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
         else:
