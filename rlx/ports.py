@@ -65,8 +65,14 @@ def tcp_store(
     )  # fmt: skip
 
 
+# a port found free, then taken by another process before the child bound it: a caller whose port
+# is its own picks another (its child's start failed naming the port), this many times in all
+PORT_ATTEMPTS = 3
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A port on `host` that was free a moment ago (the caller's child binds it; a race is unlikely)."""
+    """A port on `host` that was free a moment ago: the caller's child binds it, and another process
+    may take it first (the caller then picks again, up to PORT_ATTEMPTS times)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlx.errors import ConfigError, UserError
-from rlx.ports import free_port
+from rlx.ports import PORT_ATTEMPTS, free_port
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,10 @@ HEAD_GONE_S = 10.0  # a worker leaves once the head's Ray port has been closed t
 
 class NodeJoinError(UserError):
     """A node of a multi-node job did not reach the Ray head in time."""
+
+
+class HeadPortTaken(NodeJoinError):
+    """`ray start --head` could not bind the port found free for it: another process took it first."""
 
 
 @dataclass(frozen=True)
@@ -155,15 +159,11 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
     from rlx.launcher import ray_start  # imports Ray: not when launch.py only validates a config
 
     host_ip = socket.gethostbyname(role.hostnames[0])
-    port = free_port(host_ip)
-    address = f"{host_ip}:{port}"
     log_path = Path(run_dir) / f"ray_node0.{role.job_id}.log"
     token = ray_start.new_token()
-    head_args = ["--head", f"--port={port}", f"--node-ip-address={host_ip}", "--include-dashboard=false"]
-    proc = _ray_start(role, head_args, log_path, token)
+    ray_start.use_token(token)
+    address, proc = _start_head_ray(role, host_ip, log_path, token, timeout_s)
     try:
-        ray_start.use_token(token)
-        _connect(address, proc, log_path, timeout_s)
         _publish(rendezvous_path(run_dir, role), {"address": address, "job_id": role.job_id, "token": token})
         log.info("Ray head at %s; waiting for %d more node(s)", address, role.num_nodes - 1)
         _wait_for_nodes(role, address, timeout_s)
@@ -171,6 +171,50 @@ def start_head(role: NodeRole, run_dir: str | Path, timeout_s: float) -> tuple[s
         stop(proc)
         raise
     return address, proc
+
+
+def _start_head_ray(
+    role: NodeRole, host_ip: str, log_path: Path, token: str, timeout_s: float
+) -> tuple[str, subprocess.Popen]:
+    """`ray start --head` on a port found free, joined: (its address, its process). A port that
+    another process took before Ray's GCS bound it is picked again, up to PORT_ATTEMPTS times."""
+    for _ in range(PORT_ATTEMPTS - 1):
+        try:
+            return _head_on_free_port(role, host_ip, log_path, token, timeout_s)
+        except HeadPortTaken as e:
+            log.warning("%s; picking another", e)
+    return _head_on_free_port(role, host_ip, log_path, token, timeout_s)  # its error is the caller's
+
+
+def _head_on_free_port(
+    role: NodeRole, host_ip: str, log_path: Path, token: str, timeout_s: float
+) -> tuple[str, subprocess.Popen]:
+    port = free_port(host_ip)
+    address = f"{host_ip}:{port}"
+    head_args = ["--head", f"--port={port}", f"--node-ip-address={host_ip}", "--include-dashboard=false"]
+    logged = log_path.stat().st_size if log_path.exists() else 0
+    proc = _ray_start(role, head_args, log_path, token)
+    try:
+        _connect(address, proc, log_path, timeout_s)
+    except NodeJoinError as e:
+        stop(proc)
+        if _port_taken(log_path, logged, port):
+            raise HeadPortTaken(f"Ray head: port {port} was taken before Ray bound it ({log_path})") from e
+        raise
+    except BaseException:
+        stop(proc)
+        raise
+    return address, proc
+
+
+def _port_taken(log_path: Path, start: int, port: int) -> bool:
+    """Whether the output of a `ray start --head --port=PORT` (from byte `start` of its log) says
+    that its GCS could not bind the port. Ray 2.60: "Failed to start the grpc server. The
+    specified port is PORT. ... `Address already in use` ..." after about 40 s of its retries."""
+    with open(log_path, "rb") as log_file:
+        log_file.seek(start)
+        text = log_file.read().decode(errors="replace")
+    return f"Failed to start the grpc server. The specified port is {port}." in text
 
 
 def _publish(path: Path, record: dict) -> None:

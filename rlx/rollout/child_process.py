@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from rlx.ports import PORT_ATTEMPTS
+
 log = logging.getLogger(__name__)
-# a port found free, then taken by another process before the child bound it (the child exits
-# with "Address already in use"): a service whose port is its own picks another, this many times
-PORT_ATTEMPTS = 3
 
 
 class ChildProcess:
