@@ -312,7 +312,7 @@ def test_dependent_launches_give_the_outputs_of_plain_launches(model_dir, monkey
     def run(mode: str, small: bool):
         monkeypatch.setenv("RLX_ENGINE_PDL", mode)
         monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "1" if small else "0")
-        monkeypatch.setattr(tg, "pdl_mode", lambda device: 2)  # what small_gemms_pay asks
+        monkeypatch.setattr(tg, "pdl_mode", lambda device: 2)  # what small_gemms_on asks
         pdl_mode.cache_clear()
         engine = engine_for(model_dir, dtype="bfloat16", max_total_tokens=4096)
         assert pdl_mode(torch.device("cuda")) == int(mode)
