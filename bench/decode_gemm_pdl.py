@@ -7,8 +7,9 @@ at 64-128 rows a layer's four GEMMs take 1.7× their weights' memory time (docs/
 A GEMM of rlx's own launched under PDL can ask the L2 for its weight, which no kernel of the
 step writes, before its `griddepcontrol.wait`: the weight streams in while the kernel ahead
 runs. (Asking from the kernel ahead instead made that kernel last until its prefetches landed:
-Decisions.) The engine now does so for small models at up to 64 rows (rlx/engine/triton_gemm.py,
-where a rollout decided it: this bench's chain leaves attention out). Here, `LAYERS` layers' chains (distinct weights, so that no layer finds another's in
+Decisions.) The engine now does so for weights up to 16 MiB at up to 64 rows, gate_up with its
+SwiGLU, o and down split K (rlx/engine/triton_gemm.py, where a rollout decided it: this bench's
+chain leaves attention out, and launches each GEMM whole). Here, `LAYERS` layers' chains (distinct weights, so that no layer finds another's in
 the L2) in one CUDA graph, each layer as the engine runs it with its attention left out:
 
     add_rms_norm -> qkv;  add_rms_norm(q part) -> o;  add_rms_norm(+ residual) -> gate_up;
