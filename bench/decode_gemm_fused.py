@@ -6,7 +6,7 @@ Whether the engine should run them so (docs/benchmarks.md, Decisions).
 attention left out (a norm of the q part stands in for it, as in bench/decode_gemm_pdl.py):
 
 - `cublas`: add_rms_norm -> qkv; o; add_rms_norm -> gate_up; silu_mul -> down (`F.linear`);
-- `triton`: the same kernels with Triton GEMMs launched by one rule of settings (`rule`);
+- `triton`: the same kernels with Triton GEMMs launched by the engine's settings (`rule`);
 - `swiglu`: as `triton`, SwiGLU in the gate_up GEMM (eight kernels of nine);
 - `swiglu_best`: the same with each GEMM's best setting of the sweep;
 - `none`: the kernels other than the GEMMs alone, subtracted from the others' `*_gemm_us`.
@@ -28,6 +28,7 @@ import triton
 from decode_gemm_pdl import LAYERS, SHAPES, gemm_bench_main, layers_for, pdl_gemm
 from engine_step_profile import time_cuda
 
+from rlx.engine.triton_gemm import small_gemm_settings, small_swiglu_settings
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
 EPS = 1e-6
@@ -42,22 +43,14 @@ ROLES = {  # role: (weight, SwiGLU)
 
 
 def rule(n: int, k: int, swiglu: bool) -> dict:
-    """One launch setting by shape: the sweep's best at 64 rows for Qwen3-0.6B and -1.7B."""
-
-    def step(*sizes):  # the first K step that divides k
-        return next((s for s in sizes if k % s == 0), 16)
-
-    if n <= k:  # o, down: few columns, long K steps
-        return dict(block_n=16, block_k=step(256, 128, 64, 32), stages=4, warps=4)
-    if swiglu:
-        return dict(block_n=16, block_k=step(64, 32), stages=6, warps=4)
-    return dict(block_n=32, block_k=step(128, 64, 32), stages=6, warps=4)
+    """One launch setting by shape: the engine's (rlx/engine/triton_gemm.py), whole K."""
+    return (small_swiglu_settings if swiglu else small_gemm_settings)(n, k)
 
 
 def decode_gemm(x, w, swiglu: bool, setting: dict | None) -> torch.Tensor:
     """Under PDL, with `setting` (None: `rule`'s)."""
     n, k = w.shape[0] // (2 if swiglu else 1), w.shape[1]
-    return pdl_gemm(x, w, setting or rule(n, k, swiglu), pdl=True, prefetch=False, swiglu=swiglu)
+    return pdl_gemm(x, w, setting or rule(n, k, swiglu), prefetch=False, swiglu=swiglu)
 
 
 def sweep(rows: int, layers: list[dict]) -> dict:
@@ -69,7 +62,7 @@ def sweep(rows: int, layers: list[dict]) -> dict:
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         timed = {}
         for block_n, block_k, stages in itertools.product((16, 32, 64), (64, 128, 256), (3, 4, 6)):
-            setting = dict(block_n=block_n, block_k=block_k, stages=stages, warps=4)
+            setting = dict(block_n=block_n, block_k=block_k, num_stages=stages, num_warps=4)
             if n % block_n or k % block_k:
                 continue
             try:

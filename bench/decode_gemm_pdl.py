@@ -7,9 +7,10 @@ at 64-128 rows a layer's four GEMMs take 1.7× their weights' memory time (docs/
 A GEMM of rlx's own launched under PDL can ask the L2 for its weight, which no kernel of the
 step writes, before its `griddepcontrol.wait`: the weight streams in while the kernel ahead
 runs. (Asking from the kernel ahead instead made that kernel last until its prefetches landed:
-Decisions.) The engine now does so for weights up to 16 MiB at up to 64 rows, gate_up with its
-SwiGLU, o and down split K (rlx/engine/triton_gemm.py, where a rollout decided it: this bench's
-chain leaves attention out, and launches each GEMM whole). Here, `LAYERS` layers' chains (distinct weights, so that no layer finds another's in
+Decisions.) The engine now runs this GEMM (TMA tiles) for weights up to 64 MiB at up to 64 rows,
+asking the L2 for those up to 16 MiB, gate_up with its SwiGLU, o and down split K
+(rlx/engine/triton_gemm.py, where a rollout decided it: this bench's chain leaves attention out,
+and launches each GEMM whole). Here, `LAYERS` layers' chains (distinct weights, so that no layer finds another's in
 the L2) in one CUDA graph, each layer as the engine runs it with its attention left out:
 
     add_rms_norm -> qkv;  add_rms_norm(q part) -> o;  add_rms_norm(+ residual) -> gate_up;
@@ -17,8 +18,8 @@ the L2) in one CUDA graph, each layer as the engine runs it with its attention l
 
 with the GEMMs as
 - `cublas`: `F.linear`, as the engine runs them;
-- `triton`: a Triton GEMM (all rows in one tile, a program a column tile; its launch settings
-  the fastest of a small sweep, timed alone) launched under PDL;
+- `triton`: the engine's Triton GEMM (all rows in one tile, a program a column tile; its launch
+  settings the fastest of a small sweep, timed alone) launched under PDL;
 - `triton_prefetch`: the same, with each program's weight rows (contiguous) asked of the L2
   before the wait;
 - `triton_prefetch_{qkv,o,gate_up,down}_only`: that GEMM prefetching, cuBLAS for the others
@@ -43,7 +44,7 @@ import triton
 from engine_step_profile import time_cuda
 from rollout_throughput import bandwidth
 
-from rlx.engine.triton_gemm import _small_gemm_kernel
+from rlx.engine.triton_gemm import small_gemm
 from rlx.engine.triton_layers import add_rms_norm, silu_mul
 
 LAYERS = 28
@@ -53,19 +54,10 @@ SHAPES = {  # hidden, query heads × head dim, q + k + v outputs, intermediate
 }
 
 
-def pdl_gemm(x, w, setting: dict, pdl: bool, prefetch: bool, swiglu: bool = False) -> torch.Tensor:
-    m, k = x.shape
-    n = w.shape[0] // 2 if swiglu else w.shape[0]
-    assert w.is_contiguous() and x.stride(1) == 1 and n % setting["block_n"] == 0
-    assert k % setting["block_k"] == 0
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _small_gemm_kernel[(n // setting["block_n"],)](  # the engine's kernel (rlx/engine/triton_gemm.py)
-        x, w, w, out, m, n, k, x.stride(0), out.stride(0), 0,
-        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=setting["block_n"], BLOCK_K=setting["block_k"],
-        HAS_BIAS=False, PREFETCH=prefetch, LINE=128 // w.element_size(), SWIGLU=swiglu,
-        PDL=2 if pdl else 0, num_warps=setting["warps"], num_stages=setting["stages"], launch_pdl=pdl,
-    )  # fmt: skip
-    return out
+def pdl_gemm(x, w, setting: dict, prefetch: bool, swiglu: bool = False) -> torch.Tensor:
+    """The engine's small GEMM (rlx/engine/triton_gemm.py) under PDL, its weight asked of the L2
+    before the wait where `prefetch`."""
+    return small_gemm(x, w, None, setting | {"prefetch": prefetch}, swiglu=swiglu)
 
 
 def layers_for(shape: dict, device) -> list[dict]:
@@ -99,22 +91,22 @@ def chain(layers: list[dict], residual: torch.Tensor, gemm, inter: int, q: int) 
 
 
 def best_setting(x_rows: int, layers: list[dict], name: str) -> dict:
-    """The fastest launch setting of `_pdl_gemm` for one GEMM alone (no PDL, no prefetch), cycling
-    over the layers' weights in a CUDA graph."""
+    """The fastest launch setting of `pdl_gemm` for one GEMM alone (no prefetch), cycling over the
+    layers' weights in a CUDA graph."""
     best, best_us = None, float("inf")
     k = layers[0][name].shape[1]
     x = torch.randn(x_rows, k, device="cuda", dtype=torch.bfloat16)
     reference = F.linear(x, layers[0][name]).float()
     for block_n, block_k, stages, warps in itertools.product((16, 32, 64, 128), (64, 128), (4, 6), (4,)):
-        setting = dict(block_n=block_n, block_k=block_k, stages=stages, warps=warps)
+        setting = dict(block_n=block_n, block_k=block_k, num_stages=stages, num_warps=warps)
         try:
-            got = pdl_gemm(x, layers[0][name], setting, pdl=False, prefetch=False).float()
+            got = pdl_gemm(x, layers[0][name], setting, prefetch=False).float()
         except (triton.runtime.errors.OutOfResources, AssertionError):
             continue
         if (got - reference).abs().max().item() > 0.02 * reference.abs().max().item():
             continue
         turn = itertools.cycle(layers)
-        call = lambda turn=turn, setting=setting: pdl_gemm(x, next(turn)[name], setting, False, False)  # noqa: E731
+        call = lambda turn=turn, setting=setting: pdl_gemm(x, next(turn)[name], setting, False)  # noqa: E731
         us = time_cuda(call, graph=True) * 1e6
         if us < best_us:
             best, best_us = setting, us
@@ -142,7 +134,7 @@ def run(shape_name: str, rows: int, hbm: float) -> dict:
             name = by_w[w.data_ptr()]
             if only is not None and name != only:
                 return F.linear(x, w)
-            return pdl_gemm(x, w, settings[name], pdl=True, prefetch=prefetch)
+            return pdl_gemm(x, w, settings[name], prefetch=prefetch)
 
         return gemm
 

@@ -28,7 +28,8 @@ import subprocess
 import tempfile
 
 MEMORY_OPS = re.compile(
-    r"\b(ld\.global[.\w]*|st\.global[.\w]*|cp\.async\.[.\w]*global|prefetch\.global[.\w]*|griddepcontrol\.\w+|bar\.sync)\b"
+    r"\b(ld\.global[.\w]*|st\.global[.\w]*|cp\.async\.[.\w:]*?global[.\w]*|prefetch\.global[.\w]*"
+    r"|griddepcontrol\.\w+|bar\.sync)\b"
 )
 
 
@@ -42,7 +43,11 @@ def kernels() -> dict[str, tuple]:
 
     bf16 = "*bf16"
     norm_ints = _i32("stride_x", "stride_r", "stride_o", "stride_split", "N") | {"eps": "fp32"}
-    gemm_ints = _i32("M", "N", "K", "stride_xm", "stride_om", "stride_os")
+
+    def gemm_args(out: str) -> dict[str, str]:  # the small GEMM's TMA descriptors and pointers
+        tiles = {"x_desc": "tensordesc<bf16[64, 128]>", "w_desc": "tensordesc<bf16[32, 128]>"}
+        return tiles | {"out_desc": f"tensordesc<{out}>", "W": bf16, "B": bf16} | _i32("N", "K")
+
     return {
         "add_rms_norm": (
             triton_layers._add_rms_norm_kernel,
@@ -89,23 +94,23 @@ def kernels() -> dict[str, tuple]:
         ),
         "small_gemm": (  # Qwen3-0.6B's qkv at 64 rows, as small_gemm_settings launches it
             triton_gemm._small_gemm_kernel,
-            dict.fromkeys(["X", "W", "B", "Out"], bf16) | gemm_ints,
+            gemm_args("bf16[64, 32]"),
             {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
             | {"SWIGLU": False, "SPLIT": 1, "PDL": 2},
             4,
             6,
         ),
-        "small_gemm_split": (  # its o at 64 rows in two fp32 partials, as small_split_settings launches it
+        "small_gemm_split": (  # its o at 64 rows in four fp32 partials, as small_split_settings launches it
             triton_gemm._small_gemm_kernel,
-            dict.fromkeys(["X", "W", "B"], bf16) | {"Out": "*fp32"} | gemm_ints,
-            {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
-            | {"SWIGLU": False, "SPLIT": 2, "PDL": 2},
+            gemm_args("fp32[1, 64, 32]"),
+            {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
+            | {"SWIGLU": False, "SPLIT": 4, "PDL": 2},
             4,
             6,
         ),
         "small_swiglu": (  # its gate_up at 64 rows with SwiGLU, as small_swiglu_settings launches it
             triton_gemm._small_gemm_kernel,
-            dict.fromkeys(["X", "W", "B", "Out"], bf16) | gemm_ints,
+            gemm_args("bf16[64, 32]"),
             {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "HAS_BIAS": False, "PREFETCH": True, "LINE": 64}
             | {"SWIGLU": True, "SPLIT": 1, "PDL": 2},
             4,

@@ -61,8 +61,9 @@ def test_small_gemm_swiglu_matches_the_gemm_then_silu_mul(rows, k, n, bias, devi
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
 def test_small_gemm_split_partials_sum_to_f_linear(bias, device, dtype):
-    """Qwen3-0.6B's o at 40 rows, K in two runs of 1,024: two fp32 partials whose sum is the
-    product, the bias in the first alone."""
+    """Qwen3-0.6B's o at 40 rows, K in four runs of 512: four fp32 partials, each its run's
+    product (the bias in the first alone; a tile of 64 rows, the rows past 40 of one part
+    written into none of the next), whose sum is the product."""
     from rlx.engine.triton_gemm import small_gemm, small_split_settings
 
     rows, k, n = 40, 2048, 1024
@@ -71,14 +72,35 @@ def test_small_gemm_split_partials_sum_to_f_linear(bias, device, dtype):
     w = (torch.randn(n, k, device=device, generator=g) * 0.02).to(dtype)
     b = torch.randn(n, device=device, generator=g).to(dtype) if bias else None
     settings = small_split_settings(n, k)
-    assert settings["split"] == 2
+    assert settings["split"] == 4
     parts = small_gemm(x, w, b, settings)
-    assert parts.dtype == torch.float32 and parts.shape == (2, rows, n)
-    half = F.linear(x[:, k // 2 :].float(), w[:, k // 2 :].float())  # the second run of K, no bias
-    tolerance = 1e-3 * half.abs().max().item() if dtype == torch.bfloat16 else 1e-4
-    assert (parts[1] - half).abs().max().item() < tolerance
+    assert parts.dtype == torch.float32 and parts.shape == (4, rows, n)
+    for i, part in enumerate(parts):
+        run = F.linear(x[:, i * 512 : (i + 1) * 512].float(), w[:, i * 512 : (i + 1) * 512].float())
+        if i == 0 and b is not None:
+            run += b.float()
+        tolerance = 1e-3 * run.abs().max().item() if dtype == torch.bfloat16 else 1e-4
+        assert (part - run).abs().max().item() < tolerance, i
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
-    assert (parts.sum(0) - ref).abs().max().item() < 2 * tolerance
+    assert (parts.sum(0) - ref).abs().max().item() < 4 * tolerance
+
+
+@pytest.mark.parametrize("split", [1, 2], ids=["whole", "split"])
+def test_small_gemm_tiles_rows_past_the_tile(split, device, dtype):
+    """100 rows in two tiles of 64 (the second 36 rows: the rest read as zeros, their stores
+    dropped), split or whole."""
+    from rlx.engine.triton_gemm import small_gemm, small_gemm_settings
+
+    rows, k, n = 100, 256, 512
+    g = torch.Generator(device=device).manual_seed(5)
+    x = torch.randn(rows, k, device=device, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=device, generator=g) * 0.05).to(dtype)
+    out = small_gemm(x, w, None, small_gemm_settings(n, k) | {"split": split})
+    assert out.shape == ((rows, n) if split == 1 else (split, rows, n))
+    ref = F.linear(x.float(), w.float())
+    got = out.float() if split == 1 else out.sum(0)
+    tolerance = 1e-2 * ref.abs().max().item() if dtype == torch.bfloat16 else 1e-4
+    assert (got - ref).abs().max().item() < tolerance
 
 
 @pytest.mark.parametrize("split", [2, 4])
@@ -133,52 +155,60 @@ def test_gated_mlp_swiglu_and_split_down_give_the_norms_input(device, dtype):
 
 
 def test_small_gemm_settings_by_the_weights_shape(device):
-    """About 96 column tiles or more, tiles of 16-128 outputs dividing N; 128-element K steps (64
-    beside 128-output tiles, or where 128 does not divide K); None where 16 does not divide."""
+    """About 96 column tiles or more, tiles of 32-128 outputs dividing N (16 where 32 does not);
+    128-element K steps (64 beside 128-output tiles, or where 128 does not divide K); None where
+    16 does not divide."""
     from rlx.engine.triton_gemm import small_gemm_settings
 
     def tiles(n: int, k: int):
         s = small_gemm_settings(n, k)
         return None if s is None else (s["block_n"], s["block_k"])
 
-    # Qwen3-0.6B: qkv 4,096 x 1,024 (128 tiles of 32), o 1,024 x 2,048 (64 of 16: fewer than 96,
+    # Qwen3-0.6B: qkv 4,096 x 1,024 (128 tiles of 32), o 1,024 x 2,048 (32 of 32: fewer than 96,
     # the smallest tile), gate_up 6,144 (96 of 64), down 1,024 x 3,072; 1.7B's gate_up 12,288 (96 of 128)
     assert [tiles(n, k) for n, k in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))] == [
-        (32, 128), (16, 128), (64, 128), (16, 128)
+        (32, 128), (32, 128), (64, 128), (32, 128)
     ]  # fmt: skip
     assert tiles(12288, 2048) == (128, 64)
-    assert tiles(960, 576) == (16, 64)  # SmolLM2's qkv: 60 tiles; 576 = 4.5 x 128
+    assert tiles(960, 576) == (32, 64)  # SmolLM2's qkv: 30 tiles; 576 = 4.5 x 128
     assert tiles(3072, 576) == (32, 64)  # SmolLM2's gate_up: 96 tiles of 32
+    assert tiles(528, 1024) == (16, 128)  # 33 x 16: 32 does not divide it
     assert tiles(1000, 1024) is None  # 1,000 outputs: 16 does not divide them
     assert tiles(1024, 1000) is None
 
 
 def test_split_and_swiglu_settings(device):
     """K split in halves while the programs stay at most 128 and each run is whole K steps;
-    SwiGLU's stages as many (at most 6) as the rows' tile and two weight tiles fit in 200 KB."""
+    stages as many (at most 6) as the rows' tile of 64 and the weight tiles (two with SwiGLU)
+    fit in 200 KB; the weight asked of the L2 where it is at most 16 MiB."""
     from rlx.engine.triton_gemm import small_gemm_settings, small_split_settings, small_swiglu_settings
 
     def split(n: int, k: int):
         return small_split_settings(n, k)["split"]
 
-    # Qwen3-0.6B's o and down: 64 tiles of 16 -> 128 programs; SmolLM2's down: 36 tiles -> 72;
-    # SmolLM2's o (576 x 576): 576 is 9 steps of 64, no halves; 1.7B's o 128 tiles of 16: whole
-    assert [split(1024, 2048), split(1024, 3072), split(576, 1536), split(576, 576)] == [2, 2, 2, 1]
-    assert split(2048, 2048) == 1
-    assert small_split_settings(1024, 2048, programs=256)["split"] == 4
+    # Qwen3-0.6B's o and down: 32 tiles of 32 -> 128 programs; SmolLM2's down: 18 tiles -> 72;
+    # SmolLM2's o (576 x 576): 576 is 9 steps of 64, no halves; 1.7B's o: 64 tiles -> 128
+    assert [split(1024, 2048), split(1024, 3072), split(576, 1536), split(576, 576)] == [4, 4, 4, 1]
+    assert split(2048, 2048) == 2 and split(2048, 6144) == 2
+    assert small_split_settings(1024, 2048, programs=256)["split"] == 8
     assert small_split_settings(1000, 2048) is None
-    # 0.6B's gate_up halves (3,072 x 1,024): (64 + 64) x 128 x 2 B = 32 KB a stage -> 6;
+    # 0.6B's gate_up halves (3,072 x 1,024): (64 + 2 x 32) x 128 x 2 B = 32 KB a stage -> 6;
     # 1.7B's (6,144 x 2,048): tiles of 64 x 128 -> 48 KB -> 4; 128-output tiles of 64 -> 40 KB -> 5
     assert small_swiglu_settings(3072, 1024)["num_stages"] == 6
     assert small_swiglu_settings(6144, 2048)["num_stages"] == 4
     assert small_gemm_settings(12288, 2048)["block_n"] == 128
+    assert small_gemm_settings(12288, 2048)["num_stages"] == 6  # 24 KB a stage
     assert small_swiglu_settings(12288, 2048)["num_stages"] == 5
+    # 1.7B: qkv 16 MiB asked of the L2, down 24 MiB and gate_up 48 MiB not (that lost: Decisions)
+    assert small_gemm_settings(4096, 2048)["prefetch"]
+    assert not small_split_settings(2048, 6144)["prefetch"]
+    assert not small_swiglu_settings(6144, 2048)["prefetch"] and small_swiglu_settings(3072, 1024)["prefetch"]
 
 
 def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
     """The engine takes the kernel on an sm90+ GPU under PDL unless RLX_ENGINE_SMALL_GEMM=0 (a
     setting other than 0 or 1 is refused by its text); a weight takes it where it is 2-byte and at
-    most 16 MiB (Qwen3-0.6B's four: 4-13 MB; 1.7B's qkv 16 MiB, not its gate_up, 50 MB)."""
+    most 64 MiB (Qwen3-0.6B's four: 4-13 MB; 1.7B's four: 8-50 MB; not Qwen3-4B's gate_up, 100 MB)."""
     import rlx.engine.triton_gemm as tg
 
     pdl = 2
@@ -200,8 +230,9 @@ def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
         return tg.small_gemm_takes(torch.empty(shape, dtype=dtype, device="meta"))
 
     assert all(takes(*shape) for shape in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)))
-    assert takes(4096, 2048)  # 16 MiB exactly
-    assert not takes(12288, 2048) and not takes(4096, 2064)  # 50 MB; a shape it takes, 16.9 MB
+    assert takes(4096, 2048) and takes(12288, 2048)  # 1.7B's qkv and gate_up
+    assert takes(16384, 2048)  # 64 MiB exactly
+    assert not takes(19456, 2560) and not takes(16384, 2064)  # 4B's gate_up; a shape it takes, 64.5 MiB
     assert not takes(1024, 1024, dtype=torch.float32) and not takes(1000, 1024)
     assert not tg.small_gemm_takes(torch.empty(2048, 1024, dtype=torch.bfloat16, device="meta").t())
 

@@ -63,11 +63,11 @@ def test_the_engine_kernels_compile_for_sm90_without_spills_and_load_first():
         assert not any(op.startswith("ld.global") for op in ops[name][first_store:]), (name, ops[name])
 
     for name in ("small_gemm", "small_gemm_split", "small_swiglu"):
-        gemm = ops[name]  # its weight asked of the L2 first, x and the weight read after the wait
+        gemm = ops[name]  # its weight asked of the L2 first, x and the weight read by TMA after the wait
         wait = gemm.index("griddepcontrol.wait")
         assert gemm[0].startswith("prefetch.global"), (name, gemm)
         assert not any(op.startswith(("ld.global", "cp.async")) for op in gemm[:wait]), (name, gemm)
-        assert any(op.startswith("cp.async") for op in gemm[wait:]), (name, gemm)
+        assert any(op.startswith("cp.async.bulk.tensor.2d.shared") for op in gemm[wait:]), (name, gemm)
 
     def loads_before(name: str, prefix: str) -> int:
         order = kernels[name]["memory_order"]
