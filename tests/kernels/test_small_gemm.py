@@ -240,8 +240,9 @@ def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
 def test_the_models_layer_gemms_take_it_at_few_rows_where_it_pays(device, dtype, monkeypatch):
     """`CausalLM.enable_small_gemms` gives each layer GEMM (merged qkv and gate_up, o, down) its
     settings where the engine takes the kernel and the weight is small enough, never the LM head;
-    o and down (summed by the next add_rms_norm) with a split, gate_up's MLP its SwiGLU, not
-    where a layer's post-norms (GLM-4) add their outputs itself. A layer GEMM then runs
+    o and down (summed by the next add_rms_norm) with a split, not where a layer's post-norms
+    (GLM-4) add their outputs itself; gate_up's MLP its SwiGLU (gate_up none of its own, which
+    nothing would read), gate_up its own where the SwiGLU has none. A layer GEMM then runs
     `small_gemm` up to 64 rows and F.linear past them, the same product either way."""
     from helpers import tiny_qwen3_config  # tests/ is on sys.path (conftest)
 
@@ -266,20 +267,30 @@ def test_the_models_layer_gemms_take_it_at_few_rows_where_it_pays(device, dtype,
     assert not model.enable_small_gemms() and not chosen(model)
     monkeypatch.setattr(tg, "small_gemms_on", lambda device: True)
     assert model.enable_small_gemms()
-    assert chosen(model) == {"qkv_proj", "o_proj", "gate_up", "down_proj"}
+    # gate_up through its MLP's SwiGLU, not on its own
+    assert chosen(model) == {"qkv_proj", "o_proj", "down_proj"}
     assert not hasattr(model.lm_head, "small_settings")  # a plain nn.Linear: cuBLAS at any rows
     for layer in model.model.layers:
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
         assert "split" in o.small_settings and "split" in down.small_settings
         assert "split" not in layer.self_attn.qkv_proj.small_settings
         assert layer.mlp.small_swiglu == tg.small_swiglu_settings(128, 64) and layer.mlp.small_rows == 64
+        assert layer.mlp.gate_up.small_settings is None
     model = tiny(post_norms=True)
     assert model.enable_small_gemms()
-    assert not any("split" in m.small_settings for m in model.modules() if isinstance(m, layers.Linear))
+    assert not any(
+        "split" in (m.small_settings or {}) for m in model.modules() if isinstance(m, layers.Linear)
+    )
     # weights of the tiny layer: qkv 128 x 64 and down 64 x 128 (16 KB), o 8 KB, gate_up 32 KB
     monkeypatch.setattr(tg, "MAX_WEIGHT_BYTES", 16 << 10)
     model = tiny()
     assert model.enable_small_gemms() and chosen(model) == {"qkv_proj", "o_proj", "down_proj"}
+    assert all(layer.mlp.small_swiglu is None for layer in model.model.layers)
+    # a SwiGLU the kernel does not take (no settings, as for 2 x 1,000 outputs): gate_up on its own
+    monkeypatch.setattr(tg, "MAX_WEIGHT_BYTES", 64 << 20)
+    monkeypatch.setattr(tg, "small_swiglu_settings", lambda n, k: None)
+    model = tiny()
+    assert model.enable_small_gemms() and "gate_up" in chosen(model)
     assert all(layer.mlp.small_swiglu is None for layer in model.model.layers)
     monkeypatch.setattr(tg, "MAX_WEIGHT_BYTES", 4 << 10)
     model = tiny()

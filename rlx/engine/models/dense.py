@@ -197,8 +197,11 @@ class CausalLM(nn.Module):
                 mlp.small_rows = tg.SMALL_ROWS
             down = getattr(layer.mlp, "down_proj", None)
             summed = () if layer.post_norms else (layer.self_attn.o_proj, down)
+            fused = mlp.gate_up if mlp is not None and mlp.small_swiglu is not None else None
             for module in layer.modules():
-                if isinstance(module, Linear) and tg.small_gemm_takes(module.weight):
+                if module is fused:  # the MLP runs it with its SwiGLU at those rows
+                    taken = True
+                elif isinstance(module, Linear) and tg.small_gemm_takes(module.weight):
                     settings = tg.small_split_settings if module in summed else tg.small_gemm_settings
                     module.small_settings, module.small_rows = settings(*module.weight.shape), tg.SMALL_ROWS
                     taken = True
