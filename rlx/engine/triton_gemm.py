@@ -159,8 +159,8 @@ def small_split_settings(n: int, k: int, programs: int = 128) -> dict | None:
 def small_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, settings: dict, swiglu: bool = False
 ) -> torch.Tensor:
-    """x [M <= SMALL_ROWS, K] @ weight [N, K]^T (+ bias) in x's dtype; `settings` from
-    `small_gemm_settings(N, K)`. `swiglu` (`small_swiglu_settings`): weight [2N, K] is gate and
+    """x [M, K] @ weight [N, K]^T (+ bias) in x's dtype (the engine's M at most SMALL_ROWS; past
+    BLOCK_M in tiles of rows); `settings` from `small_gemm_settings(N, K)`. `swiglu` (`small_swiglu_settings`): weight [2N, K] is gate and
     up, the product silu(x @ gate^T) * (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it.
     A `split` of S > 1 (`small_split_settings`): the S partial products [S, M, N] in fp32, whose
     sum is the product before its rounding."""
