@@ -332,6 +332,20 @@ def test_dependent_launches_give_the_outputs_of_plain_launches(model_dir, monkey
         pdl_mode.cache_clear()
 
 
+def test_the_small_gemms_only_where_the_decode_runs_in_graphs(model_dir, monkeypatch):
+    """An engine whose decode runs eagerly (`disable_cuda_graph`) keeps cuBLAS's GEMMs: there the
+    host's launch of the small GEMM costs more than it saves (rlx/engine/model_runner.py)."""
+    import rlx.engine.triton_gemm as tg
+
+    monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "1")
+    monkeypatch.setattr(tg, "pdl_mode", lambda device: 2)  # what small_gemms_on asks
+    for eager in (False, True):
+        engine = engine_for(model_dir, dtype="bfloat16", max_total_tokens=4096, disable_cuda_graph=eager)
+        layer = engine.runner.model.model.layers[0]
+        assert (layer.self_attn.o_proj.small_settings is None) == eager
+        assert (layer.mlp.small_swiglu is None) == eager
+
+
 def test_the_graph_ladder_shares_one_logits_buffer(model_dir):
     """Every decode graph writes its logits into one buffer of the largest batch: capturing the
     ladder's smaller sizes after the largest adds no logits of their own. Each graph kept its own
