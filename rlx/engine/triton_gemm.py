@@ -31,7 +31,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host-side TMA descriptors: `small_gemms_on` says no
+    TensorDescriptor = None
 
 from rlx.engine.config import env_switch
 from rlx.engine.pdl import pdl_launch, pdl_mode, pdl_prologue
@@ -160,10 +164,11 @@ def small_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, settings: dict, swiglu: bool = False
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T (+ bias) in x's dtype (the engine's M at most SMALL_ROWS; past
-    BLOCK_M in tiles of rows); `settings` from `small_gemm_settings(N, K)`. `swiglu` (`small_swiglu_settings`): weight [2N, K] is gate and
-    up, the product silu(x @ gate^T) * (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it.
-    A `split` of S > 1 (`small_split_settings`): the S partial products [S, M, N] in fp32, whose
-    sum is the product before its rounding."""
+    BLOCK_M in tiles of rows); `settings` from `small_gemm_settings(N, K)`. `swiglu`
+    (`small_swiglu_settings`): weight [2N, K] is gate and up, the product silu(x @ gate^T) *
+    (x @ up^T) [M, N], as `silu_mul` after the GEMM rounds it. A `split` of S > 1
+    (`small_split_settings`): the S partial products [S, M, N] in fp32, whose sum is the product
+    before its rounding."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     split = settings.get("split", 1)
@@ -191,8 +196,8 @@ def small_gemm(
 
 def small_gemms_on(device: torch.device) -> bool:
     """Whether the engine on `device` takes `small_gemm` at few rows at all: an sm90+ GPU under
-    PDL, unless `RLX_ENGINE_SMALL_GEMM=0`."""
-    if env_switch("RLX_ENGINE_SMALL_GEMM") == "0":
+    PDL, with a Triton that has TMA descriptors, unless `RLX_ENGINE_SMALL_GEMM=0`."""
+    if env_switch("RLX_ENGINE_SMALL_GEMM") == "0" or TensorDescriptor is None:
         return False
     return device.type == "cuda" and pdl_mode(device) > 0
 

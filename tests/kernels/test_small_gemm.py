@@ -206,9 +206,10 @@ def test_split_and_swiglu_settings(device):
 
 
 def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
-    """The engine takes the kernel on an sm90+ GPU under PDL unless RLX_ENGINE_SMALL_GEMM=0 (a
-    setting other than 0 or 1 is refused by its text); a weight takes it where it is 2-byte and at
-    most 64 MiB (Qwen3-0.6B's four: 4-13 MB; 1.7B's four: 8-50 MB; not Qwen3-4B's gate_up, 100 MB)."""
+    """The engine takes the kernel on an sm90+ GPU under PDL, with a Triton that has TMA
+    descriptors, unless RLX_ENGINE_SMALL_GEMM=0 (a setting other than 0 or 1 is refused by its
+    text); a weight takes it where it is 2-byte and at most 64 MiB (Qwen3-0.6B's four: 4-13 MB;
+    1.7B's four: 8-50 MB; not Qwen3-4B's gate_up, 100 MB)."""
     import rlx.engine.triton_gemm as tg
 
     pdl = 2
@@ -224,6 +225,9 @@ def test_small_gemms_on_hopper_under_pdl_for_small_weights(device, monkeypatch):
     monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "1")
     assert tg.small_gemms_on(gpu)
     pdl = 0  # before sm90, or PDL turned off
+    assert not tg.small_gemms_on(gpu)
+    pdl = 2
+    monkeypatch.setattr(tg, "TensorDescriptor", None)  # a Triton without TMA descriptors
     assert not tg.small_gemms_on(gpu)
 
     def takes(*shape, dtype=torch.bfloat16):
