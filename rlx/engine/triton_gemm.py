@@ -14,15 +14,15 @@ down, whose outputs only the next `add_rms_norm` reads, split their K while thei
 within one wave of the SMs (`small_split_settings`: the 0.6B's in 4, the 1.7B's in 2), the norm
 summing the fp32 partials. `RLX_ENGINE_SMALL_GEMM=0` turns it all off.
 
-Decode alone at batch 64 (1xH200, 2026-12-01, one-off wrappers of `bench/rollout_throughput.py`:
-the variants in one process, a fresh engine each; docs/benchmarks.md, Decisions): Qwen3-0.6B
-47.8% of the roofline with cuBLAS, 55.8% with this kernel's loads by pointer (51.6% without the
-SwiGLU and the split), 56.9% by TMA; Qwen3-1.7B 55.9% with cuBLAS, 57.5% with the loads by
-pointer for its qkv and o (its down, 25 MB, or gate_up, 50 MB, lost so), 62.6% by TMA for all
-four. A weight takes it where it is at most `MAX_WEIGHT_BYTES` (`small_gemm_takes`); asking the
-L2 for the 1.7B's down and gate_up too gave 59.7%. At most `SMALL_ROWS` rows: at 128 rows (two
-tiles of rows) it lost 0.4 points on the 0.6B and 5.3 on the 1.7B, and at 256 rows, tiles of
-64-128 rows swept, it gave no more than cuBLAS on the 1.7B's qkv and o and lost on its down.
+Decode alone at batch 64 (1xH200, 2026-12-01, one-off wrappers of `bench/rollout_throughput.py`: the
+variants in one process, a fresh engine each; docs/benchmarks.md, Decisions): Qwen3-0.6B 47.8% of
+the roofline with cuBLAS, 55.8% with this kernel's loads by pointer, 56.9% by TMA; Qwen3-1.7B 55.9%
+with cuBLAS, 57.5% with the loads by pointer for its qkv and o (its down, 25 MB, or gate_up, 50 MB,
+lost so), 62.6% by TMA for all four. A weight takes it where it is at most `MAX_WEIGHT_BYTES`
+(`small_gemm_takes`); asking the L2 for the 1.7B's down and gate_up too gave 59.7%. At most
+`SMALL_ROWS` rows: at 128 rows (two tiles of rows) it lost 0.4 points on the 0.6B and 5.3 on the
+1.7B, and at 256 rows, tiles of 64-128 rows swept, it gave no more than cuBLAS on the 1.7B's qkv and
+o and lost on its down.
 Its sums run in another order than cuBLAS's: the same products to a bf16 rounding.
 """
 
