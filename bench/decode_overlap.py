@@ -12,7 +12,9 @@ LM head and sampler left out, in one CUDA graph:
 
 - `serial`: the whole batch on one stream, as the engine runs it;
 - `halves_serial`: its two halves one after the other on one stream (what splitting costs);
-- `halves_overlap`: the two halves on two streams, forked and joined inside the graph.
+- `halves_overlap`: the two halves on two streams, forked and joined inside the graph;
+- `halves_green_N` (`--green N`): the same, each stream of a green context of its own SMs (N and
+  the rest; torch.cuda.green_contexts), so that neither half's kernels crowd out the other's.
 
 `roofline_ms`: every weight once and every sequence's KV once at the device's bandwidth.
 
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from decode_gemm_pdl import LAYERS, SHAPES, layers_for, print_runs
 from engine_step_profile import paged_kv, time_cuda
+from torch.cuda.green_contexts import GreenContext
 
 from rlx.engine.triton_decode import paged_decode
 from rlx.engine.triton_layers import add_rms_norm, qk_norm_rope_store, silu_mul
@@ -83,7 +86,7 @@ def step(layers: list[dict], rows: dict, shape: dict, qk_norms) -> torch.Tensor:
     return h
 
 
-def run(shape_name: str, batch: int, hbm: float, context: int) -> dict:
+def run(shape_name: str, batch: int, hbm: float, context: int, green: list[int]) -> dict:
     shape = SHAPES[shape_name]
     layers = layers_for(shape, "cuda")
     qk_norms = tuple(1 + 0.1 * torch.randn(HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -91,7 +94,7 @@ def run(shape_name: str, batch: int, hbm: float, context: int) -> dict:
     halves = half(rows, slice(0, batch // 2)), half(rows, slice(batch // 2, batch))
     streams = torch.cuda.Stream(), torch.cuda.Stream()
 
-    def overlap():
+    def overlap(streams=streams):
         main = torch.cuda.current_stream()
         outs = []
         for stream, rows_half in zip(streams, halves, strict=True):
@@ -107,6 +110,10 @@ def run(shape_name: str, batch: int, hbm: float, context: int) -> dict:
         "halves_serial": lambda: [step(layers, r, shape, qk_norms) for r in halves],
         "halves_overlap": overlap,
     }
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in green:
+        parts = [GreenContext.create(num_sms=n), GreenContext.create(num_sms=sms - n)]
+        variants[f"halves_green_{n}"] = functools.partial(overlap, [part.Stream() for part in parts])
     result = {"shape": shape_name, "batch": batch, "context": context, "layers": LAYERS}
     for name, fn in variants.items():
         result[f"{name}_ms"] = round(time_cuda(fn, iters=5, graph=True) * 1e3, 3)
@@ -116,9 +123,10 @@ def run(shape_name: str, batch: int, hbm: float, context: int) -> dict:
     for name in variants:
         result[f"{name}_of_roofline"] = round(result["roofline_ms"] / result[f"{name}_ms"], 3)
     serial = torch.cat(variants["halves_serial"]()).float()
-    together = torch.cat(overlap()).float()
-    torch.cuda.synchronize()
-    result["overlap_equals_halves"] = bool(torch.equal(serial, together))
+    for name in (n for n in variants if n.startswith("halves_") and n != "halves_serial"):
+        together = torch.cat(variants[name]()).float()
+        torch.cuda.synchronize()
+        result[f"{name[len('halves_') :]}_equals_halves"] = bool(torch.equal(serial, together))
     return result
 
 
@@ -127,8 +135,12 @@ def main() -> None:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--context", type=int, default=512, help="tokens of KV a sequence (prompt + output)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--green", default="", help="SMs of the first half's green context (comma list)")
     args = parser.parse_args()
-    print_runs("decode_overlap", args.shapes, args.batches, functools.partial(run, context=args.context))
+    green = [int(n) for n in args.green.split(",") if n]
+    print_runs(
+        "decode_overlap", args.shapes, args.batches, functools.partial(run, context=args.context, green=green)
+    )
 
 
 if __name__ == "__main__":
