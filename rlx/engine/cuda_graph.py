@@ -30,6 +30,7 @@ import torch
 
 from rlx.engine.attention import AttentionMetadata
 from rlx.engine.host_rows import GREEDY, IDS, POSITIONS, SEEDS, SOURCES, STEPS, HostRows
+from rlx.engine.models.layers import small_gemms_in_graphs
 from rlx.engine.sequence import Sequence
 
 
@@ -122,11 +123,11 @@ class DecodeGraphs:
         stream = self.warm_up_stream
         for bs in sizes:  # largest first within a call: smaller graphs fit in its pool
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), small_gemms_in_graphs():
                 self._forward(bs)  # warm-up: compiles kernels, settles allocations
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool), small_gemms_in_graphs():
                 logits = self._forward(bs)
             self.pool = graph.pool()
             self.graphs[bs] = (graph, logits)  # a view of self.logits

@@ -75,9 +75,10 @@ def build_model(
     model.build_rotary(device)
     load_weights(model.weight_views(), args.model_path, require_all=True)
     if device.type == "cuda" and not args.disable_cuda_graph:
-        # only where the decode runs in graphs: eager, launching Triton's kernel with its TMA
-        # descriptors costs the host more than it saves (Qwen3-0.6B at 64 rows, 1xH200: 3,881-3,987
-        # decode tokens/s against cuBLAS's 4,303-4,975)
+        # only where the decode runs in graphs, and there only inside them (`small_gemms_in_graphs`):
+        # eager, launching Triton's kernel with its TMA descriptors costs the host more than it
+        # saves (Qwen3-0.6B at 64 rows, 1xH200: 3,881-3,987 decode tokens/s against cuBLAS's
+        # 4,303-4,975)
         model.enable_small_gemms()
     return model.eval()
 

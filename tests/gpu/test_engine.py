@@ -334,8 +334,11 @@ def test_dependent_launches_give_the_outputs_of_plain_launches(model_dir, monkey
 
 def test_the_small_gemms_only_where_the_decode_runs_in_graphs(model_dir, monkeypatch):
     """An engine whose decode runs eagerly (`disable_cuda_graph`) keeps cuBLAS's GEMMs: there the
-    host's launch of the small GEMM costs more than it saves (rlx/engine/model_runner.py)."""
+    host's launch of the small GEMM costs more than it saves (rlx/engine/model_runner.py). So do
+    a graphed engine's eager steps: a prompt of 3 tokens is prefilled on cuBLAS's GEMMs, and
+    only the decode graphs' warm-up and capture call the small GEMM."""
     import rlx.engine.triton_gemm as tg
+    from rlx.engine import GenerateRequest, SamplingParams
 
     monkeypatch.setenv("RLX_ENGINE_SMALL_GEMM", "1")
     monkeypatch.setattr(tg, "pdl_mode", lambda device: 2)  # what small_gemms_on asks
@@ -344,6 +347,19 @@ def test_the_small_gemms_only_where_the_decode_runs_in_graphs(model_dir, monkeyp
         layer = engine.runner.model.model.layers[0]
         assert (layer.self_attn.o_proj.small_settings is None) == eager
         assert (layer.mlp.small_swiglu is None) == eager
+    engine = engine_for(model_dir, dtype="bfloat16", max_total_tokens=4096)
+    graphs, plain, in_graphs = engine.runner.graphs, tg.small_gemm, []
+
+    def recording(*args, **kwargs):
+        capture = torch.cuda.is_current_stream_capturing()
+        in_graphs.append(capture or torch.cuda.current_stream() == graphs.warm_up_stream)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(tg, "small_gemm", recording)
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    (done,) = engine.generate([GenerateRequest([5, 9, 2], sampling)])
+    assert len(done.output_ids) == 4
+    assert in_graphs and all(in_graphs), in_graphs
 
 
 def test_the_graph_ladder_shares_one_logits_buffer(model_dir):

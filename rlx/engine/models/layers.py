@@ -6,6 +6,7 @@ angles in fp32 then cast to the activation dtype), so fp32 outputs match transfo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import torch
@@ -26,17 +27,40 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class _SmallGemms:
+    in_graphs = False  # inside `small_gemms_in_graphs`
+
+
+@contextlib.contextmanager
+def small_gemms_in_graphs():
+    """The layers' small GEMMs (`Linear.small_settings`, `GatedMLP.small_swiglu`) run only inside
+    this: the decode graphs' warm-up and capture (rlx/engine/cuda_graph.py). An engine's eager
+    steps (a prefill chunk of at most `small_rows` tokens, as a multi-turn rollout's short
+    continuations make) keep cuBLAS's: eager, the host's launch of Triton's kernel with its TMA
+    descriptors costs more than it saves (rlx/engine/model_runner.py)."""
+    before, _SmallGemms.in_graphs = _SmallGemms.in_graphs, True
+    try:
+        yield
+    finally:
+        _SmallGemms.in_graphs = before
+
+
+def takes_small_gemm(settings: dict | None, x: torch.Tensor, rows: int) -> bool:
+    return settings is not None and _SmallGemms.in_graphs and x.dim() == 2 and x.shape[0] <= rows
+
+
 class Linear(nn.Linear):
-    """nn.Linear whose GEMM at few rows may be `rlx.engine.triton_gemm.small_gemm` (CUDA):
-    `small_settings` its launch settings, set by `CausalLM.enable_small_gemms`; None: F.linear.
-    Settings with a `split` (a layer's o and down, whose output only `add_rms_norm` reads) make
-    it return the product's fp32 partials [split, rows, out] there, which that norm sums."""
+    """nn.Linear whose GEMM at few rows may be `rlx.engine.triton_gemm.small_gemm` (CUDA), in the
+    decode graphs (`small_gemms_in_graphs`): `small_settings` its launch settings, set by
+    `CausalLM.enable_small_gemms`; None: F.linear. Settings with a `split` (a layer's o and
+    down, whose output only `add_rms_norm` reads) make it return the product's fp32 partials
+    [split, rows, out] there, which that norm sums."""
 
     small_settings: dict | None = None
     small_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_settings is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
+        if takes_small_gemm(self.small_settings, x, self.small_rows):
             from rlx.engine.triton_gemm import small_gemm
 
             return small_gemm(x, self.weight, self.bias, self.small_settings)
@@ -67,7 +91,7 @@ class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), HF names gate_proj / up_proj / down_proj. `small_swiglu`:
     gate_up's launch settings with SwiGLU (`triton_gemm.small_swiglu_settings`, set by
     `CausalLM.enable_small_gemms`), the GEMM, silu and the product in one kernel up to
-    `small_rows` rows."""
+    `small_rows` rows, in the decode graphs (`small_gemms_in_graphs`)."""
 
     small_swiglu: dict | None = None
     small_rows = 0
@@ -89,7 +113,7 @@ class GatedMLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_swiglu is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
+        if takes_small_gemm(self.small_swiglu, x, self.small_rows):
             from rlx.engine.triton_gemm import small_gemm
 
             gated = small_gemm(x, self.gate_up.weight, self.gate_up.bias, self.small_swiglu, swiglu=True)
