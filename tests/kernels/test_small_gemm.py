@@ -127,7 +127,7 @@ def test_gated_mlp_swiglu_and_split_down_give_the_norms_input(device, dtype):
     """A gated MLP whose gate_up takes its SwiGLU in the GEMM and whose down returns two partials
     (as `enable_small_gemms` sets it up): the norm after it gets what the plain MLP gives it."""
     from rlx.engine import triton_gemm as tg
-    from rlx.engine.models.layers import GatedMLP
+    from rlx.engine.models.layers import GatedMLP, small_gemms_in_graphs
     from rlx.engine.triton_layers import add_rms_norm
 
     hidden, inter, rows = 64, 256, 12
@@ -146,7 +146,8 @@ def test_gated_mlp_swiglu_and_split_down_give_the_norms_input(device, dtype):
         mlp.small_swiglu, mlp.small_rows = tg.small_swiglu_settings(inter, hidden), tg.SMALL_ROWS
         mlp.down_proj.small_settings = tg.small_split_settings(hidden, inter)
         mlp.down_proj.small_rows = tg.SMALL_ROWS
-        parts = mlp(x)
+        with small_gemms_in_graphs():  # where the engine takes them: its decode graphs
+            parts = mlp(x)
         out, new_residual = add_rms_norm(parts, residual, weight, 1e-6)
     assert parts.shape == (2, rows, hidden)
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -305,10 +306,13 @@ def test_the_models_layer_gemms_take_it_at_few_rows_where_it_pays(device, dtype,
     calls = []
     real = tg.small_gemm
     monkeypatch.setattr(tg, "small_gemm", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    with torch.no_grad():
+    with torch.no_grad(), layers.small_gemms_in_graphs():  # where the engine takes it: its decode graphs
         for rows in (3, 64, 65):
             x = torch.randn(rows, 64, device=device).to(dtype)
             ref = F.linear(x.float(), linear.weight.float())
             tolerance = 1e-2 * ref.abs().max().item() if dtype == torch.bfloat16 else 1e-4
             assert (linear(x).float() - ref).abs().max().item() < tolerance
+    assert calls == [3, 64]
+    with torch.no_grad():  # an eager step: cuBLAS
+        linear(torch.randn(3, 64, device=device).to(dtype))
     assert calls == [3, 64]
