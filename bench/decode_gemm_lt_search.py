@@ -42,7 +42,7 @@ from decode_gemm_lt import (
 from engine_step_profile import time_cuda
 
 CAP_SPLITK, CAP_REDUCTION_MASK, CAP_TILE_IDS, CAP_STAGES_IDS = 0, 1, 6, 13
-CONFIG_CLUSTER = 8
+CONFIG_INNER, CONFIG_CLUSTER = 7, 8  # uint16 attributes (decode_gemm_lt.CONFIG's are uint32)
 CAP_CUSTOM_MAX = 7
 NVJET = 66
 CLUSTERS = (0, 2, 3, 5, 6, 8, 9)
@@ -126,7 +126,7 @@ def candidates(lt, handle, gemm: LtGemm) -> list[Algo]:
 
 def describe(lt, gemm: LtGemm, algo: Algo) -> dict:
     out = gemm.config(algo)
-    for name, attr in (("inner", 7), ("cluster", CONFIG_CLUSTER)):
+    for name, attr in (("inner", CONFIG_INNER), ("cluster", CONFIG_CLUSTER)):
         value, written = ctypes.c_uint16(), ctypes.c_size_t()
         if (
             lt.cublasLtMatmulAlgoConfigGetAttribute(
