@@ -17,7 +17,10 @@ before: `RLX_ENGINE_PDL=0` gives each part its own time (the step then a little 
 shares, rlx.engine.triton_decode), beside the count it chooses by itself; then the sampler by
 shares (`bench/sampler.py`'s timing) and the q/k norm-rotary-store kernel, by rows.
 
-    source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits]
+`--context N` decodes until about N tokens of context before timing (the throughput bench's
+mean context is 512).
+
+    source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits] [--context N]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_power import PowerLog
 from rollout_throughput import BANDWIDTHS, PROMPT, bandwidth, decode_bytes, write_model
 
 
@@ -377,6 +381,9 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's launch settings")
     parser.add_argument("--splits", action="store_true", help="the decode kernel by batch, context, splits")
     parser.add_argument("--shape", default="qwen3_0.6b", choices=["qwen3_0.6b", "qwen3_1.7b"])
+    parser.add_argument(
+        "--context", type=int, help="decode until about this context before timing (default: the prompt's)"
+    )
     parser.add_argument("--model-root", help="where the random model is written (default: a new temp dir)")
     args = parser.parse_args()
     from rlx.engine import Engine, EngineArgs
@@ -393,7 +400,12 @@ def main() -> None:
         cuda_graph_max_bs=256, mem_fraction_static=0.8,
     ))  # fmt: skip
     seqs = prefill_all(engine, args.batch)
-    result["step_ms"] = round(wall_steps(engine, args.steps) * 1e3, 3)
+    with PowerLog() as power:  # the decode steps up to the timed ones, and those
+        if args.context:  # the timed steps below add about 3 * steps + 8 tokens
+            while engine.scheduler.running[0].num_tokens < args.context - 3 * args.steps - 8:
+                engine.step()
+        result["step_ms"] = round(wall_steps(engine, args.steps) * 1e3, 3)
+    result["gpu_power"] = power.summary()
     result["pieces_ms"] = piecewise(engine, args.steps)
     kernels = kernel_table(engine, 5, top=None)
     result["kernels"] = kernels[:15]

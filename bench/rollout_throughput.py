@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_power import PowerLog
 
 # HBM bandwidth by device (datasheet, bytes/s): the roofline uses the device it runs on
 BANDWIDTHS = {"H200": 4.8e12, "H100": 3.35e12}
@@ -445,8 +446,10 @@ def main() -> None:
         warm_up(engine, batches, sampling)
         for batch in batches:
             prefill = run_prefill(engine, batch)
-            ours = with_roofline(engine, batch, run_engine(engine, batch, sampling=sampling))
+            with PowerLog() as power:
+                ours = with_roofline(engine, batch, run_engine(engine, batch, sampling=sampling))
             entry = {"model": name, "batch": batch, "kv_cache_dtype": args.kv_cache_dtype, "rlx": ours}
+            entry["gpu_power"] = power.summary()
             entry["sampling"] = sampling
             if args.decode_launch:
                 entry["decode_launch"] = args.decode_launch
