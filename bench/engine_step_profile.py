@@ -18,7 +18,8 @@ shares, rlx.engine.triton_decode), beside the count it chooses by itself; then t
 shares (`bench/sampler.py`'s timing) and the q/k norm-rotary-store kernel, by rows.
 
 `--context N` decodes until about N tokens of context before timing (the throughput bench's
-mean context is 512).
+mean context is 512). `gpu_power` (bench/gpu_power.py) covers those steps and the timed ones: a
+step timed at the power cap, or in one of the driver's clock drops, reads slower.
 
     source .whl/install.sh && python3 bench/engine_step_profile.py [--steps 20] [--splits] [--context N]
 """

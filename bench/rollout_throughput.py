@@ -11,7 +11,9 @@ tokens only to bound the GPU time (per token it only gets slower with length, so
 figure is an upper bound); `generate_batch` (transformers' continuous batching) once.
 
 Each batch's prefill is also timed alone (the prompts with one new token): prompt tokens/s and
-the fraction of the bf16 compute roofline (`prefill_flops`).
+the fraction of the bf16 compute roofline (`prefill_flops`). Each dense run's entry carries
+`gpu_power` (bench/gpu_power.py): the SM clock, the power against the limit and the share of the
+run at the power cap, which the 1.7B at batch 256 reaches on an H200.
 
 `--moe`: the Qwen3-MoE decode instead, on a Qwen3-30B-A3B layer shape cut to 4 of its 48 layers
 (hidden 2048, 32 query / 4 KV heads of 128, 128 experts of FFN width 768, top-8, untied
