@@ -13,9 +13,25 @@ import torch.multiprocessing as mp
 from rlx.ports import free_port
 
 __all__ = [
-    "TINY_SHAPE", "assert_same_tensors", "free_port", "hf_logits", "load_megatron", "megatron_logits", "megatron_world",
+    "TINY_SHAPE", "assert_same_tensors", "bench_module", "free_port", "hf_logits", "load_megatron", "megatron_logits", "megatron_world",
     "spawn_ranks", "token_batch",
 ]  # fmt: skip
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_module(name: str):
+    """bench/`name`.py imported, with bench/ on the path while it loads (a bench imports its
+    siblings by name: `from rollout_throughput import ...`)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
 
 
 def _tiny_shape() -> dict[str, int]:

@@ -4,12 +4,8 @@ on a kernel table it printed on an H200 (Qwen3-1.7B shape, batch 256)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from helpers import bench_module
 
 # `kernels` of `python3 bench/engine_step_profile.py --shape qwen3_1.7b --batch 256 --no-attention`
 # on 1×H200, 2026-11-28 (its top 15 of 28 layers' kernels)
@@ -30,12 +26,7 @@ H200_TABLE = [
 
 @pytest.fixture(scope="module")
 def profile():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import engine_step_profile
-    finally:
-        sys.path.remove(str(BENCH))
-    return engine_step_profile
+    return bench_module("engine_step_profile")
 
 
 def test_kernels_are_summed_by_part_with_the_lm_head_apart(profile):

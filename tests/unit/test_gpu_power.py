@@ -4,13 +4,10 @@ run end to end against a stand-in `nvidia-smi` on PATH; empty where there is non
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from helpers import bench_module
 
 # three samples as `nvidia-smi --format=csv,noheader,nounits` prints them, a fourth cut short
 SAMPLES = """1980, 652.10, 700.00, 44, Not Active, Not Active, Not Active
@@ -21,12 +18,7 @@ SAMPLES = """1980, 652.10, 700.00, 44, Not Active, Not Active, Not Active
 
 @pytest.fixture(scope="module")
 def gpu_power():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import gpu_power
-    finally:
-        sys.path.remove(str(BENCH))
-    return gpu_power
+    return bench_module("gpu_power")
 
 
 def test_samples_are_parsed_and_a_cut_line_skipped(gpu_power):
