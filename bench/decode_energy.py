@@ -13,6 +13,8 @@ the joules a call, beside the time, the mean SM clock and the share of the loop 
 - the LM head (the tied embedding, 151,936 words);
 - the decode attention over every layer's KV at `--context` (16-token pages, shuffled), at the
   engine's launch rule and at `--attention`'s settings (tile/stages/heads a program);
+- the same KV bytes summed without the attention's arithmetic, streamed in order and through the
+  block tables (`kv_read`: bench/hbm_read.py's kernels), the joules of the reading alone;
 - the engine's whole decode step at about that context (a random model as
   bench/rollout_throughput.py writes it), whose joules the parts' sum should match.
 
@@ -146,7 +148,43 @@ def attention_parts(shape: dict, rows: int, context: int, specs: list[str], seco
         row["TB_s"] = round(kv_bytes / row["ms"] / 1e9, 3)
         print(json.dumps(row), flush=True)
         out.append(row)
+    for how, body in kv_reads(caches, per_seq).items():
+        row = {"part": "kv_read", "calls": layers, "how": how, "context": context}
+        row |= loop_energy(graphed(body), seconds, cool)
+        row["TB_s"] = round(kv_bytes / row["ms"] / 1e9, 3)
+        print(json.dumps(row), flush=True)
+        out.append(row)
     return out
+
+
+def kv_reads(caches: list, per_seq: int) -> dict:
+    """The same bytes as the attention's, summed without its arithmetic (bench/hbm_read.py's
+    kernels): `streamed`, each layer's K and V in order (the floor any kernel reading them pays),
+    and `paged`, through the block tables four heads a program as the rule reads them."""
+    from hbm_read import STREAM_TILES, _paged_sum, _stream_sum
+
+    block, iters, warps, stages = STREAM_TILES[0]
+    used = [(k[1:], v[1:]) for k, v, _ in caches]  # block 0 is no row's page
+    programs = used[0][0].numel() // (block * iters)
+    partial = torch.empty(programs, device="cuda")
+    rows = caches[0][2].shape[0]
+    sums = torch.empty(rows, KV_HEADS // 4, device="cuda")
+
+    def streamed():
+        for k, v in used:
+            for x in (k, v):
+                _stream_sum[(programs,)](
+                    x, partial, BLOCK=block, ITERS=iters, num_warps=warps, num_stages=stages
+                )
+
+    def paged():
+        for k, v, tables in caches:
+            _paged_sum[(rows, KV_HEADS // 4)](
+                k, v, tables, sums, per_seq, tables.stride(0), k.stride(0),
+                HEADS=4, PAGE=PAGE, D=HEAD_DIM, UNROLL=1, num_warps=4, num_stages=2,
+            )  # fmt: skip
+
+    return {"streamed": streamed, "paged": paged}
 
 
 def engine_step(name: str, rows: int, context: int, seconds: float, cool: float) -> dict:
@@ -190,13 +228,14 @@ def main() -> None:
     torch.cuda.empty_cache()
     step = engine_step(args.shape, args.rows, args.context, args.seconds, args.cool)
     torch_gemms = [r for r in gemms if r["algo"] == "torch"]
-    parts = {r["part"]: r["mJ"] for r in torch_gemms} | {"attention": attention[0]["mJ"]}
+    parts = {r["part"]: r["mJ"] for r in torch_gemms} | {"attention": attention[0]["mJ"]}  # the rule
     summary = {
         "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "shape": args.shape,
         "rows": args.rows, "context": args.context, "step_mJ_by_part": parts,
         "parts_mJ": None if None in parts.values() else round(sum(parts.values()), 1),
         "engine_step_mJ": step["mJ"],
         "engine_step_context": step["context"],
+        "kv_read_mJ": {r["how"]: r["mJ"] for r in attention if r["part"] == "kv_read"},
     }  # fmt: skip
     print(json.dumps(summary), flush=True)
 
