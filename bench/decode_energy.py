@@ -18,6 +18,9 @@ the joules a call, beside the time, the mean SM clock and the share of the loop 
 - the engine's whole decode step at about that context (a random model as
   bench/rollout_throughput.py writes it), whose joules the parts' sum should match.
 
+The summary's `power_floor` adds the parts at their cheapest and divides by the power limit: the
+shortest step those joules allow, and its fraction of the step's roofline (`best_fraction`).
+
     source .whl/install.sh && python3 bench/decode_energy.py [--shape qwen3_1.7b] [--algos 8]
 """
 
@@ -33,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from gpu_power import PowerLog
-from rollout_throughput import SHAPES, write_model
+from rollout_throughput import SHAPES, bandwidth, decode_bytes, write_model
 
 HEADS, KV_HEADS, HEAD_DIM, VOCAB, PAGE = 16, 8, 128, 151936, 16
 
@@ -57,6 +60,7 @@ def loop_energy(fn, seconds: float, cool: float) -> dict:
         "power_w": log.get("power_w_from_energy") or log.get("power_w_mean"),
         "sm_mhz": log.get("sm_mhz_mean"),
         "at_power_cap": log.get("at_power_cap"),
+        "power_limit_w": log.get("power_limit_w"),
     }
 
 
@@ -204,11 +208,42 @@ def engine_step(name: str, rows: int, context: int, seconds: float, cool: float)
     first = engine.scheduler.running[0].num_tokens
     row = {"part": "engine_step"} | loop_energy(engine.step, seconds, cool)
     row["context"] = (first + engine.scheduler.running[0].num_tokens) // 2
+    weights, kv_per_token = decode_bytes(engine)
+    row["roofline_ms"] = round((weights + rows * row["context"] * kv_per_token) / bandwidth(
+        torch.cuda.get_device_name()) * 1e3, 4)  # fmt: skip
     for seq in seqs:
         engine.abort(seq)
     engine.release_memory()
     print(json.dumps(row), flush=True)
     return row
+
+
+def power_floor(rows: list[dict], step: dict) -> dict | None:
+    """The step's joules with each part at its cheapest measured way, and what they allow at the
+    power limit: each GEMM by its fewest-joule algorithm, the attention by the fewest of its
+    launch settings' and of its KV bytes read without arithmetic (`kv_read`), the LM head; the
+    norms, q/k, SwiGLU and the sampler count nothing (so the floor is low). The attention's
+    joules are scaled from its context to the step's (its bytes grow with it). The floor's
+    time is its joules at the limit's watts (mJ / W = ms); `best_fraction` is the step's roofline
+    time over it, the most of the roofline a step can reach at those joules, beside the engine's."""
+    floors: dict[str, float] = {}
+    for r in rows:
+        if r.get("mJ") is None:
+            continue
+        key, mj = r["part"], r["mJ"]
+        if key in ("attention", "kv_read"):  # its bytes scaled to the step's context
+            key, mj = "attention", mj * step["context"] / r["context"]
+        floors[key] = min(floors.get(key, mj), mj)
+    limit = max((r["power_limit_w"] for r in [*rows, step] if r.get("power_limit_w")), default=None)
+    if "attention" not in floors or not limit or not step.get("roofline_ms") or not step.get("ms"):
+        return None
+    mj = sum(floors.values())
+    return {
+        "floor_mJ_by_part": floors, "floor_mJ": round(mj, 1), "power_limit_w": limit,
+        "floor_ms": round(mj / limit, 4), "roofline_ms": step["roofline_ms"],
+        "best_fraction": round(step["roofline_ms"] * limit / mj, 4),
+        "engine_fraction": round(step["roofline_ms"] / step["ms"], 4),
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -236,6 +271,7 @@ def main() -> None:
         "engine_step_mJ": step["mJ"],
         "engine_step_context": step["context"],
         "kv_read_mJ": {r["how"]: r["mJ"] for r in attention if r["part"] == "kv_read"},
+        "power_floor": power_floor(gemms + attention, step),
     }  # fmt: skip
     print(json.dumps(summary), flush=True)
 
