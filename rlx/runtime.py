@@ -22,7 +22,7 @@ from rlx.config import build
 from rlx.config.compose import to_object
 from rlx.config.layout import check_gpus
 from rlx.config.memory_check import decide_memory
-from rlx.config.record import write_run_config
+from rlx.config.record import run_dir_summary, write_run_config
 from rlx.config.schema import RlxConfig
 from rlx.config.validate import run_max_prompt_len, validate_once
 from rlx.errors import ConfigError, Stopped, StoppedNow
@@ -95,6 +95,7 @@ def run(cfg: DictConfig) -> list[dict[str, float]]:
         finally:
             if stop is not None:
                 stop.restore()
+    log.info(run_dir_summary(job.out))  # what the finished run left, its processes gone
     return history
 
 

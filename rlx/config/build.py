@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import pkgutil
+import types
 from typing import Any
 
 
@@ -19,26 +22,64 @@ def build(node: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def locate(path: str) -> Any:
-    """The object a dotted path names (`package.module.Name`); ImportError naming the path if none."""
-    module_path, _, name = path.rpartition(".")
-    if not module_path:
+    """The object a dotted path names (`package.module.Name`, `module.Class.method`); one ImportError
+    line naming what is missing when there is none: the module not found, the module's own import
+    failure, or the name a module lacks (with the closest name it has)."""
+    parts = path.split(".")
+    if len(parts) < 2 or not all(parts):
         raise ImportError(f"{path!r} is not a dotted path (package.module.Name)")
+    obj = _import(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        prefix = ".".join(parts[:i])
+        package = isinstance(obj, types.ModuleType) and hasattr(obj, "__path__")
+        # a package's submodule before a name it exports (rlx.config.build the module, not the
+        # function rlx.config exports), but a path's last part is the name first
+        if package and i < len(parts) - 1 and (module := _import(f"{prefix}.{part}", True)) is not None:
+            obj = module
+            continue
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        names = [n for n in dir(obj) if not n.startswith("_")]
+        what = "name"
+        if package:
+            if (module := _import(f"{prefix}.{part}", missing_ok=True)) is not None:
+                obj = module
+                continue
+            names += [m.name for m in pkgutil.iter_modules(obj.__path__)]
+            what = "name or submodule"
+        kind = "module" if isinstance(obj, types.ModuleType) else type(obj).__name__
+        close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {prefix}.{close[0]}?" if close else ""
+        raise ImportError(f"{kind} {prefix!r} has no {what} {part!r}{hint}")
+    return obj
+
+
+def _import(name: str, missing_ok: bool = False) -> Any:
+    """Module `name`; None for a missing one when `missing_ok`; else one ImportError line saying why not."""
     try:
-        return getattr(importlib.import_module(module_path), name)
-    except AttributeError:
-        raise ImportError(f"module {module_path!r} has no attribute {name!r}") from None
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # the module is there but imports something that is not
+            raise ImportError(f"importing {name!r} failed: {e}") from None
+        if missing_ok:
+            return None
+        raise ImportError(
+            f"no module named {name!r} (is it installed, or is its directory on PYTHONPATH or the "
+            "working directory?)"
+        ) from None
+    except Exception as e:  # the module's own code raised
+        raise ImportError(f"importing {name!r} failed: {type(e).__name__}: {e}") from None
 
 
 def load_function(key: str, path: str, fix: str) -> Any:
     """The callable `path` names, for config key `key` (reward.fn, say); a ConfigError naming
     the key, the path and the problem, followed by `fix`, when it does not import or is no function."""
-    from hydra._internal.utils import _locate  # hydra's get_method, minus its error logging
-
     from rlx.errors import ConfigError
 
     try:
-        fn = _locate(path)
-    except Exception as e:  # any import failure is the same user error
+        fn = locate(path)
+    except ImportError as e:
         raise ConfigError(f"{key}={path!r} cannot be imported: {e}\nfix: {fix}") from e
     if not callable(fn):
         raise ConfigError(f"{key}={path!r} is a {type(fn).__name__}, not a function\nfix: {fix}")

@@ -375,7 +375,11 @@ def host_plan_line(cfg: RlxConfig) -> str | None:
     if (planned := _host_planned(cfg)) is None:
         return None
     _, plan, host, source = planned
-    prompts = "" if cfg.data.max_prompt_len else "; prompts not counted: data.max_prompt_len is unset"
+    prompts = (
+        ""
+        if cfg.data.max_prompt_len
+        else "; prompts not counted: data.max_prompt_len is unset, and the run counts its data's longest"
+    )
     return (
         f"host memory plan: about {gib(plan.total)} GiB of the host's {gib(host)} GiB ({source}): a trainer rank "
         f"{gib(plan.trainer_rank)} × {plan.num_trainer_ranks}, an engine {gib(plan.engine)} × {plan.num_engines}, "

@@ -109,3 +109,16 @@ def _git(root: Path, *args: str) -> str:
         ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True
     )
     return done.stdout.strip()
+
+
+def run_dir_summary(out_dir: str | Path) -> str:
+    """The line a finished run ends with: its directory and what that holds (hidden entries such as
+    Hydra's .hydra/ left out), with the command that shows its TensorBoard scalars."""
+    out_dir = Path(out_dir).resolve()
+    names = [
+        p.name + ("/" if p.is_dir() else "") for p in sorted(out_dir.iterdir()) if not p.name.startswith(".")
+    ]
+    line = f"run directory {out_dir}: {', '.join(names) or 'empty'}"
+    if (out_dir / "tensorboard").is_dir():
+        line += f"; tensorboard --logdir {out_dir / 'tensorboard'}"
+    return line

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from hydra._internal.utils import _locate  # what hydra.utils.get_class uses, minus its error logging
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlx.config.build import build
+from rlx.config.build import build, locate
 from rlx.config.keys import CONF_DIR, unknown_key_errors, yaml_value
 from rlx.config.layout import (
     Classes,
@@ -257,7 +256,7 @@ def _evaluation(cfg: RlxConfig, classes: Classes) -> list[str]:
         ]
     if cfg.data.eval and not cfg.run.eval_interval:
         return [
-            f"data.eval names sets ({', '.join(cfg.data.eval)}) but run.eval_interval=0 never evaluates them; set run.eval_interval=N"
+            f"data.eval names sets ({', '.join(cfg.data.eval)}) but run.eval_interval=0 never evaluates them; set run.eval_interval=N, or data.eval=null to drop them"
         ]
     return []
 
@@ -279,8 +278,8 @@ def _targets(cfg: RlxConfig, classes: Classes) -> list[str]:
             )
             continue
         try:
-            cls = _locate(target)
-        except Exception as e:  # any failure to import is the same user error
+            cls = locate(target)
+        except ImportError as e:
             errors.append(f"{group}._target_={target!r} cannot be imported: {e}; {fix}")
             continue
         if not isinstance(cls, type):

@@ -57,9 +57,14 @@ class DataConfig:
     toy_task: str = "reverse"  # ToySource: one of rlx.data.toy.TASKS
     toy_num_digits: int = 3
     toy_num_rows: int = 4096
-    eval: dict[str, EvalSetConfig] = field(default_factory=dict)  # name -> evaluation set
+    # name -> evaluation set; null: none (data.eval=null drops an experiment's sets)
+    eval: dict[str, EvalSetConfig] | None = field(default_factory=dict)
 
     RULES: ClassVar[dict[str, Rule]] = {"max_prompt_len": AT_LEAST_1, "on_bad_sample": one_of(ON_BAD_SAMPLE)}
+
+    def __post_init__(self):
+        if self.eval is None:  # Hydra merges `data.eval={}` into the sets there; null replaces them
+            self.eval = {}
 
 
 def eval_set_config(data: DataConfig, name: str) -> DataConfig:

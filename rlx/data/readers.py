@@ -68,11 +68,11 @@ def read_json_lines(path: str) -> Rows:
 
 def _parse_line(raw: bytes) -> dict[str, Any] | BadRow:
     try:
-        row = json.loads(raw.decode("utf-8"))
+        row = json.loads(raw.decode("utf-8").rstrip("\r\n"))
     except UnicodeDecodeError as e:
         return BadRow("not UTF-8", f"not UTF-8 text: {e}")
-    except json.JSONDecodeError as e:
-        return BadRow("malformed JSON", f"malformed JSON: {e}")
+    except json.JSONDecodeError as e:  # the row's own column: json's "line 2" would be the newline
+        return BadRow("malformed JSON", f"malformed JSON: {e.msg} at column {e.pos + 1} of the line")
     return _object(row, "JSON object")
 
 

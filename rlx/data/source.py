@@ -236,7 +236,8 @@ class PromptSource:
             return self._reject(
                 where,
                 "chat messages without template",
-                f"the prompt is a list of chat messages but {setting}=false; set {setting}=true",
+                f"the prompt is a list of chat messages but {setting}=false",
+                f"set {setting}=true: chat prompts are rendered by the tokenizer's chat template",
             )
         if problem := json_problem(label):
             return self._reject(

@@ -74,7 +74,7 @@ def test_a_cpu_run_has_no_gpu_plan_and_its_host_plan_refuses_what_cannot_fit(no_
         "memory plan: none for a CPU run (cluster.gpus_per_node=0); choose a GPU cluster, e.g. cluster=1gpu",
         "host memory plan: about 2.7 GiB of the host's 24.0 GiB (cluster.host_memory_gib=24): a trainer rank "
         "0.9 × 1, an engine 0.9 × 1, the driver 0.9 (approximate: rlx/memory/host.py; prompts not counted: "
-        "data.max_prompt_len is unset)",
+        "data.max_prompt_len is unset, and the run counts its data's longest)",
     ]
     done = plan_only(no_ray, tmp_path / "over", "cluster.host_memory_gib=2")
     assert done.returncode == 1 and "this run would be refused:" in done.stderr, done.stderr

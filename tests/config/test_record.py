@@ -11,7 +11,7 @@ import yaml
 
 from rlx.config import build
 from rlx.config.compose import compose, to_object
-from rlx.config.record import RLX_ROOT, git_state, write_run_config
+from rlx.config.record import RLX_ROOT, git_state, run_dir_summary, write_run_config
 
 
 def _checkpoint(tmp_path, model="tiny_llama3"):
@@ -69,3 +69,17 @@ def test_git_state_sees_commits_and_uncommitted_changes(tmp_path):
     assert git_state(tmp_path) == {"git_commit": head, "git_dirty": False}
     (tmp_path / "a.py").write_text("x = 2\n")
     assert git_state(tmp_path) == {"git_commit": head, "git_dirty": True}
+
+
+def test_a_finished_run_names_its_directory_and_what_it_holds(tmp_path):
+    out = tmp_path / "run"
+    for d in ("tensorboard", "rollouts", ".hydra"):
+        (out / d).mkdir(parents=True)
+    for f in ("metrics.jsonl", "config.yaml"):
+        (out / f).write_text("")
+    assert run_dir_summary(out) == (
+        f"run directory {out}: config.yaml, metrics.jsonl, rollouts/, tensorboard/; "
+        f"tensorboard --logdir {out}/tensorboard"
+    )
+    (empty := tmp_path / "empty").mkdir()
+    assert run_dir_summary(empty) == f"run directory {empty}: empty"

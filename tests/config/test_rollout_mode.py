@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlx.config.compose import compose
+from rlx.config.compose import compose, to_object
 from rlx.config.validate import validate
 from rlx.errors import ConfigError
 
@@ -73,7 +73,7 @@ CASES = {
     ),
     "eval sets never evaluated": (
         ["data=jsonl", "data.prompt_path=/etc/hostname", "+data.eval={test: {path: /etc/hostname}}"],
-        ["data.eval names sets (test)", "run.eval_interval=N"],
+        ["data.eval names sets (test)", "run.eval_interval=N", "data.eval=null"],
     ),
     "failed fraction out of range": (["run.max_failed_frac=0"], ["run.max_failed_frac=0", "(0, 1]"]),
 }
@@ -99,3 +99,14 @@ def test_a_sound_async_config_composes():
 def test_async_at_staleness_0_is_on_policy_and_needs_no_correction():
     cfg = compose(["rollout.mode=async", "rollout.max_staleness=0"])
     assert cfg.algo.use_tis is False and cfg.rollout.allow_uncorrected_async is False
+
+
+def test_data_eval_null_drops_the_sets_a_config_composed_in():
+    """An experiment's eval sets are dropped by data.eval=null; data.eval={} would merge into them."""
+    base = ["data=jsonl", "data.prompt_path=/etc/hostname", "+data.eval={a: {path: /etc/hostname}}"]
+    merged = compose([*base, "run.eval_interval=2", "data.eval={}"], validated=False)
+    assert list(merged.data.eval) == ["a"]
+    dropped = compose([*base, "run.eval_interval=0", "data.eval=null"], validated=False)
+    assert to_object(dropped).data.eval == {}
+    with pytest.raises(ConfigError, match="run.eval_interval=3 but data.eval names no set"):
+        validate(compose([*base, "run.eval_interval=3", "data.eval=null"], validated=False))

@@ -64,7 +64,10 @@ def test_missing_file_names_the_key_and_the_path(tmp_path, tokenizer):
 
 
 BAD_LINES = {
-    "malformed JSON": ('{"prompt": "1 2 =", ', r":2: malformed JSON: Expecting"),
+    "malformed JSON": (
+        '{"prompt": "1 2 =", ',  # 20 characters: the name json expects would start at column 21
+        r":2: malformed JSON: Expecting property name enclosed in double quotes at column 21 of the line",
+    ),
     "not an object": ('["1 2 ="]', r":2: expected a JSON object, got list"),
     "missing input key": (
         {"question": "1 2 =", "label": "2 1"},
@@ -81,7 +84,8 @@ BAD_LINES = {
     ),
     "chat messages without template": (
         {"prompt": [{"role": "user", "content": "1 ="}], "label": ""},
-        r":2: the prompt is a list of chat messages but data\.apply_chat_template=false",
+        r":2: the prompt is a list of chat messages but data\.apply_chat_template=false\n"
+        r"fix: set data\.apply_chat_template=true: chat prompts are rendered by the tokenizer's chat template$",
     ),
     "prompt too long": (
         {"prompt": "1 2 3 4 5 6 =", "label": ""},
