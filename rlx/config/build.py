@@ -25,6 +25,14 @@ def locate(path: str) -> Any:
     """The object a dotted path names (`package.module.Name`, `module.Class.method`); one ImportError
     line naming what is missing when there is none: the module not found, the module's own import
     failure, or the name a module lacks (with the closest name it has)."""
+    if "/" in path or path.endswith(".py") or ".py:" in path:  # verl's custom_reward_function.path habit
+        file, _, name = path.partition(".py")
+        directory, _, stem = file.rpartition("/")
+        raise ImportError(
+            f"{path!r} is a file path; a dotted path is wanted: put the file's directory on the import "
+            f"path and name module.function, e.g. PYTHONPATH={directory or '.'} ... "
+            f"={stem}.{name.lstrip(':') or 'FUNCTION'}"
+        )
     parts = path.split(".")
     if len(parts) < 2 or not all(parts):
         raise ImportError(f"{path!r} is not a dotted path (package.module.Name)")
@@ -61,7 +69,7 @@ def _import(name: str, missing_ok: bool = False) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name != name:  # the module is there but imports something that is not
-            raise ImportError(f"importing {name!r} failed: {e}") from None
+            raise ModuleImportFailed(f"importing {name!r} failed: {e}") from None
         if missing_ok:
             return None
         raise ImportError(
@@ -69,7 +77,11 @@ def _import(name: str, missing_ok: bool = False) -> Any:
             "working directory?)"
         ) from None
     except Exception as e:  # the module's own code raised
-        raise ImportError(f"importing {name!r} failed: {type(e).__name__}: {e}") from None
+        raise ModuleImportFailed(f"importing {name!r} failed: {type(e).__name__}: {e}") from None
+
+
+class ModuleImportFailed(ImportError):
+    """The module is there, but importing it raised: its own code or what it imports is at fault."""
 
 
 def load_function(key: str, path: str, fix: str) -> Any:
@@ -79,6 +91,11 @@ def load_function(key: str, path: str, fix: str) -> Any:
 
     try:
         fn = locate(path)
+    except ModuleImportFailed as e:  # the path is right: "give the dotted path" would mislead
+        raise ConfigError(
+            f"{key}={path!r} cannot be imported: {e}\nfix: the module was found; make its import work "
+            "(install what it imports, or correct its code)"
+        ) from e
     except ImportError as e:
         raise ConfigError(f"{key}={path!r} cannot be imported: {e}\nfix: {fix}") from e
     if not callable(fn):

@@ -34,6 +34,39 @@ MOVED_KEYS: dict[str, tuple[str, str]] = {
 }
 
 
+# verl's keys (ppo_trainer.yaml), which its users type first: the rlx key, or how to say it here
+VERL_KEYS: dict[str, str] = {
+    "data.train_files": "data.prompt_path=FILE (.jsonl, .json or .parquet)",
+    "data.val_files": "'+data.eval={test: {path: FILE}}' with run.eval_interval=N",
+    "data.prompt_key": "data.input_key=KEY",
+    "data.max_prompt_length": "data.max_prompt_len=N",
+    "data.max_response_length": "rollout.max_response_len=N",
+    "data.train_batch_size": "rollout.batch_size=N (prompts a step)",
+    "actor_rollout_ref.model.path": "model.hf_checkpoint=DIR (an HF directory or repo id)",
+    "actor_rollout_ref.rollout.n": "rollout.n_samples_per_prompt=N",
+    "actor_rollout_ref.rollout.temperature": "rollout.temperature=T",
+    "actor_rollout_ref.rollout.top_p": "rollout.top_p=P",
+    "actor_rollout_ref.actor.optim.lr": "train.lr=LR",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "train.global_batch_size=N (samples an optimizer step)",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "train.micro_batch_size=N",
+    "actor_rollout_ref.actor.clip_ratio": "algo.eps_clip=E",
+    "actor_rollout_ref.actor.use_kl_loss": "algo.use_kl_loss=true",
+    "actor_rollout_ref.actor.kl_loss_coef": "algo.kl_loss_coef=C",
+    "actor_rollout_ref.actor.entropy_coeff": "algo.entropy_coef=C",
+    "algorithm.adv_estimator": "algo=grpo (or gspo, ppo, reinforce_pp, ...: the algo group)",
+    "custom_reward_function.path": "reward.fn=module.function, the module's directory on PYTHONPATH",
+    "custom_reward_function.name": "reward.fn=module.function, the module's directory on PYTHONPATH",
+    "trainer.total_training_steps": "run.num_rollout=N",
+    "trainer.n_gpus_per_node": "cluster.gpus_per_node=N",
+    "trainer.nnodes": "cluster.num_nodes=N",
+    "trainer.save_freq": "run.save=true run.save_interval=N",
+    "trainer.test_freq": "run.eval_interval=N",
+    "trainer.logger": "run.loggers=[jsonl,tensorboard,wandb]",
+    "trainer.project_name": "run.project=NAME",
+    "trainer.experiment_name": "run.name=NAME",
+}
+
+
 def schema_keys(schema: type = RlxConfig, prefix: str = "") -> dict[str, Any]:
     """Every real dotted key of `schema` -> its default (pass-through maps as one key, default {})."""
     keys: dict[str, Any] = {}
@@ -113,6 +146,8 @@ def suggest(key: str, schema: type | None = None) -> str:
     """'did you mean KEY2? set KEY2=...' for the closest real key (difflib), or where keys are listed.
     `schema`: the dataclass of `key`'s parent node, when it is not reachable from the root's
     defaults (a value of a typed map such as data.eval.NAME)."""
+    if key in VERL_KEYS:
+        return f"it is verl's key; here write {VERL_KEYS[key]} ({LISTS_EVERY_KEY})"
     parent = key.rsplit(".", 1)[0]
     keys = [f"{parent}.{f.name}" for f in fields(schema)] if schema else list(schema_keys())
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
@@ -137,6 +172,12 @@ _CONVERT = re.compile(r"could not be converted to (\w+)|is not a valid (bool)")
 _TYPE_NAMES = {"Float": "a number", "Integer": "an integer", "bool": "true or false", "String": "a string"}
 
 
+def _home_value(override: str) -> tuple[str, str] | None:
+    """(key, value) of an override whose value starts with ~/ (a home-relative path); else None."""
+    key, _, value = override.partition("=")
+    return (key.lstrip("+~"), value) if value.startswith("~/") else None
+
+
 def explain_override_error(
     text: str, cause: BaseException | None, search_dirs: list[Path] = ()
 ) -> str | None:
@@ -150,6 +191,13 @@ def explain_override_error(
         default = schema_keys().get(key, MISSING)
         example = f" (e.g. {key}={yaml_value(default)}, the default)" if default is not MISSING else ""
         return f"{key} is given no value on the command line; write {key}=VALUE{example}"
+    if (match := _PARSE.search(text)) and (home := _home_value(match.group(1))):
+        key, value = home
+        return (
+            f"{key}={value}: Hydra's grammar takes no bare ~ (and the shell expands none after a dotted "
+            f"key's =); write {key}=$HOME{value[1:]}, or quote it: '{key}=\"{value}\"' (rlx expands a "
+            "quoted ~ in paths)"
+        )
     if match := _PARSE.search(text):
         return (
             f"the override {match.group(1)!r} cannot be read ({match.group(2).strip()}); quote a value that "

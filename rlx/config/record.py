@@ -59,10 +59,23 @@ def write_run_config(cfg: DictConfig, out_dir: str | Path, hf_dir: str | Path) -
     recorded = OmegaConf.to_container(cfg, resolve=True)
     recorded["model"]["hf_checkpoint"] = str(hf_dir)
     recorded["run"]["output_dir"] = None
+    _absolute_paths(recorded["data"])
     text = OmegaConf.to_yaml({"defaults": [ROOT_SCHEMA, "_self_"], **recorded})
     (out_dir / "config.yaml").write_text(_HEADER.format(out_dir=out_dir) + text)
     info = run_info(out_dir, hf_dir, given=cfg.model.hf_checkpoint)
     (out_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _absolute_paths(data: dict[str, Any]) -> None:
+    """The prompt and eval files as absolute paths (resolved as the run read them), so that the
+    recorded config reruns from any directory."""
+    from rlx.data.readers import resolve
+
+    if data.get("prompt_path"):
+        data["prompt_path"] = str(resolve(data["prompt_path"]))
+    for eval_set in (data.get("eval") or {}).values():
+        if eval_set.get("path"):
+            eval_set["path"] = str(resolve(eval_set["path"]))
 
 
 def run_info(out_dir: Path, hf_dir: Path, given: str | None) -> dict[str, Any]:

@@ -62,7 +62,8 @@ def prompt_problem(prompt: Any, setting: str, key: str) -> tuple[str, str] | Non
         if not isinstance(m, dict):
             return (
                 "bad message",
-                f"message {i} must be an object {{'role': ..., 'content': ...}}, got {type(m).__name__}",
+                f"message {i} must be an object {{'role': ..., 'content': ...}}, got {type(m).__name__} "
+                f"(a list prompt is read as chat messages; a prompt of text is a string in {setting}={key!r})",
             )
         if m.get("role") not in ROLES:
             got = f"role {m['role']!r}" if "role" in m else "no 'role'"

@@ -308,13 +308,18 @@ class PromptSource:
             return self._reject(where, "empty prompt", "the prompt tokenises to no tokens")
         if len(prompt.prompt_ids) > self.max_prompt_len:
             setting = "data.max_prompt_len"  # eval sets share it
+            room = (  # the limit the user set, or what the response leaves of the context
+                f"raise {setting} (within the model's context)"
+                if self.cfg.max_prompt_len
+                else "lower rollout.max_response_len (the prompt gets the context it leaves)"
+            )
             return self._reject(
                 where,
                 "prompt too long",
                 f"the prompt is {len(prompt.prompt_ids)} tokens, longer than the limit of "
                 f"{self.max_prompt_len} ({setting}, default model.max_position_embeddings - "
-                "rollout.max_response_len)",
-                f"shorten the prompt, raise {setting} (within the model's context), "
+                "rollout.max_response_len - 1)",
+                f"shorten the prompt, {room}, "
                 f"or set {self._key('on_bad_sample')}=skip to drop prompts that are too long",
             )
         self.prompts.append(prompt)

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from rlx.sample import Sample
+from rlx.sample import Sample, Status
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def summarise(
 ) -> dict[str, float]:
     """`eval/{name}/reward_mean` (over samples), `eval/{name}/pass@1` and `eval/{name}/pass@{k}`
     for each k in `ks` (each the mean over prompts of `pass_at_k`), and `eval/{name}/num_failed`
-    (samples without a reward).
+    (samples whose generation or reward failed, or without a reward: each counts 0, never correct).
 
     A prompt's samples are those sharing `metadata["prompt_index"]`; prompts may have different
     numbers of samples. pass@k needs k <= n for every prompt: a k above the smallest prompt's
@@ -53,11 +53,9 @@ def summarise(
                 f"eval set {name!r}: a sample has no metadata['prompt_index'] (group {sample.group}, "
                 f"index {sample.index}); samples from rlx.eval.build_eval_sets carry it"
             )
-        reward = 0.0 if sample.reward is None else float(sample.reward)
+        reward = 0.0 if _failed(sample) else float(sample.reward)
         rewards.append(reward)
-        correct_by_prompt[sample.metadata["prompt_index"]].append(
-            sample.reward is not None and reward >= threshold
-        )
+        correct_by_prompt[sample.metadata["prompt_index"]].append(not _failed(sample) and reward >= threshold)
     fewest = min(len(c) for c in correct_by_prompt.values())
     wanted = sorted({1, *ks})
     if too_many := [k for k in wanted if k > fewest]:
@@ -67,5 +65,10 @@ def summarise(
     for k in (k for k in wanted if k <= fewest):
         scores = [pass_at_k(len(c), sum(c), k) for c in correct_by_prompt.values()]
         metrics[f"{prefix}/pass@{k}"] = sum(scores) / len(scores)
-    metrics[f"{prefix}/num_failed"] = float(sum(s.reward is None for s in samples))
+    metrics[f"{prefix}/num_failed"] = float(sum(_failed(s) for s in samples))
     return metrics
+
+
+def _failed(sample: Sample) -> bool:
+    """No reward to count: generation or the reward function failed (the scorer sets 0.0 and FAILED)."""
+    return sample.reward is None or sample.status is Status.FAILED

@@ -232,12 +232,21 @@ class Producer:
             raise
         finally:
             interrupt.cancel()
-        if judged and failed / judged >= self.max_failed_frac:
+        self._count("rollout/generated_samples", judged)
+        self._count("rollout/failed_samples", failed)
+        if failed:
             first = next(s.status_reason for t in tasks for s in tasks[t] if s.status is Status.FAILED)
-            raise RuntimeError(
-                f"step {step}: {failed} of {judged} samples failed (run.max_failed_frac={self.max_failed_frac}); "
-                f"the first: {first}"
-            )
+            if failed / judged >= self.max_failed_frac:
+                raise RuntimeError(
+                    f"step {step}: {failed} of {judged} samples failed "
+                    f"(run.max_failed_frac={self.max_failed_frac}); the first: {first}"
+                )
+            log.warning(  # said, not only counted: a reward function that raises on some prompts
+                "step %d: %d of %d samples failed; groups whose every sample failed are left out and "
+                "replaced by new prompts (run.max_failed_frac=%s stops the run at that fraction); the "
+                "first: %s",
+                step, failed, judged, self.max_failed_frac, first,
+            )  # fmt: skip
         if pending:
             self._count("rollout/aborted_groups", len(pending))
             await self.pool.abort([s for t in pending for s in tasks[t]])
@@ -304,6 +313,8 @@ class Producer:
         for k, n in sorted(Counter(staleness).items()):
             metrics[f"rollout/staleness_hist/{k}"] = n / len(samples)
         metrics |= {key: float(v) for key, v in counts.items()}
+        if generated := counts.get("rollout/generated_samples"):  # the dropped groups' failures too
+            metrics["rollout/failed_frac"] = counts.get("rollout/failed_samples", 0) / generated
         metrics |= self.pool.metrics() | self.pool.scorer.metrics()  # engine restarts, reward failures
         if cfg.mode == "async":
             metrics |= {

@@ -73,6 +73,13 @@ class Tracker:
             except Exception as e:
                 self._drop(logger, f"failed at step {step}", e)
         parts = [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _CONSOLE if k in metrics]
+        if failed := metrics.get("rollout/failed_frac"):
+            parts.insert(1, f"failed {failed:.1%}")
+        parts += [  # each eval set's pass@1, where the step evaluated
+            f"eval {key.split('/')[1]} pass@1 {value:.3f}"
+            for key, value in metrics.items()
+            if key.startswith("eval/") and key.endswith("/pass@1")
+        ]
         return f"step {step:>4} | " + " | ".join(parts)
 
     def write_rollouts(self, step: int, samples: list[Sample]) -> None:

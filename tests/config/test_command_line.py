@@ -54,6 +54,19 @@ CASES = {
         ["rollout.temperature=[1,2"],
         ["the override 'rollout.temperature=[1,2' cannot be read", "quote a value"],
     ),
+    "a verl key": (
+        ["data.train_files=train.parquet"],
+        ["data.train_files does not exist; it is verl's key; here write data.prompt_path=FILE"],
+    ),
+    "a verl key of a section rlx has not": (
+        ["actor_rollout_ref.rollout.n=8"],
+        ["actor_rollout_ref.rollout.n does not exist; it is verl's key; here write rollout.n_samples_per_prompt=N"],
+    ),
+    "a bare ~ in a path": (
+        ["model.hf_checkpoint=~/models/qwen"],
+        ["model.hf_checkpoint=~/models/qwen: Hydra's grammar takes no bare ~",
+         "write model.hf_checkpoint=$HOME/models/qwen", "'model.hf_checkpoint=\"~/models/qwen\"'"],
+    ),  # fmt: skip
     "bad value in a sweep": (
         ["-m", "rollout.temperature=0.5,abc", "run.seed=1,2,3"],
         ["rollout.temperature=abc: abc is not a number"],
@@ -90,3 +103,15 @@ def test_a_good_command_line_reaches_hydra_unchanged(options):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "eps_clip: 0.3" in result.stdout
+
+
+def test_every_verl_key_points_at_a_key_or_group_of_rlx():
+    from rlx.config.keys import VERL_KEYS, schema_keys
+
+    keys = schema_keys()
+    for verl, hint in VERL_KEYS.items():
+        for word in hint.split(" ("):
+            for setting in word.split():
+                name = setting.strip("'+").split("=")[0]
+                if "=" in setting and name not in ("algo",):
+                    assert name.split("={")[0] in keys, (verl, name)

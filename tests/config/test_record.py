@@ -43,6 +43,20 @@ def test_config_yaml_records_the_checkpoint_used_and_reruns_to_the_same_config(t
     assert rerun == original
 
 
+def test_relative_prompt_and_eval_paths_are_recorded_absolute(tmp_path, monkeypatch):
+    """A run launched where its data lies (data.prompt_path=train.jsonl) reruns from anywhere."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.jsonl", "test.jsonl"):
+        (tmp_path / name).write_text('{"prompt": "1 =", "label": "1"}\n')
+    cfg = compose(["data=jsonl", "data.prompt_path=train.jsonl", "+data.eval={test: {path: test.jsonl}}",
+                   "run.eval_interval=5", "reward.fn=rlx.reward.toy.exact_match"], validated=False)  # fmt: skip
+    write_run_config(cfg, tmp_path, _checkpoint(tmp_path))
+    recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert recorded["data"]["prompt_path"] == str(tmp_path / "train.jsonl")
+    assert recorded["data"]["eval"]["test"]["path"] == str(tmp_path / "test.jsonl")
+    assert cfg.data.prompt_path == "train.jsonl"  # the run's own config is left as given
+
+
 def test_run_info_holds_versions_and_the_git_commit(tmp_path):
     write_run_config(compose(), tmp_path, _checkpoint(tmp_path))
     info = json.loads((tmp_path / "run_info.json").read_text())

@@ -4,6 +4,7 @@ stopped, over-sampled groups are aborted and carried over, the dynamic filter ke
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import urllib.request
 
@@ -231,6 +232,44 @@ def test_a_step_whose_samples_all_fail_stops_the_run_with_the_reason(ray_session
     finally:
         producer.close()
         pool.shutdown()
+
+
+def odd_label_breaks(sample: Sample) -> float:
+    if int(sample.label) % 2:
+        raise ValueError(f"cannot parse label {sample.label}")
+    return 1.0
+
+
+def test_a_reward_that_raises_on_some_prompts_is_said_and_counted(
+    ray_session, tiny_qwen3_dir, tokenizer, caplog
+):
+    """Odd labels raise: their groups are left out, new prompts fill the batch, each round that
+    failed says so (a warning with the first reason), and rollout/failed_frac counts the failed
+    samples of all that was generated, not of the batch (where none is left)."""
+    pool = _pool(
+        tiny_qwen3_dir,
+        tokenizer,
+        batch_size=4,
+        max_response_len=2,
+        reward_fn="test_producer.odd_label_breaks",
+    )
+    producer = Producer(pool.cfg, pool, _Prompts(tokenizer), RolloutBuffer(), version=0, last_step=0)
+    try:
+        with caplog.at_level("WARNING", logger="rlx.rollout.producer"):
+            samples, metrics = producer.batch(0, train_version=0)
+    finally:
+        producer.close()
+        pool.shutdown()
+    assert len(samples) == 8 and all(int(s.label) % 2 == 0 and s.reward == 1.0 for s in samples)
+    generated, failed = metrics["rollout/generated_samples"], metrics["rollout/failed_samples"]
+    assert 4 <= failed < generated and failed % 2 == 0  # at least prompts 1 and 3, whole groups
+    assert metrics["rollout/failed_frac"] == failed / generated
+    assert metrics["rollout/failed_groups"] >= 2
+    warnings = [r.getMessage() for r in caplog.records]
+    assert re.match(
+        r"step 0: \d+ of \d+ samples failed; groups whose every sample failed are left out", warnings[0]
+    )
+    assert "run.max_failed_frac=1.0" in warnings[0] and "cannot parse label 1" in warnings[0]
 
 
 def test_shutdown_stops_the_tools_fork_servers_before_closing_its_loop(

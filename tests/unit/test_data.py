@@ -219,3 +219,19 @@ def test_a_line_that_is_not_utf8_is_named(tmp_path, tokenizer):
     path.write_bytes(b'{"prompt": "1 =", "label": "1"}\n{"prompt": "\xff"}\n')
     with pytest.raises(DataError, match=re.escape(f"{path}:2: not UTF-8 text")):
         jsonl(path, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "given, fix",
+    [
+        ({}, "lower rollout.max_response_len (the prompt gets the context it leaves)"),  # the derived limit
+        ({"max_prompt_len": 6}, "raise data.max_prompt_len (within the model's context)"),  # the user's
+    ],
+)
+def test_a_prompt_too_long_names_the_limit_the_user_can_move(tmp_path, tokenizer, given, fix):
+    path = write(tmp_path / "p.jsonl", [{"prompt": "1 2 3 4 5 6 =", "label": ""}])
+    with pytest.raises(
+        DataError, match=re.escape(f"fix: shorten the prompt, {fix}, or set data.on_bad_sample=skip")
+    ):
+        FileSource(DataConfig(_target_="rlx.data.source.FileSource", prompt_path=str(path), **given),
+                   tokenizer, seed=0, max_prompt_len=6)  # fmt: skip

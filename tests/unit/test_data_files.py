@@ -166,7 +166,11 @@ BAD_ROWS = {
         {"prompt": [{"role": "user", "content": 7}], "label": "1", **META},
         r"message 0 \(user\) has int; its 'content' must be a string",
     ),
-    "message not an object": ({"prompt": ["1 ="], "label": "1", **META}, r"message 0 must be an object"),
+    "message not an object": (
+        {"prompt": ["1 ="], "label": "1", **META},
+        r"message 0 must be an object \{'role': \.\.\., 'content': \.\.\.\}, got str \(a list prompt is read as chat "
+        r"messages; a prompt of text is a string in data\.input_key='prompt'\)",
+    ),
     "no messages": (
         {"prompt": [], "label": "1", **META},
         r"empty prompt \(data\.input_key='prompt'\): no messages",

@@ -95,6 +95,16 @@ def test_summarise_by_hand():
     )
 
 
+def test_a_sample_whose_reward_failed_counts_as_failed_and_wrong():
+    """The scorer marks a reward function that raised as FAILED with reward 0.0 (not None)."""
+    samples = scored([[1.0, 1.0]])
+    samples[1].status = Status.FAILED  # its reward stays 1.0: a failed sample is never correct
+    metrics = summarise("m", samples)
+    assert metrics == pytest.approx(
+        {"eval/m/reward_mean": 0.5, "eval/m/pass@1": 0.5, "eval/m/num_failed": 1.0}
+    )
+
+
 def test_summarise_with_a_lower_threshold():
     # reward >= 0.5: prompt 0 now has c=3 -> pass@1 = (3/4 + 0 + 3/4) / 3
     assert summarise("math", SCORED, threshold=0.5)["eval/math/pass@1"] == pytest.approx(0.5)

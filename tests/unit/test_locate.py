@@ -50,6 +50,13 @@ def test_locate_finds_functions_classes_and_methods(user_module):
         ("broken_reward.f", "importing 'broken_reward' failed: No module named 'no_such_dependency_xyz'"),
         ("raising_reward.f", "importing 'raising_reward' failed: RuntimeError: bad config at import"),
         ("my_reward", "'my_reward' is not a dotted path"),
+        (
+            "/data/user/my_reward.py:contains_answer",
+            "'/data/user/my_reward.py:contains_answer' is a file path; a dotted path is wanted: put the "
+            "file's directory on the import path and name module.function, e.g. PYTHONPATH=/data/user ... "
+            "=my_reward.contains_answer",
+        ),
+        ("my_reward.py", "e.g. PYTHONPATH=. ... =my_reward.FUNCTION"),
         ("my_reward..f", "is not a dotted path"),
     ],
 )
@@ -66,4 +73,14 @@ def test_load_function_error_names_the_key_the_path_and_the_fix(user_module):
     assert str(err.value) == (
         "reward.fn='my_reward.contains_answr' cannot be imported: module 'my_reward' has no name "
         "'contains_answr'; did you mean my_reward.contains_answer?\nfix: give module.function"
+    )
+
+
+def test_a_module_that_fails_its_own_import_is_not_told_to_fix_the_path(user_module):
+    with pytest.raises(ConfigError) as err:
+        load_function("reward.fn", "broken_reward.f", "give module.function")
+    assert str(err.value) == (
+        "reward.fn='broken_reward.f' cannot be imported: importing 'broken_reward' failed: No module named "
+        "'no_such_dependency_xyz'\nfix: the module was found; make its import work (install what it "
+        "imports, or correct its code)"
     )

@@ -185,3 +185,20 @@ def test_the_default_sinks_the_console_line_and_rollout_dumps(tmp_path):
     assert row["prompt_ids"] == [3, 4, 12] and row["response_ids"] == [4, 3, 1]
     assert row["rollout_logprobs"] == [-0.1, -0.2, -0.3]
     assert (row["reward"], row["status"], row["version"], row["label"]) == (1.0, "completed", 3, "2 1")
+
+
+def test_the_console_line_names_failures_and_each_eval_sets_pass_at_1(tmp_path):
+    tracker = Tracker(tmp_path, loggers=["jsonl"])
+    metrics = {"rollout/reward_mean": 0.5, "rollout/failed_frac": 0.25, "time/rollout_s": 2.0,
+               "eval/gsm8k/pass@1": 0.375, "eval/gsm8k/pass@4": 0.75, "eval/aime/pass@1": 0.0}  # fmt: skip
+    line = tracker.log(3, metrics)
+    assert (
+        line
+        == "step    3 | reward 0.500 | failed 25.0% | rollout 2.00s | eval gsm8k pass@1 0.375 | eval aime pass@1 0.000"
+    )
+    # the final evaluation alone (after the last step) has a line of its own
+    assert tracker.log(4, {"eval/gsm8k/pass@1": 0.5}) == "step    4 | eval gsm8k pass@1 0.500"
+    assert (
+        tracker.log(5, {"rollout/failed_frac": 0.0, "rollout/reward_mean": 1.0}) == "step    5 | reward 1.000"
+    )
+    tracker.close()
