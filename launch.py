@@ -47,9 +47,7 @@ def _log_traceback(e: Exception) -> str | None:
 
 
 if __name__ == "__main__":
-    # a user's module (reward.fn=my_reward.score) in the launch directory imports, as under
-    # `python -m`; after the checkout's own directory, and before Hydra may change directory
-    sys.path.insert(1, os.getcwd())
+    preflight.import_from(os.getcwd(), os.environ, sys.path)  # before Hydra may change directory
     if moved := moved_overrides(sys.argv[1:]):  # Hydra itself would say only "Could not override"
         sys.exit("error: " + "\n".join(moved))
     preflight.main_guard(sys.argv[1:])  # the command line composed by rlx first: rlx's errors, not Hydra's

@@ -16,7 +16,8 @@ Command lines this cannot compose as Hydra would (`--config-path`, `--config-dir
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import MutableMapping, Sequence
 
 from rlx.errors import ConfigError
 
@@ -86,3 +87,15 @@ def main_guard(argv: Sequence[str]) -> None:
 
 
 __all__ = ["check", "job_overrides", "main_guard"]
+
+
+def import_from(directory: str, environ: MutableMapping[str, str], path: list[str]) -> None:
+    """Make the modules in `directory` (the launch directory: `reward.fn=my_reward.score` beside
+    the user's data) importable here (`path`, sys.path: after the checkout's own entry) and in
+    the processes the run starts (`environ`'s PYTHONPATH, after the user's own entries: a one-node
+    run's Ray workers inherit it), as `python -m` does for its own process alone."""
+    if directory not in path:
+        path.insert(1, directory)
+    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if directory not in entries:
+        environ["PYTHONPATH"] = os.pathsep.join([*entries, directory])
