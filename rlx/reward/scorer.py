@@ -122,7 +122,7 @@ class BaseScorer:
                 s.reward = 0.0
             return False
         if s.reward is not None:  # set by the generate_fn
-            self._counts["preset"] += 1
+            self._count(s, "preset")
             return False
         return True
 
@@ -132,7 +132,7 @@ class BaseScorer:
         except RewardFailure as f:
             self._fail(s, RewardFailure(f.reason, f"{source} {f}"))
         else:
-            self._counts["scored"] += 1
+            self._count(s, "scored")
 
     def _fail(self, s: Sample, failure: RewardFailure) -> None:
         """Reward 0, status FAILED with the reason; `exclude` (or `NEVER_TRAINED`) zeroes the loss mask."""
@@ -142,7 +142,13 @@ class BaseScorer:
         s.metadata["reward_failed"] = failure.reason
         if self.cfg.on_failure == "exclude" or failure.reason in NEVER_TRAINED:
             s.loss_mask = [0] * s.response_len
-        self._counts[failure.reason] += 1
+        self._count(s, failure.reason)
+
+    def _count(self, s: Sample, key: str) -> None:
+        """Count for the step's `reward/*`: the rollout's samples; an eval set's are its own
+        (`eval/NAME/num_failed`), though the scorer is shared and async rollouts run beside them."""
+        if "eval_set" not in s.metadata:
+            self._counts[key] += 1
 
 
 class SlimeArgs(SimpleNamespace):

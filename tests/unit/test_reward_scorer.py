@@ -216,6 +216,27 @@ def test_failures_are_marked_with_the_reason(returned, reason, text):
     assert scorer.metrics()["reward/num_failed"] == 0  # counts are per step: read once, then reset
 
 
+def test_an_eval_samples_failure_marks_it_but_not_the_steps_reward_counts():
+    """An eval set's samples (metadata eval_set) count in eval/NAME/num_failed, not in the step's
+    reward/*: the end-to-end check read reward/failed_raised 2 beside rollout/failed_frac 0."""
+    train, evaluated = group_of("3"), group_of("3", "4")
+    for s in evaluated:
+        s.metadata["eval_set"] = "test"
+    scorer = FunctionScorer(_raise, "tests.reward_fn", CFG, None)
+
+    async def run():
+        await scorer.score_group(train)
+        await scorer.score_group(evaluated)
+        await scorer.aclose()
+
+    asyncio.run(run())
+    assert all(
+        s.status is Status.FAILED and s.metadata["reward_failed"] == "raised" for s in train + evaluated
+    )
+    metrics = scorer.metrics()
+    assert metrics["reward/failed_raised"] == 1 and metrics["reward/num_failed"] == 1  # the training sample
+
+
 def test_a_label_math_answer_cannot_use_fails_its_sample_counted():
     from rlx.reward.math import math_answer
 
