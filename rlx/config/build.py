@@ -42,18 +42,16 @@ def locate(path: str) -> Any:
         package = isinstance(obj, types.ModuleType) and hasattr(obj, "__path__")
         # a package's submodule before a name it exports (rlx.config.build the module, not the
         # function rlx.config exports), but a path's last part is the name first
-        if package and i < len(parts) - 1 and (module := _import(f"{prefix}.{part}", True)) is not None:
-            obj = module
-            continue
+        if package and (i < len(parts) - 1 or not hasattr(obj, part)):
+            if (module := _import(f"{prefix}.{part}", missing_ok=True)) is not None:
+                obj = module
+                continue
         if hasattr(obj, part):
             obj = getattr(obj, part)
             continue
         names = [n for n in dir(obj) if not n.startswith("_")]
         what = "name"
         if package:
-            if (module := _import(f"{prefix}.{part}", missing_ok=True)) is not None:
-                obj = module
-                continue
             names += [m.name for m in pkgutil.iter_modules(obj.__path__)]
             what = "name or submodule"
         kind = "module" if isinstance(obj, types.ModuleType) else type(obj).__name__

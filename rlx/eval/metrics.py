@@ -53,9 +53,10 @@ def summarise(
                 f"eval set {name!r}: a sample has no metadata['prompt_index'] (group {sample.group}, "
                 f"index {sample.index}); samples from rlx.eval.build_eval_sets carry it"
             )
-        reward = 0.0 if _failed(sample) else float(sample.reward)
+        failed = _failed(sample)
+        reward = 0.0 if failed else float(sample.reward)
         rewards.append(reward)
-        correct_by_prompt[sample.metadata["prompt_index"]].append(not _failed(sample) and reward >= threshold)
+        correct_by_prompt[sample.metadata["prompt_index"]].append(not failed and reward >= threshold)
     fewest = min(len(c) for c in correct_by_prompt.values())
     wanted = sorted({1, *ks})
     if too_many := [k for k in wanted if k > fewest]:
